@@ -1,0 +1,51 @@
+"""Small audio helpers shared by export validation, evaluation and serving."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+
+def align(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = min(len(a), len(b))
+    return np.asarray(a[:n], dtype=np.float64), np.asarray(b[:n], dtype=np.float64)
+
+
+def correlation(a: np.ndarray, b: np.ndarray) -> float:
+    x, y = align(a, b)
+    if x.std() == 0 or y.std() == 0:
+        return 0.0
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    x, y = align(reference, test)
+    noise = np.sum((x - y) ** 2)
+    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(x**2) / noise))
+
+
+def is_speechlike(audio: np.ndarray) -> bool:
+    """Finite, not silent, not clipped to a constant: the minimum any synthesized clip must pass."""
+    return bool(np.all(np.isfinite(audio)) and audio.size > 0 and float(np.abs(audio).max()) > 1e-3)
+
+
+def to_pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+
+
+def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
+    buffer = io.BytesIO()
+    sf.write(buffer, np.clip(audio, -1.0, 1.0), sample_rate, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    sf.write(tmp, np.clip(audio, -1.0, 1.0), sample_rate, format="WAV", subtype="PCM_16")
+    tmp.replace(path)
+    return path

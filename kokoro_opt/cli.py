@@ -1,0 +1,297 @@
+"""The `kokoro-opt` command line: a thin shell over the library (kokoro_opt.build, .synth, ...)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kokoro_opt.errors import UserError
+
+app = typer.Typer(
+    help="Turn Kokoro-82M into the fastest artifact that still sounds like the original, measure it, serve it.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+ArtifactsRoot = Annotated[Path, typer.Option("--artifacts", help="where artifacts are stored")]
+
+
+def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Print UserError as one line and exit 2: no traceback for mistakes in input."""
+
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except UserError as exc:
+            err.print(f"[bold red]error:[/] {exc.message}" + (f" — {exc.hint}" if exc.hint else ""), highlight=False)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("interrupted: completed stages stay cached; rerun the same command to resume")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+@app.command()
+@user_errors
+def build(
+    recipe: Annotated[Path, typer.Argument(help="a recipe YAML, e.g. recipes/int8-mixed.yaml")],
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    evaluate: Annotated[bool, typer.Option(help="evaluate the artifact and log it to MLflow")] = True,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default: SQLite in experiments/)")] = None,
+) -> None:
+    """Build a recipe: weights, export, optimisation stages; every stage cached by content hash."""
+    from kokoro_opt.build import build as run_build
+    from kokoro_opt.recipe import load_recipe
+
+    parsed = load_recipe(recipe)
+    result = run_build(parsed, artifacts, console=err)
+    table = Table(title=f"{parsed.name} -> {result.artifact.path}")
+    for column in ("stage", "key", "cached", "seconds"):
+        table.add_column(column)
+    for entry in result.stages:
+        table.add_row(entry["kind"], entry["key"], "yes" if entry["cached"] else "no", f"{entry['seconds']:.1f}")
+    console.print(table)
+    if result.weights.note:
+        console.print(f"note: {result.weights.note}")
+    if evaluate and parsed.evaluate.enabled:
+        from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
+
+        print_results(evaluate_artifacts([result.artifact], parsed.evaluate, tracking_uri=tracking_uri, console=err), console)
+
+
+@app.command()
+@user_errors
+def say(
+    text: Annotated[str, typer.Argument(help="English text to speak")],
+    artifact: Annotated[Path, typer.Option(help="artifact folder (or a recipe's folder: its newest build)")] = Path("artifacts/fp32"),
+    output: Annotated[Path, typer.Option("-o", "--output", help="WAV file to write")] = Path("out.wav"),
+    voice: Annotated[str, typer.Option(help="voice name or blend like jf_alpha(2)+jm_kumo(1)")] = "jf_alpha",
+    speed: Annotated[float, typer.Option(help="0.25 to 4.0")] = 1.0,
+) -> None:
+    """Speak text with an artifact and write a 24 kHz WAV."""
+    from kokoro_opt.audio import write_wav
+    from kokoro_opt.synth import synthesize
+
+    result = synthesize(artifact, text, voice=voice, speed=speed)
+    write_wav(output, result.audio, result.sample_rate)
+    console.print(f"wrote {output}: {result.seconds:.2f} s of audio at {result.sample_rate} Hz")
+
+
+@app.command()
+@user_errors
+def voices(artifact: Annotated[Path, typer.Option(help="artifact folder")] = Path("artifacts/fp32")) -> None:
+    """List the voices an artifact carries."""
+    from kokoro_opt.artifacts import open_artifact
+
+    for name in sorted(open_artifact(artifact).voice_packs()):
+        console.print(name)
+
+
+@app.command()
+@user_errors
+def serve(
+    artifact: Annotated[str, typer.Option(help="'best', an artifact folder, or an artifact id")] = "best",
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI used by 'best'")] = None,
+    host: Annotated[str, typer.Option(help="address to bind; loopback by default")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8880,
+    api_key: Annotated[str | None, typer.Option(envvar="KOKORO_OPT_API_KEY", help="require this bearer token")] = None,
+    max_queue: Annotated[int, typer.Option(help="admitted requests at once; more get 429")] = 4,
+    timeout: Annotated[float, typer.Option(help="seconds a request may take in total")] = 300.0,
+    max_input_chars: Annotated[int, typer.Option(help="longest input text")] = 4096,
+    first_chunk_tokens: Annotated[int | None, typer.Option(help="first chunk size (default: tuned, else 40)")] = None,
+    chunk_tokens: Annotated[int | None, typer.Option(help="largest later chunk (default: tuned, else 200)")] = None,
+    crossfade_ms: Annotated[float | None, typer.Option(help="crossfade at chunk seams (default: tuned, else 10)")] = None,
+) -> None:
+    """Serve an artifact over an OpenAI-compatible HTTP API (POST /v1/audio/speech), streaming."""
+    from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.serve import ServeConfig, serve_forever
+
+    selection = resolve_artifact(artifact, artifacts, tracking_uri)
+    chosen = selection.artifact
+    err.print(f"serving {chosen.name} artifact {chosen.id} ({chosen.path}): {selection.reason}")
+    config = ServeConfig.for_selection(
+        selection,
+        api_key=api_key,
+        max_queue=max_queue,
+        request_timeout=timeout,
+        max_input_chars=max_input_chars,
+        first_chunk_tokens=first_chunk_tokens,
+        chunk_tokens=chunk_tokens,
+        crossfade_ms=crossfade_ms,
+    )
+    serve_forever(selection, config, host, port)
+
+
+@app.command("bench-serve")
+@user_errors
+def bench_serve(
+    url: Annotated[str | None, typer.Option(help="a running server, e.g. http://127.0.0.1:8880 (default: start one)")] = None,
+    artifact: Annotated[str, typer.Option(help="artifact to serve when starting a server")] = "best",
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    clients: Annotated[str, typer.Option(help="concurrent streaming clients per scenario, comma separated")] = "1,4",
+    requests: Annotated[int, typer.Option(help="requests per client")] = 3,
+    text: Annotated[str | None, typer.Option(help="text to speak (default: a 4-sentence paragraph)")] = None,
+    voice: Annotated[str, typer.Option(help="voice")] = "alloy",
+    response_format: Annotated[str, typer.Option("--format", help="pcm or wav")] = "pcm",
+    full: Annotated[bool, typer.Option(help="also measure non-streaming full responses (the TTFA baseline)")] = True,
+    max_queue: Annotated[int, typer.Option(help="queue limit of a started server")] = 4,
+    api_key: Annotated[str | None, typer.Option(envvar="KOKORO_OPT_API_KEY", help="bearer token")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="also write every sample as JSON")] = None,
+) -> None:
+    """Benchmark the server: TTFA p50/p95, full-response time, RTF, gaps and underruns, streaming vs not."""
+    import json
+
+    from kokoro_opt.serve import bench
+
+    counts = [int(c) for c in clients.split(",") if c.strip()]
+    serve_args = ["--artifact", artifact, "--artifacts", str(artifacts), "--max-queue", str(max_queue)]
+    scenarios = bench.run(
+        url, serve_args, counts, requests, text or bench.PARAGRAPH, voice, response_format, full, api_key, console
+    )
+    if json_out:
+        json_out.write_text(json.dumps(bench.to_json(scenarios), indent=2), encoding="utf-8")
+        console.print(f"wrote {json_out}")
+
+
+# ---- evaluation (kokoro_opt.evaluate) ---------------------------------------------------------------
+
+TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking URI (default: SQLite in experiments/)")]
+Runs = Annotated[int | None, typer.Option(help="timed runs per utterance (default: the recipe's evaluate.runs)")]
+Warmup = Annotated[int | None, typer.Option(help="warm-up runs per model before timing")]
+Threads = Annotated[int | None, typer.Option(help="ORT intra-op threads (and torch threads for the eager peer)")]
+Sentences = Annotated[int | None, typer.Option(help="how many corpus sentences to score")]
+Asr = Annotated[bool | None, typer.Option("--asr/--no-asr", help="WER with the optional offline ASR")]
+Peers = Annotated[bool, typer.Option(help="add both peers: kokoro-onnx's int8 model and PyTorch eager")]
+Peer = Annotated[list[str] | None, typer.Option(help="add one peer: kokoro-onnx-int8 or pytorch-eager (repeatable)")]
+
+
+def _peers(all_peers: bool, chosen: list[str] | None) -> tuple[str, ...]:
+    from kokoro_opt.evaluate.runners import PEERS
+
+    return PEERS if all_peers else tuple(chosen or ())
+AsJson = Annotated[bool, typer.Option("--json", help="print the results as JSON on stdout")]
+
+
+def _evaluate_config(manifest: dict[str, Any], **overrides: Any) -> Any:
+    """The recipe's evaluate settings (from the artifact manifest), then the command-line overrides."""
+    from kokoro_opt.recipe import EvaluateConfig
+
+    stored = manifest.get("recipe", {}).get("evaluate", {})
+    base = EvaluateConfig(**{k: v for k, v in stored.items() if k in EvaluateConfig.model_fields})
+    return base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+
+
+def _evaluation_targets(targets: list[str], root: Path) -> list[Any]:
+    from kokoro_opt.artifacts import list_artifacts, open_artifact
+
+    found = []
+    for target in targets:
+        if target == "all":
+            found.extend(list_artifacts(root))
+        elif target.endswith((".yaml", ".yml")):
+            from kokoro_opt.build import build as run_build
+            from kokoro_opt.recipe import load_recipe
+
+            found.append(run_build(load_recipe(target), root, console=err).artifact)  # every stage cached: cheap when built
+        else:
+            found.append(open_artifact(target))
+    if not found:
+        raise UserError(f"no artifacts under {root}", "build one first: kokoro-opt build recipes/fp32.yaml")
+    return found
+
+
+@app.command()
+@user_errors
+def evaluate(
+    targets: Annotated[list[str], typer.Argument(help="artifact folder(s), recipe YAML(s), or 'all'")],
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    tracking_uri: TrackingUri = None,
+    runs: Runs = None,
+    warmup: Warmup = None,
+    threads: Threads = None,
+    sentences: Sentences = None,
+    asr: Asr = None,
+    peers: Peers = False,
+    peer: Peer = None,
+    force: Annotated[bool, typer.Option(help="measure again even if these settings were already logged")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Evaluate artifacts against their fp32 reference and log each to MLflow; already-logged evaluations are skipped."""
+    from kokoro_opt.evaluate.report import results_json
+    from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
+
+    overrides = {"runs": runs, "warmup": warmup, "threads": threads, "sentences": sentences, "asr": asr}
+    results: list[Any] = []
+    for i, artifact in enumerate(_evaluation_targets(targets, artifacts)):
+        config = _evaluate_config(artifact.manifest, **overrides)
+        results += evaluate_artifacts(
+            [artifact], config, tracking_uri=tracking_uri, console=err, peers=_peers(peers, peer) if i == 0 else (),
+            force=force, root=artifacts,
+        )
+    if as_json:
+        typer.echo(results_json(results))
+    else:
+        print_results(results, console)
+
+
+@app.command()
+@user_errors
+def compare(
+    folders: Annotated[list[Path] | None, typer.Argument(help="artifact folders (default: all under --artifacts)")] = None,
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    peers: Peers = False,
+    peer: Peer = None,
+    tracking_uri: TrackingUri = None,
+    runs: Runs = None,
+    warmup: Warmup = None,
+    threads: Threads = None,
+    sentences: Sentences = None,
+    asr: Asr = None,
+    plot: Annotated[Path, typer.Option(help="Pareto plot (RTF vs PESQ and WER) PNG")] = Path("experiments/pareto.png"),
+    log: Annotated[bool, typer.Option(help="log the comparison to MLflow")] = True,
+    as_json: AsJson = False,
+) -> None:
+    """One table across artifacts (and peers), all measured side by side in one interleaved session."""
+    from kokoro_opt.artifacts import list_artifacts, open_artifact
+    from kokoro_opt.evaluate.report import results_json, results_table
+    from kokoro_opt.evaluate.run import compare_artifacts
+
+    chosen = [open_artifact(f) for f in folders] if folders else list_artifacts(artifacts)
+    config = _evaluate_config(chosen[0].manifest if chosen else {}, runs=runs, warmup=warmup, threads=threads,
+                              sentences=sentences, asr=asr)
+    results, png = compare_artifacts(chosen, config, tracking_uri, console=err, peers=_peers(peers, peer), plot=plot,
+                                     log=log, root=artifacts)
+    if as_json:
+        typer.echo(results_json(results, {"settings": config.model_dump(mode="json"), "plot": str(png) if png else None}))
+        return
+    n = int(results[0].metric("utterances")) if results else 0
+    console.print(results_table(results, f"compare: {n} utterances x {config.runs} runs, {config.threads} threads, interleaved"))
+    for r in results:
+        for note in r.notes:
+            console.print(f"{r.label}: {note}", highlight=False)
+    console.print(f"Pareto plot: {png}" if png else "Pareto plot: nothing to plot (no PESQ measured)")
+    if log and results and results[0].run_id:
+        console.print(f"logged to MLflow run {results[0].run_id} (experiment kokoro-opt-compare)")
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""What an evaluation hands back (EvalResult) and how it is shown: rich tables, JSON, PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass
+class EvalResult:
+    """One model's numbers from one evaluation (or from MLflow when the evaluation was already logged)."""
+
+    label: str  # what the tables show
+    artifact_id: str
+    kind: str  # onnx | torch
+    external: bool = False  # a peer (kokoro-onnx int8, PyTorch eager), not a kokoro-opt build
+    reference_id: str | None = None  # the fp32 export its quality is measured against
+    is_reference: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+    utterances: list[dict[str, Any]] = field(default_factory=list)  # per-utterance rows
+    op_times: dict[str, float] = field(default_factory=dict)  # seconds per ORT op type, one run
+    notes: list[str] = field(default_factory=list)
+    run_id: str | None = None
+    skipped: bool = False  # found already logged with the same settings: not measured again
+    samples: dict[str, Any] = field(default_factory=dict, repr=False)  # a few clips for WAVs and plots; not in JSON
+
+    def metric(self, name: str) -> float:
+        value = self.metrics.get(name, math.nan)
+        return float(value) if value is not None else math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label, "artifact_id": self.artifact_id, "kind": self.kind, "external": self.external,
+            "reference_id": self.reference_id, "is_reference": self.is_reference, "run_id": self.run_id,
+            "skipped": self.skipped, "metrics": {k: _finite(v) for k, v in sorted(self.metrics.items())},
+            "op_times": self.op_times, "notes": self.notes, "utterances": self.utterances,
+        }
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def results_json(results: list[EvalResult], extra: dict[str, Any] | None = None) -> str:
+    return json.dumps({**(extra or {}), "results": [r.to_json() for r in results]}, indent=2, sort_keys=True)
+
+
+# ---- tables ---------------------------------------------------------------------------------------
+
+# (header, metric, format): short headers so the table fits an 80-column terminal.
+COLUMNS: list[tuple[str, str, str]] = [
+    ("MB", "size_mb", "{:.0f}"),
+    ("RTF p50", "rtf_p50", "{:.3f}"),
+    ("speedup", "speedup_vs_reference", "{:.2f}x"),
+    ("TTFA s", "ttfa_p50", "{:.2f}"),
+    ("PESQ", "pesq_mean", "{:.2f}"),
+    ("MCD dB", "mcd_mean", "{:.2f}"),
+    ("WER Δ", "wer_delta", "{:+.3f}"),
+    ("RSS MB", "peak_rss_mb", "{:.0f}"),
+]
+DETAIL_COLUMNS: list[tuple[str, str, str]] = [
+    ("load s", "load_seconds", "{:.2f}"),
+    ("lat p50", "latency_p50", "{:.3f}"),
+    ("lat p90", "latency_p90", "{:.3f}"),
+    ("RTF p90", "rtf_p90", "{:.3f}"),
+    ("dur =%", "durations_equal_pct", "{:.0f}"),
+    ("4-12k dB", "high_band_db_mean", "{:+.2f}"),
+    ("WER", "wer", "{:.3f}"),
+    ("bad", "bad_outputs", "{:.0f}"),
+]
+CAPTION = (
+    "speedup: vs the fp32 export of the same weights, measured interleaved in this session; "
+    "PESQ/MCD/WER Δ vs that export; * = the fp32 reference itself; (peer) = not built by kokoro-opt"
+)
+
+
+def _cell(result: EvalResult, metric: str, fmt: str) -> str:
+    value = result.metric(metric)
+    return fmt.format(value) if math.isfinite(value) else "–"
+
+
+def results_table(results: list[EvalResult], title: str, columns: list[tuple[str, str, str]] = COLUMNS) -> Table:
+    table = Table(title=title, title_justify="left", caption=CAPTION, caption_justify="left")
+    table.add_column("artifact", overflow="fold")
+    shown = [c for c in columns if any(math.isfinite(r.metric(c[1])) for r in results)]  # no all-empty columns
+    for header, _, _ in shown:
+        table.add_column(header, justify="right", no_wrap=True)
+    for r in results:
+        name = f"{r.label}{'*' if r.is_reference else ''}{' (peer)' if r.external else ''} [dim]{r.artifact_id[:8]}[/]"
+        table.add_row(name, *(_cell(r, metric, fmt) for _, metric, fmt in shown))
+    return table
+
+
+def print_results(results: list[EvalResult], console: Console) -> None:
+    """The evaluation tables, then what was skipped or could not be measured, and where it was logged."""
+    if not results:
+        console.print("nothing evaluated")
+        return
+    console.print(results_table(results, "evaluation"))
+    console.print(results_table(results, "details (latency in seconds per utterance)", DETAIL_COLUMNS))
+    for r in results:
+        if r.skipped:
+            console.print(f"{r.label}: already evaluated with these settings (MLflow run {r.run_id}); not measured again")
+        elif r.run_id:
+            console.print(f"{r.label}: logged to MLflow run {r.run_id}")
+        for note in r.notes:
+            console.print(f"{r.label}: {note}", highlight=False)
+
+
+# ---- plots ----------------------------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def pareto_front(points: list[tuple[float, float]], higher_is_better: bool) -> list[int]:
+    """Indices of points not dominated in (lower x, better y), sorted by x."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1] if higher_is_better else points[i][1]))
+    front: list[int] = []
+    best = -math.inf if higher_is_better else math.inf
+    for i in order:
+        y = points[i][1]
+        if (y > best) if higher_is_better else (y < best):
+            front.append(i)
+            best = y
+    return front
+
+
+def pareto_png(results: list[EvalResult], path: Path) -> Path | None:
+    """RTF vs PESQ (and vs WER when measured), Pareto front joined; None when nothing is plottable."""
+    panels = [("pesq_mean", "PESQ-WB vs fp32 (higher is better)", True), ("wer", "WER (lower is better)", False)]
+    panels = [p for p in panels if any(math.isfinite(r.metric(p[0])) and math.isfinite(r.metric("rtf_p50")) for r in results)]
+    if not panels:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (metric, ylabel, higher) in zip(axes[0], panels, strict=True):
+        shown = [r for r in results if math.isfinite(r.metric(metric)) and math.isfinite(r.metric("rtf_p50"))]
+        points = [(r.metric("rtf_p50"), r.metric(metric)) for r in shown]
+        for r, (x, y) in zip(shown, points, strict=True):
+            ax.scatter([x], [y], marker="s" if r.external else "o", s=40)
+            ax.annotate(r.label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        front = pareto_front(points, higher)
+        ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "--", color="grey", linewidth=1)
+        ax.set_xlabel("RTF p50 (synthesis time / audio time, lower is faster)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    fig.suptitle("kokoro-opt: speed vs quality (squares: peers)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def ops_png(op_times: dict[str, float], path: Path, title: str) -> Path | None:
+    if not op_times:
+        return None
+    plt = _pyplot()
+    top = list(op_times.items())[:12]
+    total = sum(op_times.values())
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.barh([k for k, _ in reversed(top)], [100 * v / total for _, v in reversed(top)])
+    ax.set_xlabel("% of kernel time (one utterance, ORT profile)")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def mel_png(reference: np.ndarray, test: np.ndarray, sample_rate: int, path: Path, title: str) -> Path:
+    from kokoro_opt.evaluate.metrics import log_mel
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 1, figsize=(8, 5), sharex=False)
+    for ax, audio, name in zip(axes, (reference, test), ("fp32 reference", "this artifact"), strict=True):
+        ax.imshow(log_mel(audio, sample_rate), origin="lower", aspect="auto", cmap="magma")
+        ax.set_ylabel(f"{name}\nmel bin")
+    axes[-1].set_xlabel("frame")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

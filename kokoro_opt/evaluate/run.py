@@ -1,0 +1,301 @@
+"""Measure models side by side: speed, memory, quality vs the fp32 export of the same weights, WER.
+
+A model under test is a `Runner`: an artifact's ONNX session, the kokoro-onnx int8 peer (imported
+as an external artifact) or PyTorch eager on the reference's weights. Runners measured together are
+interleaved per utterance (A B C, B C A, ...) so noise from other processes on a shared machine hits
+all of them alike and the speedup ratios stay meaningful.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kokoro_opt.artifacts import Artifact
+from kokoro_opt.audio import is_speechlike
+from kokoro_opt.errors import UserError
+from kokoro_opt.evaluate import metrics as M
+from kokoro_opt.evaluate.corpus import Corpus, load_corpus
+from kokoro_opt.evaluate.report import EvalResult, print_results
+from kokoro_opt.evaluate.runners import Plan, Runner
+from kokoro_opt.recipe import EvaluateConfig
+
+__all__ = ["Runner", "compare_artifacts", "evaluate_artifacts", "measure", "print_results"]
+
+METRICS_VERSION = "1"  # bump when a metric's definition changes: old evaluations stop matching
+SAMPLE_CLIPS = 2  # utterances whose WAVs and mel plots are logged
+
+
+# ---- one measurement session --------------------------------------------------------------------
+
+
+@contextmanager
+def _progress(console: Console | None, total: int) -> Iterator[Callable[[str], None]]:
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+        console=console or Console(stderr=True), transient=True,
+    ) as progress:
+        task = progress.add_task("evaluating", total=total)
+        yield lambda desc: progress.update(task, advance=1, description=desc)
+
+
+def measure(
+    runners: list[Runner], config: EvaluateConfig, corpus: Corpus, console: Console | None = None, probe: int | None = None
+) -> list[EvalResult]:
+    """Time, probe and score loaded runners in one interleaved session: one EvalResult each.
+    `probe`: memory/profile-probe only the first N runners (the others are there as references)."""
+    plans = {r.artifact_id: r.plan(corpus, config) for r in runners}
+    n = min(len(p.utterances) for p in plans.values())
+    asr, asr_note = None, ""
+    if config.asr:
+        from kokoro_opt.evaluate.asr import load_asr
+
+        asr, asr_note = load_asr(config.threads)
+    probed = runners[: len(runners) if probe is None else probe]
+    steps = len(runners) * (config.warmup + (n + 1) * config.runs + (n if asr else 0)) + len(probed)
+    times: dict[str, list[list[float]]] = {r.artifact_id: [[] for _ in range(n)] for r in runners}
+    outputs: dict[str, list[tuple[np.ndarray, np.ndarray | None]]] = {r.artifact_id: [] for r in runners}
+    ttfa: dict[str, list[float]] = {r.artifact_id: [] for r in runners}
+    probes, heard = {}, {}
+
+    def rotated(shift: int) -> list[Runner]:
+        return runners[shift % len(runners) :] + runners[: shift % len(runners)]
+
+    with _progress(console, steps) as tick:
+        for r in runners:  # warm up on the longest utterance: arenas are sized before any timing
+            plan = plans[r.artifact_id]
+            for _ in range(config.warmup):
+                r.synth(plan, max(range(n), key=lambda i, p=plan: len(p.tokens[i])))
+                tick(f"warm-up {r.label}")
+        for i in range(n):
+            for k in range(config.runs):
+                for r in rotated(i * config.runs + k):
+                    started = time.perf_counter()
+                    out = r.synth(plans[r.artifact_id], i)
+                    times[r.artifact_id][i].append(time.perf_counter() - started)
+                    if k == 0:
+                        outputs[r.artifact_id].append(out)  # deterministic models: every run is identical
+                    tick(f"utterance {i + 1}/{n} {r.label}")
+        for k in range(config.runs):
+            for r in rotated(k):
+                plan = plans[r.artifact_id]
+                started = time.perf_counter()
+                r.synth_tokens(plan.first_chunk, plan.utterances[0].voice)
+                ttfa[r.artifact_id].append(time.perf_counter() - started)
+                tick(f"first chunk {r.label}")
+        for r in probed:  # after timing and one at a time: a probe must not steal the timed cores
+            probes[r.artifact_id] = _probe(r, plans[r.artifact_id], config)
+            tick(f"memory/profile probe {r.label}")
+        for r in runners if asr else []:
+            heard[r.artifact_id] = []
+            for audio, _ in outputs[r.artifact_id]:
+                heard[r.artifact_id].append(asr.transcribe(audio, r.sample_rate))
+                tick(f"ASR {r.label}")
+    by_id = {r.artifact_id: r for r in runners}
+    results = []
+    for r in runners:
+        ref = by_id.get(r.reference_id or "")
+        result = _score(r, ref, plans[r.artifact_id], times, outputs, ttfa[r.artifact_id], probes.get(r.artifact_id, {}), n)
+        if asr is not None:
+            _score_wer(result, r, ref, plans[r.artifact_id], heard, n)
+        elif config.asr:
+            result.notes.append(asr_note)
+        results.append(result)
+    return results
+
+
+def _score(
+    r: Runner, ref: Runner | None, plan: Plan, times: dict[str, list[list[float]]],
+    outputs: dict[str, list[tuple[np.ndarray, np.ndarray | None]]], ttfa: list[float], probe: dict[str, Any], n: int,
+) -> EvalResult:
+    own, lat = outputs[r.artifact_id], times[r.artifact_id]
+    seconds = [len(a) / r.sample_rate for a, _ in own]
+    rtf = [t / max(seconds[i], 1e-9) for i in range(n) for t in lat[i]]
+    flat = [t for per in lat for t in per]
+    m: dict[str, float] = {
+        "utterances": n, "runs": len(lat[0]), "size_mb": r.size_bytes / 1e6, "load_seconds": r.load_seconds,
+        "latency_p50": M.percentile(flat, 50), "latency_p90": M.percentile(flat, 90),
+        "rtf_p50": M.percentile(rtf, 50), "rtf_p90": M.percentile(rtf, 90), "audio_seconds": float(sum(seconds)),
+        "frontend_seconds": plan.frontend_seconds, "first_chunk_tokens": len(plan.first_chunk),
+        "ttfa_model_p50": M.percentile(ttfa, 50), "ttfa_p50": plan.frontend_seconds + M.percentile(ttfa, 50),
+        "ttfa_p90": plan.frontend_seconds + M.percentile(ttfa, 90),
+        "bad_outputs": float(sum(not is_speechlike(a) for a, _ in own)),
+        "peak_rss_mb": probe.get("peak_rss_mb", float("nan")), "rss_baseline_mb": probe.get("baseline_rss_mb", float("nan")),
+    }
+    rows: list[dict[str, Any]] = [
+        {"utterance": u.key, "kind": u.sentence.kind, "tokens": len(plan.tokens[i]), "audio_seconds": seconds[i],
+         "latency_p50": M.percentile(lat[i], 50)}
+        for i, u in enumerate(plan.utterances[:n])
+    ]
+    result = EvalResult(r.label, r.artifact_id, r.kind, r.external, ref.artifact_id if ref else None, ref is r,
+                        metrics=m, utterances=rows, op_times=probe.get("op_times", {}))
+    if "error" in probe:
+        result.notes.append(f"memory/profile probe failed: {probe['error']}")
+    if ref is None:
+        result.notes.append("no fp32 export of the same weights measured alongside: no quality or speedup numbers")
+        result.samples = _samples(r, rows, own, None)
+        return result
+    clean, ref_lat = outputs[ref.artifact_id], times[ref.artifact_id]
+    for i, row in enumerate(rows):
+        row.update(M.quality_row(clean[i][0], own[i][0], r.sample_rate, clean[i][1], own[i][1]))
+    m.update(M.summarise_quality(rows))
+    # per-utterance ratio of medians, then the geometric mean: long and short sentences weigh alike
+    m["speedup_vs_reference"] = M.geometric_mean(M.percentile(ref_lat[i], 50) / M.percentile(lat[i], 50) for i in range(n))
+    result.samples = _samples(r, rows, own, clean)
+    return result
+
+
+def _samples(r: Runner, rows: list[dict[str, Any]], own: list[Any], clean: list[Any] | None) -> dict[str, Any]:
+    picked = range(min(SAMPLE_CLIPS, len(rows)))
+    return {"rate": r.sample_rate, "clips": [(rows[i]["utterance"], own[i][0], clean[i][0] if clean else None) for i in picked]}
+
+
+def _score_wer(result: EvalResult, r: Runner, ref: Runner | None, plan: Plan, heard: dict[str, list[str]], n: int) -> None:
+    from kokoro_opt.evaluate.asr import wer_metrics, word_error_rate
+
+    texts = [u.sentence.text for u in plan.utterances[:n]]
+    for row, text, said in zip(result.utterances, texts, heard[r.artifact_id], strict=True):
+        row.update(transcript=said, wer=word_error_rate([text], [said]))
+    result.metrics.update(wer_metrics(texts, heard[r.artifact_id], heard[ref.artifact_id] if ref else None))
+
+
+# ---- memory and profile probe: a fresh process per runner -----------------------------------------
+
+
+def _probe(r: Runner, plan: Plan, config: EvaluateConfig) -> dict[str, Any]:
+    """Peak RSS of a fresh process that loads the model and speaks the longest utterance, plus (ONNX)
+    the ORT profile of that run. It runs in a temporary cwd: ORT writes its trace file there."""
+    i = max(range(len(plan.tokens)), key=lambda j: len(plan.tokens[j]))
+    spec = {
+        "runner": {"label": r.label, "artifact_id": r.artifact_id, "kind": r.kind, "folder": str(r.folder),
+                   "manifest": {}, "weights_dir": str(r.weights_dir) if r.weights_dir else None},
+        "tokens": plan.tokens[i], "voice": plan.utterances[i].voice, "speed": plan.utterances[i].speed,
+        "threads": config.threads, "profile": config.profile,
+    }
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    with tempfile.TemporaryDirectory(prefix="kokoro-opt-probe-") as cwd:
+        done = subprocess.run(
+            [sys.executable, "-m", "kokoro_opt.evaluate.run", "--probe"], input=json.dumps(spec), capture_output=True,
+            text=True, cwd=cwd, env=env, timeout=1800, check=False,
+        )
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _rss_mb(field_name: str = "VmHWM") -> float:
+    """Peak (VmHWM) or current (VmRSS) resident memory of this process in MB.
+
+    Not ru_maxrss on Linux: a child inherits its parent's peak across fork+exec, so every probe
+    would report the RSS of the evaluating process that spawned it.
+    """
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) / 1024
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e6 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB elsewhere
+
+
+def _probe_main() -> None:
+    spec = json.loads(sys.stdin.read())
+    baseline = _rss_mb("VmRSS")
+    fields = spec["runner"]
+    weights_dir = Path(fields["weights_dir"]) if fields["weights_dir"] else None
+    runner = Runner(**{**fields, "folder": Path(fields["folder"]), "weights_dir": weights_dir})
+    profile = bool(spec["profile"]) and runner.kind == "onnx"
+    runner.load(int(spec["threads"]), profile=profile)
+    for _ in range(2):  # warm-up, then the run whose profile is kept (op_type_times reads the last run)
+        runner.synth_tokens(spec["tokens"], spec["voice"], float(spec["speed"]))
+    op_times: dict[str, float] = {}
+    if profile:
+        trace = Path(runner.session.end_profiling())
+        op_times = M.op_type_times(json.loads(trace.read_text(encoding="utf-8")))
+        trace.unlink()
+    print(json.dumps({"peak_rss_mb": _rss_mb(), "baseline_rss_mb": baseline, "op_times": op_times}))
+
+
+# ---- entry points ---------------------------------------------------------------------------------
+
+
+def evaluate_artifacts(
+    artifacts: list[Artifact], config: EvaluateConfig, tracking_uri: str | None = None, console: Console | None = None,
+    *, peers: Collection[str] = (), force: bool = False, log: bool = True, root: Path | None = None,
+) -> list[EvalResult]:
+    """Each artifact against its fp32 reference (measured alongside); one MLflow run per (artifact,
+    settings). An evaluation already logged is found and not repeated (resumable) unless `force`."""
+    from kokoro_opt.evaluate import tracking
+    from kokoro_opt.evaluate.runners import runner_groups
+
+    corpus = load_corpus()
+    results = []
+    for group in runner_groups(artifacts, root, peers=peers, console=console):
+        subject = group[0]
+        settings = evaluation_settings(config, corpus, subject.reference_id)
+        key = tracking.evaluation_key(subject.artifact_id, settings)
+        found = tracking.find_evaluation(tracking_uri, key) if log and not force else None
+        if found is not None:
+            results.append(found)
+            continue
+        result = measure([g.load(config.threads) for g in group], config, corpus, console, probe=1)[0]
+        if log:
+            result.run_id = tracking.log_evaluation(tracking_uri, result, subject, settings, key)
+        results.append(result)
+    return results
+
+
+def compare_artifacts(
+    artifacts: list[Artifact], config: EvaluateConfig, tracking_uri: str | None = None, console: Console | None = None,
+    *, peers: Collection[str] = (), plot: Path | None = None, log: bool = True, root: Path | None = None,
+) -> tuple[list[EvalResult], Path | None]:
+    """Every artifact, its reference and (optionally) the peers, all in ONE interleaved session."""
+    from kokoro_opt.evaluate import tracking
+    from kokoro_opt.evaluate.report import pareto_png
+    from kokoro_opt.evaluate.runners import runner_groups
+
+    corpus = load_corpus()
+    groups = runner_groups(artifacts, root, peers=peers, console=console)
+    unique: dict[str, Runner] = {}
+    for runner in [g[0] for g in groups] + [r for g in groups for r in g[1:]]:  # an artifact's own name beats "fp32 export"
+        unique.setdefault(runner.artifact_id, runner)
+    if not unique:
+        raise UserError("nothing to compare", "build an artifact first (kokoro-opt build recipes/fp32.yaml) or pass --peers")
+    results = measure([r.load(config.threads) for r in unique.values()], config, corpus, console)
+    png = pareto_png(results, plot) if plot else None
+    if log:
+        settings = evaluation_settings(config, corpus, None)
+        for r in results:
+            r.run_id = None
+        tracking.log_comparison(tracking_uri, results, settings, png)
+    return results, png
+
+
+def evaluation_settings(config: EvaluateConfig, corpus: Corpus, reference_id: str | None) -> dict[str, Any]:
+    """Everything that shapes the numbers: equal settings on the same artifact = the same evaluation."""
+    from kokoro_opt.build import machine_info
+
+    machine = machine_info()
+    return {
+        **config.model_dump(mode="json", exclude={"enabled"}), "corpus_sha256": corpus.sha256,
+        "metrics_version": METRICS_VERSION, "reference_id": reference_id, "machine": f"{machine['cpu']} x{machine['cores']}",
+    }
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--probe"]:
+    _probe_main()

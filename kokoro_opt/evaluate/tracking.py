@@ -1,0 +1,289 @@
+"""MLflow records of evaluations: one run per (artifact, evaluation settings), never two.
+
+Default store: SQLite at experiments/mlflow.db with artifacts under experiments/mlruns (no server);
+any other tracking URI (a server) works the same. Each run is tagged with `eval_key`, a hash of the
+artifact id and every setting that shapes the numbers; evaluating again searches for it first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from kokoro_opt.evaluate.report import EvalResult, mel_png, ops_png, results_json
+
+STORE = Path("experiments")
+KEY_TAG, KIND_TAG = "eval_key", "kokoro_opt_kind"
+EXPERIMENT_PREFIX = "kokoro-opt-"
+_PARAM_CHARS = 500  # MLflow caps param values; long lists are truncated, the manifest artifact has them whole
+
+
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    """--tracking-uri, else MLFLOW_TRACKING_URI, else SQLite under ./experiments (absolute: cwd-proof)."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(STORE / 'mlflow.db').resolve()}"
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(unquote(uri[len("sqlite:///") :])) if uri.startswith("sqlite:///") else None
+
+
+def _client(uri: str) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    for name in ("mlflow", "alembic"):  # schema migration chatter on a new store
+        logging.getLogger(name).setLevel(logging.WARNING)
+    db = _sqlite_path(uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    return MlflowClient(tracking_uri=uri)
+
+
+def _experiment(client: Any, uri: str, name: str) -> str:
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return str(found.experiment_id)
+    db = _sqlite_path(uri)
+    # Beside the SQLite file, not in the cwd's ./mlruns; a server picks its own artifact store.
+    location = (db.parent / "mlruns" / name).resolve().as_uri() if db is not None else None
+    return str(client.create_experiment(name, artifact_location=location))
+
+
+def recipe_family(name: str) -> str:
+    """int8-dynamic, int8-static, int8-mixed -> int8: variants of one idea share an experiment."""
+    return name.split("-")[0] or name
+
+
+def evaluation_key(artifact_id: str, settings: dict[str, Any]) -> str:
+    payload = json.dumps({"artifact": artifact_id, "settings": settings}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def _our_experiments(client: Any) -> list[str]:
+    return [e.experiment_id for e in client.search_experiments() if e.name.startswith(EXPERIMENT_PREFIX)]
+
+
+def _runs_with_key(client: Any, key: str) -> list[Any]:
+    ids = _our_experiments(client)
+    return list(client.search_runs(ids, f"tags.{KEY_TAG} = '{key}'")) if ids else []
+
+
+def find_evaluation(tracking_uri: str | None, key: str) -> EvalResult | None:
+    """The logged result of an identical evaluation, or None. Runs a crash left unfinished are removed."""
+    uri = resolve_tracking_uri(tracking_uri)
+    db = _sqlite_path(uri)
+    if db is not None and not db.exists():
+        return None
+    client = _client(uri)
+    found = None
+    for run in _runs_with_key(client, key):
+        if run.info.status == "FINISHED" and found is None:
+            found = run
+        elif run.info.status != "FINISHED":
+            client.delete_run(run.info.run_id)
+    return None if found is None else _result_from_run(found)
+
+
+def _result_from_run(run: Any) -> EvalResult:
+    tags, metrics = run.data.tags, dict(run.data.metrics)
+    ops = {k.split(".", 1)[1]: v for k, v in metrics.items() if k.startswith("op_seconds.")}
+    return EvalResult(
+        label=tags.get("artifact_name", "?"), artifact_id=tags.get("artifact_id", "?"), kind=tags.get("runtime", "onnx"),
+        external=tags.get("external") == "true", reference_id=tags.get("reference_id") or None,
+        is_reference=tags.get("is_reference") == "true", run_id=run.info.run_id, skipped=True,
+        metrics={k: v for k, v in metrics.items() if not k.startswith(("op_seconds.", "op_share."))},
+        op_times=dict(sorted(ops.items(), key=lambda kv: -kv[1])),
+    )
+
+
+def _flat(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        out[prefix] = text[:_PARAM_CHARS]
+
+
+def _params(manifest: dict[str, Any], settings: dict[str, Any], threads: int) -> dict[str, str]:
+    from kokoro_opt.artifacts import versions
+    from kokoro_opt.build import machine_info
+    from kokoro_opt.synth import SessionSettings
+
+    recipe = manifest.get("recipe", {})
+    machine = machine_info()
+    out: dict[str, str] = {}
+    _flat("recipe", {"name": recipe.get("name", "?"), "hash": manifest.get("recipe_hash", "")}, out)
+    _flat("export", recipe.get("export", {}), out)
+    for i, stage in enumerate(recipe.get("stages", [])):
+        _flat(f"stage.{i}.{stage.get('kind', '?')}", {k: v for k, v in stage.items() if k != "kind"}, out)
+    _flat("ort", asdict(SessionSettings(intra_op_num_threads=threads)), out)
+    _flat("version", versions(), out)
+    _flat("built_with", manifest.get("versions", {}), out)
+    _flat("machine", {**machine, "isa": ",".join(machine["isa"]), "avx512_vnni": "avx512_vnni" in machine["isa"]}, out)
+    _flat("eval", settings, out)
+    return out
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False)
+    except OSError:
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _metrics(result: EvalResult) -> dict[str, float]:
+    found = {k: float(v) for k, v in result.metrics.items() if v is not None and math.isfinite(v)}
+    total = sum(result.op_times.values())
+    for op, seconds in result.op_times.items():
+        found[f"op_seconds.{op}"] = seconds
+        found[f"op_share.{op}"] = seconds / total if total else 0.0
+    return found
+
+
+def _log_batch(client: Any, run_id: str, metrics: dict[str, float], params: dict[str, str]) -> None:
+    from mlflow.entities import Metric, Param
+
+    stamp = int(time.time() * 1000)
+    items = [Metric(k, v, stamp, 0) for k, v in metrics.items()]
+    for i in range(0, len(items), 900):  # MLflow takes at most 1000 metrics and 100 params per batch
+        client.log_batch(run_id, metrics=items[i : i + 900])
+    pairs = [Param(k, v) for k, v in params.items()]
+    for i in range(0, len(pairs), 90):
+        client.log_batch(run_id, params=pairs[i : i + 90])
+
+
+def log_evaluation(tracking_uri: str | None, result: EvalResult, runner: Any, settings: dict[str, Any], key: str) -> str:
+    """One run for this (artifact, settings): params, metrics, tags and files (manifest, metrics JSON,
+    sample WAVs, plots). An earlier run with the same key (a forced re-evaluation) is replaced."""
+    from kokoro_opt.audio import write_wav
+
+    uri = resolve_tracking_uri(tracking_uri)
+    client = _client(uri)
+    for old in _runs_with_key(client, key):
+        client.delete_run(old.info.run_id)
+    manifest = runner.manifest
+    family = "peers" if result.external else recipe_family(manifest.get("recipe", {}).get("name", result.label))
+    experiment = _experiment(client, uri, EXPERIMENT_PREFIX + family)
+    weights = manifest.get("weights", {})
+    tags = {
+        KEY_TAG: key, KIND_TAG: "evaluation", "artifact_id": result.artifact_id, "artifact_name": result.label,
+        "runtime": result.kind, "external": str(result.external).lower(), "is_reference": str(result.is_reference).lower(),
+        "reference_id": result.reference_id or "", "weights_source": str(weights.get("source", "")),
+        "weights_sha256": str(weights.get("sha256", "")), "corpus_sha256": str(settings.get("corpus_sha256", "")),
+    }
+    if commit := _git_commit():
+        tags["git_commit"] = commit
+    run = client.create_run(experiment, tags=tags, run_name=f"{result.label}-{result.artifact_id[:8]}-{key[:6]}")
+    run_id = str(run.info.run_id)
+    try:
+        _log_batch(client, run_id, _metrics(result), _params(manifest, settings, int(settings.get("threads", 0))))
+        with tempfile.TemporaryDirectory(prefix="kokoro-opt-mlflow-") as tmp:
+            folder = Path(tmp)
+            (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
+            (folder / "metrics.json").write_text(results_json([result], {"settings": settings}), encoding="utf-8")
+            (folder / "samples").mkdir()
+            (folder / "plots").mkdir()
+            rate = int(result.samples.get("rate", 24_000))
+            for i, (name, test, ref) in enumerate(result.samples.get("clips", [])):
+                stem = f"{i:02d}-{name.replace('/', '_').replace('@', '_')}"
+                write_wav(folder / "samples" / f"{stem}.wav", test, rate)
+                if ref is not None and not result.is_reference:
+                    write_wav(folder / "samples" / f"{stem}.fp32.wav", ref, rate)
+                    mel_png(ref, test, rate, folder / "plots" / f"mel-{stem}.png", f"{result.label}: {name}")
+            ops_png(result.op_times, folder / "plots" / "ops.png", f"{result.label}: ORT time by op type")
+            client.log_artifacts(run_id, str(folder))
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id)
+    return run_id
+
+
+COMPARE_COLUMNS = ("size_mb", "rtf_p50", "speedup_vs_reference", "ttfa_p50", "pesq_mean", "mcd_mean", "wer_delta", "peak_rss_mb")
+
+
+def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings: dict[str, Any], plot: Path | None) -> str:
+    """A compare session as one run in `kokoro-opt-compare`, keyed by (artifact set, settings):
+    comparing the same set again logs into the same run (latest values win)."""
+    uri = resolve_tracking_uri(tracking_uri)
+    client = _client(uri)
+    ids = sorted(r.artifact_id for r in results)
+    key = evaluation_key("+".join(ids), settings)
+    existing = _runs_with_key(client, key)
+    if existing:
+        run_id = str(existing[0].info.run_id)
+    else:
+        tags = {KEY_TAG: key, KIND_TAG: "comparison", "artifacts": ",".join(ids)[:_PARAM_CHARS]}
+        run_id = str(client.create_run(_experiment(client, uri, EXPERIMENT_PREFIX + "compare"), tags=tags).info.run_id)
+        params: dict[str, str] = {}
+        _flat("eval", settings, params)
+        _log_batch(client, run_id, {}, params)
+    metrics = {f"{r.label}.{name}": r.metric(name) for r in results for name in COMPARE_COLUMNS}
+    _log_batch(client, run_id, {k: v for k, v in metrics.items() if math.isfinite(v)}, {})
+    with tempfile.TemporaryDirectory(prefix="kokoro-opt-mlflow-") as tmp:
+        (Path(tmp) / "compare.json").write_text(results_json(results, {"settings": settings}), encoding="utf-8")
+        client.log_artifacts(run_id, tmp)
+    if plot is not None and plot.is_file():
+        client.log_artifact(run_id, str(plot))
+    client.set_terminated(run_id)
+    for r in results:
+        r.run_id = run_id
+    return run_id
+
+
+def best_evaluated(tracking_uri: str | None, min_pesq: float) -> dict[str, Any] | None:
+    """Among evaluated kokoro-opt artifacts (not peers): the lowest RTF p50 whose mean PESQ-WB vs fp32
+    is >= min_pesq and that produced no NaN/silent output; the fp32 reference passes by definition."""
+    uri = resolve_tracking_uri(tracking_uri)
+    db = _sqlite_path(uri)
+    if db is not None and not db.exists():
+        return None  # nothing evaluated yet: do not create an empty store just to look
+    client = _client(uri)
+    ids = _our_experiments(client)
+    runs = client.search_runs(ids, f"tags.{KIND_TAG} = 'evaluation' and attributes.status = 'FINISHED'") if ids else []
+    passing = []
+    for run in runs:
+        tags, m = run.data.tags, run.data.metrics
+        if tags.get("external") == "true" or "rtf_p50" not in m or m.get("bad_outputs", 1.0) != 0.0:
+            continue
+        if tags.get("is_reference") == "true" or m.get("pesq_mean", -math.inf) >= min_pesq:
+            passing.append(run)
+    if not passing:
+        return None
+    best = min(passing, key=lambda run: run.data.metrics["rtf_p50"])
+    m, tags = best.data.metrics, best.data.tags
+    is_reference = tags.get("is_reference") == "true"
+    quality = "the fp32 reference" if is_reference else f"PESQ {m.get('pesq_mean', math.nan):.2f} >= {min_pesq}"
+    return {
+        "artifact_id": tags["artifact_id"], "run_id": best.info.run_id, "rtf_p50": m["rtf_p50"],
+        "pesq_mean": m.get("pesq_mean"),
+        "reason": f"fastest evaluated artifact passing the quality budget: {tags.get('artifact_name', '?')} "
+        f"RTF p50 {m['rtf_p50']:.3f}, {quality}, no NaN/silent output (MLflow run {best.info.run_id})",
+    }
+
+
+def artifact_files(tracking_uri: str | None, run_id: str) -> list[str]:
+    """Paths of the files logged with a run (recursively), for tests and reports."""
+    client = _client(resolve_tracking_uri(tracking_uri))
+    found, stack = [], [""]
+    while stack:
+        for item in client.list_artifacts(run_id, stack.pop() or None):
+            (stack if item.is_dir else found).append(item.path)
+    return sorted(found)
+
+
+def tracking_location(tracking_uri: str | None) -> str:
+    uri = resolve_tracking_uri(tracking_uri)
+    parsed = urlparse(uri)
+    return str(_sqlite_path(uri)) if parsed.scheme == "sqlite" else uri

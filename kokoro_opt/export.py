@@ -1,0 +1,167 @@
+"""Export stage: KModel -> fp32 ONNX (legacy exporter, dynamic token axis), validated against PyTorch."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kokoro_opt.audio import correlation, snr_db
+from kokoro_opt.errors import UserError
+from kokoro_opt.model import SAMPLE_RATE, deterministic_noise, load_kmodel, strip_weight_norm, style_for, torch_synthesize
+from kokoro_opt.recipe import ExportConfig, ValidationConfig
+from kokoro_opt.weights.sources import ResolvedWeights
+
+INPUT_NAMES = ["input_ids", "style", "speed"]
+OUTPUT_NAMES = ["audio", "durations"]
+
+
+def write_runtime_files(folder: Path, weights: ResolvedWeights) -> None:
+    """What synthesis needs beside the model: voices.npz and kokoro.json (vocab + provenance)."""
+    packs = weights.load_voices()
+    np.savez(folder / "voices.npz", **packs)
+    meta = {
+        "vocab": weights.config["vocab"],
+        "sample_rate": SAMPLE_RATE,
+        "audio_gain": 1.0,
+        "weights": {
+            "source": weights.source,
+            "sha256": weights.sha256,
+            "int8_rounded": weights.int8_rounded,
+            "note": weights.note,
+            "directory": str(weights.directory),  # the PyTorch weights, for stages that convert from torch
+        },
+    }
+    (folder / "kokoro.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """The exporter's C++ shape-inference warnings about PackPadded are expected; keep the terminal clean."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def export_onnx(
+    model: torch.nn.Module, path: Path, opset: int, sample_tokens: list[int], style: np.ndarray, deterministic: bool = True
+) -> None:
+    from kokoro.model import KModelForONNX
+
+    wrapper = KModelForONNX(model).eval()
+    args = (
+        torch.tensor([[0, *sample_tokens, 0]], dtype=torch.long),
+        torch.from_numpy(style),
+        torch.tensor([1.0], dtype=torch.float32),
+    )
+    noise = deterministic_noise() if deterministic else contextlib.nullcontext()
+    with warnings.catch_warnings(), noise, torch.no_grad(), _quiet_native_stderr():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            wrapper,
+            args,
+            str(path),
+            input_names=INPUT_NAMES,
+            output_names=OUTPUT_NAMES,
+            dynamic_axes={"input_ids": {1: "tokens"}, "audio": {0: "samples"}, "durations": {0: "tokens"}},
+            opset_version=opset,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+
+
+def validate_export(
+    model: torch.nn.Module, onnx_path: Path, vocab: dict[str, int], packs: dict[str, np.ndarray], cfg: ValidationConfig
+) -> dict[str, Any]:
+    """ORT vs PyTorch (same CustomSTFT path, noise off) on real phonemised sentences."""
+    import onnxruntime as ort
+
+    from kokoro_opt.text import phonemize, tokenize
+
+    if cfg.voice not in packs:
+        raise UserError(
+            f"unknown voice '{cfg.voice}' in export.validation.voice", f"choose from: {', '.join(sorted(packs))}"
+        )
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    rows = []
+    signal_energy = error_energy = 0.0
+    for sentence in cfg.sentences:
+        tokens = tokenize(phonemize(sentence), vocab)
+        style = style_for(packs[cfg.voice], len(tokens))
+        with deterministic_noise():
+            ref_audio, ref_durations = torch_synthesize(model, tokens, style)
+        feeds = {"input_ids": np.array([[0, *tokens, 0]], dtype=np.int64), "style": style, "speed": np.array([1.0], np.float32)}
+        audio, durations = session.run(None, feeds)
+        audio = np.asarray(audio).reshape(-1)
+        n = min(len(audio), len(ref_audio))
+        signal_energy += float(np.sum(ref_audio[:n].astype(np.float64) ** 2))
+        error_energy += float(np.sum((ref_audio[:n].astype(np.float64) - audio[:n]) ** 2))
+        rows.append(
+            {
+                "sentence": sentence,
+                "tokens": len(tokens),
+                "durations_equal": bool(np.array_equal(np.asarray(durations).reshape(-1), ref_durations)),
+                "correlation": correlation(ref_audio, audio),
+                "snr_db": snr_db(ref_audio, audio),
+            }
+        )
+    report = {
+        "sentences": rows,
+        "min_correlation": min(r["correlation"] for r in rows),
+        "min_snr_db": min(r["snr_db"] for r in rows),
+        # Energy-weighted over all sentences: a single sentence sits near the float32 noise floor
+        # (perturbing the style by 8 ulps alone gives 33-35 dB), the aggregate is stable.
+        "snr_db": float(10 * np.log10(signal_energy / max(error_energy, 1e-30))),
+        "durations_equal": all(r["durations_equal"] for r in rows),
+    }
+    report["passed"] = bool(
+        report["durations_equal"] and report["min_correlation"] >= cfg.min_correlation and report["snr_db"] >= cfg.min_snr_db
+    )
+    return report
+
+
+def run_export(weights: ResolvedWeights, cfg: ExportConfig, out: Path) -> dict[str, Any]:
+    """Fill `out` with model.onnx + runtime files; returns the stage record for the manifest."""
+    from kokoro_opt.text import phonemize, tokenize
+
+    started = time.perf_counter()
+    model = strip_weight_norm(load_kmodel(weights.config, weights.model_path, disable_complex=True))
+    write_runtime_files(out, weights)
+    packs = weights.load_voices()
+    voice = cfg.validation.voice if cfg.validation.voice in packs else sorted(packs)[0]
+    sample_tokens = tokenize(phonemize(cfg.validation.sentences[0]), weights.config["vocab"])
+    export_onnx(model, out / "model.onnx", cfg.opset, sample_tokens, style_for(packs[voice], len(sample_tokens)), cfg.deterministic)
+    exported = time.perf_counter()
+    record: dict[str, Any] = {
+        "stage": "export",
+        "config": cfg.model_dump(mode="json", by_alias=True),
+        "noise": "deterministic: SineGen random phase and noise zeroed" if cfg.deterministic else "random",
+        "seconds": {"export": round(exported - started, 2)},
+    }
+    # With random noise on, samples cannot match; only deterministic exports are validated.
+    if cfg.validate_export and cfg.deterministic:
+        report = validate_export(model, out / "model.onnx", weights.config["vocab"], packs, cfg.validation)
+        record["validation"] = report
+        record["seconds"]["validate"] = round(time.perf_counter() - exported, 2)
+        if not report["passed"] and weights.source != "tiny":
+            raise UserError(
+                f"export validation failed: min correlation {report['min_correlation']:.4f}, "
+                f"SNR {report['snr_db']:.1f} dB (worst sentence {report['min_snr_db']:.1f}), durations equal {report['durations_equal']}",
+                "see the export.validation thresholds in the recipe",
+            )
+    return record

@@ -1,0 +1,131 @@
+"""Building Kokoro's PyTorch model (`kokoro.model.KModel`) from a resolved weights folder.
+
+`kokoro.model` is imported lazily: importing `kokoro` pulls misaki and spaCy (~6 s), which the
+ONNX-only paths (synthesis, serving) never need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+SAMPLE_RATE = 24_000
+
+KOKORO_82M_CONFIG: dict[str, Any] = {
+    "n_token": 178,
+    "hidden_dim": 512,
+    "style_dim": 128,
+    "n_layer": 3,
+    "n_mels": 80,
+    "max_dur": 50,
+    "dim_in": 64,
+    "max_conv_dim": 512,
+    "dropout": 0.2,
+    "text_encoder_kernel_size": 5,
+    "multispeaker": True,
+    "plbert": {
+        "hidden_size": 768,
+        "num_attention_heads": 12,
+        "intermediate_size": 2048,
+        "max_position_embeddings": 512,
+        "num_hidden_layers": 12,
+        "dropout": 0.1,
+    },
+    "istftnet": {
+        "upsample_kernel_sizes": [20, 12],
+        "upsample_rates": [10, 6],
+        "gen_istft_hop_size": 5,
+        "gen_istft_n_fft": 20,
+        "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5], [1, 3, 5]],
+        "resblock_kernel_sizes": [3, 7, 11],
+        "upsample_initial_channel": 512,
+    },
+}
+
+
+def tiny_config(vocab: dict[str, int]) -> dict[str, Any]:
+    """A small Kokoro for fast tests: same graph structure, fewer/narrower layers.
+
+    The decoder keeps its widths (KModel hard-codes 512/1024 channels there); the ALBERT, the
+    prosody LSTMs and the generator's resblocks shrink.
+    """
+    config = copy.deepcopy(KOKORO_82M_CONFIG)
+    config["n_layer"] = 1
+    config["plbert"].update(hidden_size=64, num_attention_heads=2, intermediate_size=128, num_hidden_layers=2)
+    config["istftnet"].update(resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3, 5]])
+    config["vocab"] = dict(vocab)
+    return config
+
+
+def load_kmodel(config: dict[str, Any], model_path: Path | None, disable_complex: bool = True) -> torch.nn.Module:
+    """KModel in eval mode; with `model_path=None` it stays randomly initialised (tiny test models)."""
+    from kokoro.model import KModel
+
+    source = str(model_path) if model_path is not None else _empty_state_path()
+    with warnings.catch_warnings():
+        # KModel's own deprecation (weight_norm) and LSTM-dropout warnings are not actionable here.
+        warnings.simplefilter("ignore", category=UserWarning)
+        warnings.simplefilter("ignore", category=FutureWarning)
+        model = KModel(repo_id="hexgrad/Kokoro-82M", config=config, model=source, disable_complex=disable_complex)
+    return model.eval()
+
+
+def _empty_state_path() -> str:
+    """A .pth holding `{}`: KModel then loads nothing and keeps its random initialisation."""
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / "kokoro-opt-empty-state.pth"
+    if not path.exists():
+        torch.save({}, path)
+    return str(path)
+
+
+def strip_weight_norm(model: torch.nn.Module) -> torch.nn.Module:
+    """Fold weight norm into plain weights so the export is a constant, not 89 ReduceL2 chains."""
+    for module in model.modules():
+        if hasattr(module, "weight_g") and hasattr(module, "weight_v"):
+            torch.nn.utils.remove_weight_norm(module)
+    return model
+
+
+@contextlib.contextmanager
+def deterministic_noise() -> Iterator[None]:
+    """Zero SineGen's random initial phase and its additive noise.
+
+    With these zeroed the model is a pure function of (tokens, style, speed), so every artifact
+    can be compared sample by sample with fp32. The export traced under this context has no
+    random ops at all (like the kokoro-onnx int8 graph).
+    """
+    rand, randn_like = torch.rand, torch.randn_like
+
+    def zeros_rand(*size: Any, **kwargs: Any) -> torch.Tensor:
+        kwargs.pop("generator", None)
+        return torch.zeros(*size, **kwargs)
+
+    torch.rand = zeros_rand  # type: ignore[assignment]
+    torch.randn_like = torch.zeros_like  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.rand, torch.randn_like = rand, randn_like  # type: ignore[assignment]
+
+
+def style_for(pack: np.ndarray, n_tokens: int) -> np.ndarray:
+    """Kokoro indexes a voice pack by phoneme count: pack[len(phonemes) - 1], shape (1, 256)."""
+    index = min(max(n_tokens, 1), pack.shape[0]) - 1
+    return np.asarray(pack[index], dtype=np.float32).reshape(1, -1)
+
+
+@torch.no_grad()
+def torch_synthesize(model: torch.nn.Module, token_ids: list[int], style: np.ndarray, speed: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Run KModel on token ids (without pads); returns (audio, durations) as numpy."""
+    input_ids = torch.tensor([[0, *token_ids, 0]], dtype=torch.long)
+    audio, durations = model.forward_with_tokens(input_ids, torch.from_numpy(style), speed)
+    return audio.squeeze().numpy().astype(np.float32), durations.reshape(-1).numpy().astype(np.int64)

@@ -1,0 +1,279 @@
+"""English text normalisation: turn numbers, money, dates, times, units and abbreviations into
+words, and unicode punctuation into the symbols Kokoro knows, so espeak-ng reads them right.
+
+Deterministic and offline. The rules are heuristics for running prose, not a full TN grammar.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable
+
+from num2words import num2words
+
+MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
+_MONTH_NUM = {m.lower(): i + 1 for i, m in enumerate(MONTHS)}
+_MONTH_NUM.update({m[:3].lower(): i + 1 for i, m in enumerate(MONTHS)})
+_MONTH_NUM["sept"] = 9
+# Longest first so "March" is not matched as "Mar" + "ch".
+_MONTH_RE = "|".join(sorted((k.capitalize() for k in _MONTH_NUM), key=len, reverse=True))
+
+# Abbreviations (lower-case, without the final dot) whose "." never ends a sentence ...
+NEVER_END = frozenset({"dr", "mr", "mrs", "ms", "prof", "st", "mt", "vs", "e.g", "i.e", "cf", "fig"})
+# ... and those whose "." does not end one when a number follows ("No. 5", "Jan. 3", "approx. 5 km").
+NOT_END_BEFORE_NUMBER = frozenset({"no", "approx", *(k for k in _MONTH_NUM if len(k) <= 4)})
+
+_DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+# Curly single quotes/primes -> apostrophe ("don’t" must stay one word), guillemets -> the curly quotes in
+# Kokoro's vocab, hyphen look-alikes -> "-", exotic spaces -> " ", invisible characters dropped.
+_UNICODE = str.maketrans(
+    "\u2018\u2019\u201a\u2032\u00b4`\u00ab\u00bb\u201e\u2033\u2010\u2011\u2012\u2212\u2015\u00a0\u2007\u2009\u200a\u202f\t",
+    "''''''\u201c\u201d\u201c\"----\u2014      ",
+    "\u200b\ufeff\u00ad",
+)
+
+_NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"  # 1,234.5 | 1234.5 | 12
+_CURRENCY = {
+    "$": ("dollar", "dollars", "cent", "cents"),
+    "£": ("pound", "pounds", "penny", "pence"),
+    "€": ("euro", "euros", "cent", "cents"),
+}
+_SCALE = r"thousand|million|billion|trillion"
+_UNITS = {
+    "km/h": ("kilometer per hour", "kilometers per hour"),
+    "mph": ("mile per hour", "miles per hour"),
+    "kWh": ("kilowatt hour", "kilowatt hours"),
+    "kW": ("kilowatt", "kilowatts"),
+    "km": ("kilometer", "kilometers"),
+    "kg": ("kilogram", "kilograms"),
+    "cm": ("centimeter", "centimeters"),
+    "mm": ("millimeter", "millimeters"),
+    "mg": ("milligram", "milligrams"),
+    "ml": ("milliliter", "milliliters"),
+    "lbs": ("pound", "pounds"),
+    "lb": ("pound", "pounds"),
+    "GB": ("gigabyte", "gigabytes"),
+    "MB": ("megabyte", "megabytes"),
+    "TB": ("terabyte", "terabytes"),
+    "GHz": ("gigahertz", "gigahertz"),
+    "°C": ("degree Celsius", "degrees Celsius"),
+    "°F": ("degree Fahrenheit", "degrees Fahrenheit"),
+    "°": ("degree", "degrees"),
+}
+_UNIT_RE = "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
+
+# Titles never end a sentence, so their "." is dropped; the others keep it when it also ends one.
+_TITLES = {"Dr": "Doctor", "Mr": "Mister", "Mrs": "Missus", "Ms": "Miz", "Prof": "Professor", "Mt": "Mount"}
+_ENDABLE = {"Jr": "Junior", "Sr": "Senior", "Inc": "Incorporated", "Ltd": "Limited"}
+_ABBREVIATIONS: tuple[tuple[re.Pattern[str], str, bool], ...] = (
+    *((re.compile(rf"\b{k}\.(?=\s|$)"), v, False) for k, v in _TITLES.items()),
+    (re.compile(r"(?i)\bvs\.?(?=\s)"), "versus", False),
+    (re.compile(r"(?i)\be\.g\."), "for example", False),
+    (re.compile(r"(?i)\bi\.e\."), "that is", False),
+    (re.compile(r"\b[Nn]o\.(?=\s*\d)"), "number", False),
+    *((re.compile(rf"\b{k}\."), v, True) for k, v in _ENDABLE.items()),
+    (re.compile(r"(?i)\betc\."), "et cetera", True),
+    (re.compile(r"(?i)\bapprox\."), "approximately", True),
+)
+
+
+def _digits(n: int) -> str:
+    return ("minus " if n < 0 else "") + " ".join(_DIGITS[int(d)] for d in str(abs(n)))
+
+
+def cardinal(n: int) -> str:
+    # Past 10^15 it is an ID or a card number, not a quantity (and num2words eventually overflows).
+    if abs(n) >= 10**15:
+        return _digits(n)
+    # num2words puts commas in big numbers; they would become pauses (and clause splits).
+    return num2words(n).replace(",", "")
+
+
+def ordinal(n: int) -> str:
+    return _digits(n) + "th" if n >= 10**15 else num2words(n, to="ordinal").replace(",", "")
+
+
+def year(n: int) -> str:
+    return num2words(n, to="year").replace(",", "") if 1100 <= n <= 2099 else cardinal(n)
+
+
+def number(s: str) -> str:
+    """Digits (optionally with grouping commas and a decimal part) as words."""
+    s = s.replace(",", "")
+    whole, _, frac = s.partition(".")
+    # "007" is read digit by digit
+    leading_zero = len(whole) > 1 and whole.startswith("0")
+    words = " ".join(_DIGITS[int(d)] for d in whole) if leading_zero else cardinal(int(whole or "0"))
+    if frac:
+        words += " point " + " ".join(_DIGITS[int(d)] for d in frac)
+    return words
+
+
+def _plural(words: str) -> str:
+    """'nineteen ninety' -> 'nineteen nineties' (for decades)."""
+    if words.endswith("y"):
+        return words[:-1] + "ies"
+    return words + ("es" if words.endswith("x") else "s")
+
+
+_PERIOD_ENDS = re.compile(r"\s*$|\s+[\"“(]?[A-Z]")
+
+
+def _keeps_period(m: re.Match[str]) -> bool:
+    """A consumed '.' also ended the sentence if text ends or a capital follows."""
+    return _PERIOD_ENDS.match(m.string, m.end()) is not None
+
+
+def _abbrev(pattern: re.Pattern[str], word: str, can_end: bool, text: str) -> str:
+    def sub(m: re.Match[str]) -> str:
+        return word + ("." if can_end and _keeps_period(m) else "")
+
+    return pattern.sub(sub, text)
+
+
+def _saint_or_street(m: re.Match[str]) -> str:
+    # "St. Louis" precedes a name; "Main St." follows one (a capitalised word that does not start the sentence).
+    after_name = re.search(r"[^.!?\s]\s+(?:[A-Z][a-z]+|\d+)\s+$", m.string[max(0, m.start() - 60) : m.start()])
+    if re.compile(r"\s+[A-Z]").match(m.string, m.end()) and not after_name:
+        return "Saint"
+    return "Street" + ("." if _keeps_period(m) else "")
+
+
+def _date(month: int, day: int, yr: str | None) -> str:
+    out = f"{MONTHS[month - 1]} {ordinal(day)}"
+    return f"{out}, {year(int(yr))}" if yr else out
+
+
+def _iso_date(m: re.Match[str]) -> str:
+    y, mo, d = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    if not (1 <= mo <= 12 and 1 <= d <= 31):
+        return m.group(0)
+    return _date(mo, d, str(y))
+
+
+def _month_day(m: re.Match[str]) -> str:
+    d = int(m.group(2))
+    if not 1 <= d <= 31:
+        return m.group(0)
+    return _date(_MONTH_NUM[m.group(1).rstrip(".").lower()], d, m.group(3))
+
+
+def _day_month(m: re.Match[str]) -> str:
+    d = int(m.group(1))
+    if not 1 <= d <= 31:
+        return m.group(0)
+    out = f"the {ordinal(d)} of {MONTHS[_MONTH_NUM[m.group(2).rstrip('.').lower()] - 1]}"
+    return f"{out}, {year(int(m.group(3)))}" if m.group(3) else out
+
+
+def _ampm(m: re.Match[str]) -> str:
+    if not m.group("ap"):
+        return ""
+    # espeak says "AM"/"PM" as letters; "a.m." would be read with a pause at the dot.
+    suffix = " " + m.group("ap").upper() + "M"
+    return suffix + ("." if m.group("dot") and _keeps_period(m) else "")
+
+
+def _time(m: re.Match[str]) -> str:
+    h, mins = int(m.group("h")), m.group("m") or None
+    words = cardinal(h)
+    if mins is None or mins == "00":
+        words += "" if m.group("ap") or mins is None else (" o'clock" if h <= 12 else " hundred")
+    elif mins.startswith("0"):
+        words += " oh " + _DIGITS[int(mins[1])]
+    else:
+        words += " " + cardinal(int(mins))
+    return words + _ampm(m)
+
+
+def _money(m: re.Match[str]) -> str:
+    groups = m.groupdict()
+    sym, amount, scale = groups.get("sym") or groups["sym2"], groups["amt"], groups["scale"]
+    one, many, sub_one, sub_many = _CURRENCY[sym]
+    if scale:  # "$3.5 million" -> "three point five million dollars"
+        return f"{number(amount)} {scale} {many}"
+    whole_s, _, frac = amount.replace(",", "").partition(".")
+    whole, cents = int(whole_s or "0"), int((frac + "0")[:2]) if frac else 0
+    parts = []
+    if whole or not cents:
+        parts.append(f"{cardinal(whole)} {one if whole == 1 else many}")
+    if cents:
+        parts.append(f"{cardinal(cents)} {sub_one if cents == 1 else sub_many}")
+    return " ".join(parts)
+
+
+def _unit(m: re.Match[str]) -> str:
+    one, many = _UNITS[m.group(2)]
+    return f"{number(m.group(1))} {one if m.group(1) == '1' else many}"
+
+
+def _plain_number(m: re.Match[str]) -> str:
+    sign, digits = m.group(1), m.group(2)
+    if not sign and re.fullmatch(r"1[1-9]\d\d|20\d\d", digits):
+        words = year(int(digits))  # a bare 4-digit number in prose is most often a year
+    else:
+        words = ("minus " if sign else "") + number(digits)
+    # Keep digits glued to letters apart ("mp3" -> "mp three").
+    before = m.string[m.start() - 1] if m.start() else " "
+    after = m.string[m.end()] if m.end() < len(m.string) else " "
+    return (" " if before.isalpha() else "") + words + (" " if after.isalpha() else "")
+
+
+def clean_unicode(text: str) -> str:
+    """Unicode quotes, dashes and spaces -> the few symbols Kokoro's vocab has."""
+    text = unicodedata.normalize("NFC", text).translate(_UNICODE)
+    text = re.sub(r"(?<=\d)\s*\u2013\s*(?=\d)", " to ", text)  # 1990–1995
+    text = text.replace("\u2013", "\u2014")
+    text = re.sub(r"\s+-{1,2}\s+|--", " \u2014 ", text)
+    text = re.sub(r"\.{3,}|(?:\.\s){2,}\.", "\u2026", text)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+_AMPM = r"(?:\s?(?P<ap>[AaPp])\.?\s?[Mm]\b(?P<dot>\.)?)"
+_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
+    (re.compile(r"(?<![\w.])\.(\d)"), r"0.\1"),  # ".5" -> "0.5" -> "zero point five"; "$.50" -> "$0.50"
+    (re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b"), _iso_date),
+    (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}})\b)?"), _month_day),
+    (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),
+    (re.compile(rf"\b(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d)(?!:?\d){_AMPM}?"), _time),
+    (re.compile(rf"\b(?P<h>1[0-2]|[1-9])(?P<m>){_AMPM}"), _time),
+    (re.compile(rf"(?P<sym>[$£€])\s?(?P<amt>{_NUM})(?:\s(?P<scale>{_SCALE})\b)?"), _money),
+    (re.compile(rf"(?P<amt>{_NUM})\s?(?P<sym2>[£€])(?P<scale>)"), _money),
+    (re.compile(rf"(-?)({_NUM})\s?%"), lambda m: ("minus " if m.group(1) else "") + number(m.group(2)) + " percent"),
+    (re.compile(r"%"), " percent"),
+    (re.compile(rf"({_NUM})\s?({_UNIT_RE})(?![\w/])"), _unit),
+    (re.compile(r"\b(1[1-9]|20)(\d0)s\b"), lambda m: _plural(year(int(m.group(1) + m.group(2))))),
+    (re.compile(r"'(\d0)s\b"), lambda m: _plural(cardinal(int(m.group(1))))),
+    (re.compile(r"(?i)\b(\d+)(st|nd|rd|th)\b"), lambda m: ordinal(int(m.group(1)))),
+    (re.compile(r"#(?=\d)"), "number "),
+    # versions and addresses: "2.0.1" -> "two point zero point one"
+    (re.compile(r"\b\d+(?:\.\d+){2,}\b"), lambda m: " point ".join(number(p) for p in m.group(0).split("."))),
+    (re.compile(rf"(?:(?<![\w-])(-))?({_NUM})(?!\d)"), _plain_number),
+    (re.compile(r"\s*&\s*"), " and "),
+)
+
+
+def normalize_text(text: str) -> str:
+    """English text -> text with numbers, money, dates, times, units and abbreviations spelled out."""
+    text = clean_unicode(text)
+    for pattern, word, can_end in _ABBREVIATIONS:
+        text = _abbrev(pattern, word, can_end, text)
+    text = re.sub(r"\bSt\.", _saint_or_street, text)
+    for pattern, repl in _RULES:
+        text = pattern.sub(repl, text)
+    return re.sub(r"\s+", " ", text).strip()

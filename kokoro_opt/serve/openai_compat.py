@@ -1,0 +1,132 @@
+"""What makes the server look like OpenAI's audio API: request fields, voice names, errors, SSE events."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# OpenAI voices -> the five Kokoro voices real artifacts carry, matched on the voice's gender (Kokoro's
+# names say it: jf_ = Japanese female, jm_ = male); jm_kumo is the only male voice, so it takes every male one.
+OPENAI_VOICES: dict[str, str] = {
+    "alloy": "jf_alpha",
+    "ash": "jm_kumo",
+    "ballad": "jm_kumo",
+    "coral": "jf_gongitsune",
+    "echo": "jm_kumo",
+    "fable": "jm_kumo",
+    "onyx": "jm_kumo",
+    "nova": "jf_nezumi",
+    "sage": "jf_tebukuro",
+    "shimmer": "jf_alpha",
+    "verse": "jm_kumo",
+}
+_OPENAI_MALE = {"ash", "ballad", "echo", "fable", "onyx", "verse"}
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")
+DEFAULT_VOICE = "alloy"
+
+
+def openai_voice_map(voices: list[str]) -> dict[str, str]:
+    """The table above where the artifact has the voice; otherwise a deterministic fallback.
+
+    Fallback: same gender by Kokoro's naming (second letter f/m) when the artifact has any, else all
+    voices; OpenAI names of a gender take that pool's voices in sorted order, round robin.
+    """
+    available = sorted(voices)
+    mapping: dict[str, str] = {}
+    counters = {True: 0, False: 0}
+    for name in OPENAI_VOICES:
+        preferred = OPENAI_VOICES[name]
+        if preferred in available:
+            mapping[name] = preferred
+            continue
+        male = name in _OPENAI_MALE
+        pool = [v for v in available if len(v) > 2 and v[2] == "_" and v[1] == ("m" if male else "f")] or available
+        mapping[name] = pool[counters[male] % len(pool)]
+        counters[male] += 1
+    return mapping
+
+
+_LANGUAGES = {"a": "American English", "b": "British English", "j": "Japanese", "z": "Mandarin", "e": "Spanish",
+              "f": "French", "h": "Hindi", "i": "Italian", "p": "Brazilian Portuguese"}  # fmt: skip
+
+
+def voice_entries(voices: list[str], aliases: dict[str, str]) -> list[dict[str, str]]:
+    """`{id, name}` per voice: Kokoro's own (readable name from its prefix), then the OpenAI aliases."""
+    entries = []
+    for v in sorted(voices):
+        lang, sex, sep = v[:1], v[1:2], v[2:3]
+        if sep == "_" and lang in _LANGUAGES and sex in "fm":
+            name = f"{v[3:].replace('_', ' ').title()} ({_LANGUAGES[lang]}, {'female' if sex == 'f' else 'male'})"
+        else:
+            name = v
+        entries.append({"id": v, "name": name})
+    entries += [{"id": a, "name": f"{a.title()} (OpenAI name for {target})"} for a, target in aliases.items()]
+    return entries
+
+
+class SpeechRequest(BaseModel):
+    """OpenAI's `audio.speech.create` body; unknown fields are ignored like OpenAI-compatible servers do."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = "kokoro"  # any value is accepted: one artifact is served (see GET /v1/models)
+    input: str
+    voice: str = DEFAULT_VOICE
+    response_format: str = "mp3"
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] = "audio"
+    instructions: str | None = None  # accepted, ignored: Kokoro has no instruction following
+    stream: bool = True  # extension (as in Kokoro-FastAPI): false = whole file, exact length headers
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice_object(cls, value: Any) -> Any:
+        # newer OpenAI clients may send {"id": "..."} for a voice
+        return value.get("id") if isinstance(value, dict) else value
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def validation_message(errors: list[Any]) -> tuple[str, str | None]:
+    """Pydantic errors -> (one readable message, the offending field)."""
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = loc[0] if loc else None
+    if first.get("type") == "missing":
+        return f"missing required parameter '{param}'", param
+    return f"invalid value for '{param}': {first.get('msg', 'invalid')}", param
+
+
+def sse_event(kind: str, **fields: Any) -> bytes:
+    return f"data: {json.dumps({'type': kind, **fields}, separators=(',', ':'))}\n\n".encode()
+
+
+def sse_delta(audio: bytes) -> bytes:
+    return sse_event("speech.audio.delta", audio=base64.b64encode(audio).decode("ascii"))
+
+
+def sse_done(input_tokens: int, output_seconds: float) -> bytes:
+    # OpenAI reports token usage; here the input tokens are phonemes and output "tokens" are audio frames of 20 ms.
+    output_tokens = round(output_seconds * 50)
+    usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+    return sse_event("speech.audio.done", usage=usage)

@@ -1,0 +1,85 @@
+"""Running the app under uvicorn: in the foreground (CLI) or on a background thread (tests, benchmarks)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import uvicorn
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.select import Selection
+from kokoro_opt.serve.app import create_app
+from kokoro_opt.serve.engine import ServeConfig
+
+log = logging.getLogger("kokoro_opt.serve")
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.0.1", port: int = 8880) -> None:
+    """Serve until interrupted; the artifact loads and warms up while /health already answers."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if host not in LOOPBACK and not config.api_key:
+        log.warning("listening on %s without an API key: anyone who can reach it can use it (set --api-key)", host)
+    app = create_app(selection, config)
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+
+
+class ServerThread:
+    """uvicorn on a daemon thread, on a free loopback port by default; `url` once started."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on"))
+        self.host = host
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.url = ""
+
+    def start(self, timeout: float = 30.0) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise UserError("the server did not start", "is the port free?")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://{self.host}:{port}"
+        return self.url
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __enter__(self) -> ServerThread:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def wait_ready(url: str, timeout: float = 300.0) -> None:
+    """Block until GET /ready answers 200 (loaded and warmed up)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            response = httpx.get(f"{url}/ready", timeout=5.0)
+            if response.status_code == 200:
+                return
+            if response.json().get("status") == "failed":
+                raise UserError(f"the server failed to load its artifact: {response.json().get('error')}")
+        if time.monotonic() > deadline:
+            raise UserError("the server did not become ready in time", "check that the artifact loads: kokoro-opt say")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def running(selection: Selection, config: ServeConfig, timeout: float = 300.0) -> Iterator[str]:
+    """A warmed-up server on a free loopback port for the duration of the block; yields its URL."""
+    with ServerThread(create_app(selection, config)) as server:
+        wait_ready(server.url, timeout)
+        yield server.url

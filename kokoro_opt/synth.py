@@ -1,0 +1,125 @@
+"""Synthesis over an ONNX Runtime session: text or phonemes in, 24 kHz audio out."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kokoro_opt.artifacts import Artifact, open_artifact
+from kokoro_opt.errors import UserError
+from kokoro_opt.model import SAMPLE_RATE, style_for
+from kokoro_opt.voices import blend_voice
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """ONNX Runtime settings; tuning writes these next to an artifact (tuned.json)."""
+
+    intra_op_num_threads: int = 0  # 0 = ORT's default (all cores)
+    inter_op_num_threads: int = 1
+    execution_mode: str = "sequential"  # or "parallel"
+    graph_optimization_level: str = "all"  # disabled | basic | extended | all
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    provider_options: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    enable_profiling: bool = False
+
+
+_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
+def make_session(model_file: Path, settings: SessionSettings = SessionSettings()) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.intra_op_num_threads
+    options.inter_op_num_threads = settings.inter_op_num_threads
+    options.execution_mode = (
+        ort.ExecutionMode.ORT_PARALLEL if settings.execution_mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+    )
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[settings.graph_optimization_level])
+    options.log_severity_level = 3
+    if settings.enable_profiling:
+        options.enable_profiling = True
+    available = set(ort.get_available_providers())
+    providers = [p for p in settings.providers if p in available] or ["CPUExecutionProvider"]
+    provider_options = list(settings.provider_options) if len(settings.provider_options) == len(providers) else None
+    return ort.InferenceSession(str(model_file), options, providers=providers, provider_options=provider_options)
+
+
+@dataclass
+class SynthesisResult:
+    audio: np.ndarray
+    sample_rate: int
+    durations: np.ndarray
+
+    @property
+    def seconds(self) -> float:
+        return len(self.audio) / self.sample_rate
+
+
+class Synthesizer:
+    """One loaded artifact: a session, its voices and vocab. Reuse it; loading takes ~1 s."""
+
+    def __init__(self, artifact: Artifact | str | Path, settings: SessionSettings = SessionSettings()) -> None:
+        self.artifact = artifact if isinstance(artifact, Artifact) else open_artifact(artifact)
+        meta = self.artifact.kokoro
+        self.vocab: dict[str, int] = meta["vocab"]
+        self.sample_rate = int(meta.get("sample_rate", SAMPLE_RATE))
+        self.audio_gain = float(meta.get("audio_gain", 1.0))
+        self.packs = self.artifact.voice_packs()
+        self.settings = settings
+        self.session = make_session(self.artifact.model_file, settings)
+        self._inputs = [i.name for i in self.session.get_inputs()]
+
+    @property
+    def voices(self) -> list[str]:
+        return sorted(self.packs)
+
+    def run_tokens(self, token_ids: list[int], voice: str | np.ndarray, speed: float = 1.0) -> SynthesisResult:
+        if not token_ids:
+            raise UserError("nothing to say: the text has no pronounceable characters", "pass words, not only punctuation")
+        pack = blend_voice(voice, self.packs) if isinstance(voice, str) else voice
+        style = style_for(pack, len(token_ids))
+        tokens = np.array([[0, *token_ids, 0]], dtype=np.int64)
+        feeds = dict(zip(self._inputs, (tokens, style, np.array([speed], dtype=np.float32)), strict=True))
+        audio, durations = self.session.run(None, feeds)[:2]
+        audio = np.asarray(audio, dtype=np.float32).reshape(-1) / self.audio_gain
+        return SynthesisResult(audio, self.sample_rate, np.asarray(durations).reshape(-1))
+
+    def synthesize(self, text: str | None = None, *, phonemes: str | None = None, voice: str = "jf_alpha", speed: float = 1.0) -> SynthesisResult:
+        """Whole input, split at sentence/clause boundaries under the 510-token context, joined."""
+        from kokoro_opt.text import chunk_phonemes, chunk_text
+
+        if (text is None) == (phonemes is None):
+            raise UserError("give exactly one of text or phonemes")
+        if not 0.25 <= speed <= 4.0:
+            raise UserError(f"speed {speed} is out of range", "use a speed between 0.25 and 4.0")
+        pack = blend_voice(voice, self.packs)
+        chunks = chunk_text(text, self.vocab) if text is not None else chunk_phonemes(phonemes or "", self.vocab)
+        if not chunks:
+            raise UserError("nothing to say: the text is empty or has no pronounceable characters", "pass some words")
+        parts = [self.run_tokens(chunk.token_ids, pack, speed) for chunk in chunks]
+        return SynthesisResult(
+            np.concatenate([p.audio for p in parts]),
+            self.sample_rate,
+            np.concatenate([p.durations for p in parts]),
+        )
+
+
+def synthesize(
+    artifact: Artifact | str | Path,
+    text: str | None = None,
+    *,
+    phonemes: str | None = None,
+    voice: str = "jf_alpha",
+    speed: float = 1.0,
+) -> SynthesisResult:
+    """One-shot convenience: load the artifact, synthesize, return (audio, sample_rate, durations)."""
+    threads = int(os.environ.get("KOKORO_OPT_THREADS", "0"))
+    return Synthesizer(artifact, SessionSettings(intra_op_num_threads=threads)).synthesize(
+        text, phonemes=phonemes, voice=voice, speed=speed
+    )

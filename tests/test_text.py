@@ -1,0 +1,261 @@
+"""Text front-end: normalisation, sentence splitting, phonemization (real espeak-ng) and chunking."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+
+import pytest
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.text import (
+    CONTEXT_TOKENS,
+    Chunk,
+    chunk_phonemes,
+    chunk_text,
+    normalize_text,
+    phonemize,
+    split_sentences,
+    tokenize,
+)
+
+PARAGRAPH = (
+    "Dr. Smith arrived at the St. Louis office on March 3, 2024, at 3:30 pm, carrying a coffee that cost $3.50. "
+    "He had flown 1,250 km from Boston, a trip that took about 2.5 hours; the weather, he said, was 20°C and sunny. "
+    "Mrs. Jones, who had worked there since 1999, greeted him at the door. "
+    "\u201cWe\u2019re behind schedule,\u201d she admitted, \u201cbut only by 3 days\u2014nothing serious.\u201d "
+    "The team had finished 75% of the work, e.g. the database migration, the API redesign, the test suite, etc. "
+    "Their budget of \u20ac120,000 was nearly spent, and the 2nd phase, which starts on 2024-04-15, needs another "
+    "\u00a340,000 at least. Mr. Brown from accounting disagreed: he thought the numbers were fine, i.e. within "
+    "the usual 10% margin. What did they decide? After a long discussion, which went on until 6:45 pm, they agreed "
+    "to postpone the decision vs. rushing it. J. R. Miller, the project lead, sent a summary to all 42 engineers, "
+    "and the 1st reply came within 5 minutes! Everyone seemed relieved\u2026 The next meeting is scheduled for "
+    "Friday, and it will cover the remaining 25% of the plan, including the new office in the U.S. Army district "
+    "near Main St. where the old warehouse used to be. In the 1990s, this area was mostly farmland, but now it "
+    "hosts more than 300 companies, 12 restaurants and a small museum about the history of the region. "
+    "Nobody expected the growth to be this fast, yet here we are, planning for the next 10 years. "
+    "The city council approved a new railway line last autumn, and the first trains should run by 2027 if the "
+    "contractors keep to their timetable. Rents have climbed 8.5% since then, which worries the older residents, "
+    "many of whom remember when a house here sold for less than $40,000. Still, most people interviewed for the "
+    "local paper were optimistic about the future, and the mayor, Ms. Garcia, promised to keep the museum open. "
+    "Whether that promise survives the next election is, of course, another question entirely."
+)
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+# ---- normalisation ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("I have 1,234 apples.", "I have one thousand two hundred and thirty-four apples."),
+        ("Pi is 3.14", "Pi is three point one four"),
+        ("It costs $3.50.", "It costs three dollars fifty cents."),
+        ("$1 or $0.99", "one dollar or ninety-nine cents"),
+        ("£1.01 and €2", "one pound one penny and two euros"),
+        ("$3.5 million", "three point five million dollars"),
+        ("Up 25% and -5%", "Up twenty-five percent and minus five percent"),
+        ("the 1st, 2nd and 23rd", "the first, second and twenty-third"),
+        ("In 1999 and the 1990s", "In nineteen ninety-nine and the nineteen nineties"),
+        ("On March 3, 2024.", "On March third, twenty twenty-four."),
+        ("On 2024-03-03.", "On March third, twenty twenty-four."),
+        ("On 3 March 2024", "On the third of March, twenty twenty-four"),
+        ("At 3:30 pm.", "At three thirty PM."),
+        ("At 3:05, 12:00 and 7 a.m. Then", "At three oh five, twelve o'clock and seven AM. Then"),
+        ("Dr. Smith and Mr. Jones", "Doctor Smith and Mister Jones"),
+        ("Mrs. and Ms. Lee vs. Prof. Kim", "Missus and Miz Lee versus Professor Kim"),
+        ("e.g. this, i.e. that, etc.", "for example this, that is that, et cetera."),
+        ("St. Louis is on Main St. today", "Saint Louis is on Main Street today"),
+        ("Run 5 km, lift 1 kg", "Run five kilometers, lift one kilogram"),
+        (
+            "\u201cHi,\u201d he said \u2014 it\u2019s 1990\u20131995...",
+            "\u201cHi,\u201d he said \u2014 it's nineteen ninety to nineteen ninety-five\u2026",
+        ),
+        ("mp3 and COVID-19", "mp three and COVID-nineteen"),
+        ("  spaces\n\tand\u00a0tabs  ", "spaces and tabs"),
+    ],
+)
+def test_normalize_text(text: str, expected: str) -> None:
+    assert normalize_text(text) == expected
+
+
+def test_normalize_leaves_no_digits_in_prose() -> None:
+    assert not re.search(r"\d", normalize_text(PARAGRAPH))
+
+
+# ---- sentences --------------------------------------------------------------------------------------------
+
+
+def test_split_sentences_keeps_abbreviations_initials_and_decimals() -> None:
+    text = "Dr. Smith paid $3.50 to J. R. Jones. He left at 3:30 pm; e.g. by bus, etc. and then? Home\u2026 The U.S. Army won!"
+    assert split_sentences(text) == [
+        "Dr. Smith paid $3.50 to J. R. Jones.",
+        "He left at 3:30 pm;",
+        "e.g. by bus, etc. and then?",
+        "Home\u2026",
+        "The U.S. Army won!",
+    ]
+
+
+def test_split_sentences_quotes_blank_lines_and_empty() -> None:
+    assert split_sentences('He said "Stop." Then: go.') == ['He said "Stop."', "Then:", "go."]
+    assert split_sentences("A heading\n\nThe body text.") == ["A heading", "The body text."]
+    assert split_sentences("") == []
+    assert split_sentences(" \n\t ") == []
+
+
+# ---- phonemes and tokens ----------------------------------------------------------------------------------
+
+
+def test_phonemize_hello_world(vocab: dict[str, int]) -> None:
+    ps = phonemize("Hello world.")
+    assert ps and "ˈ" in ps and ps.endswith(".")
+    assert len(tokenize(ps, vocab)) == len(ps)  # every symbol is in Kokoro's vocab
+
+
+def test_phonemize_uses_kokoro_symbols_only(vocab: dict[str, int]) -> None:
+    ps = phonemize(PARAGRAPH)
+    assert set(ps) <= set(vocab), set(ps) - set(vocab)
+    assert "O" in phonemize("go") and "ɹ" in phonemize("red")  # misaki's E2M mapping is applied (o^ʊ -> O, r -> ɹ)
+    assert "ɹɹ" not in phonemize("et cetera, euros")
+
+
+def test_phonemize_is_fast_once_warm() -> None:
+    phonemize("Warm up.")
+    start = time.perf_counter()
+    phonemize("A brand new sentence about 12 quick brown foxes.")
+    assert time.perf_counter() - start < 0.5
+
+
+def test_phonemize_empty_and_bad_language() -> None:
+    assert phonemize("") == ""
+    assert phonemize("   ") == ""
+    with pytest.raises(UserError):
+        phonemize("hello", lang="xx-nonexistent")
+
+
+def test_tokenize_drops_unknown_symbols(vocab: dict[str, int]) -> None:
+    assert tokenize("a\u2603b", vocab) == [vocab["a"], vocab["b"]]
+    assert tokenize("", vocab) == []
+
+
+# ---- chunking ---------------------------------------------------------------------------------------------
+
+
+def _check_chunks(chunks: list[Chunk], text: str, vocab: dict[str, int], limit: int) -> None:
+    assert chunks
+    for c in chunks:
+        assert 0 < len(c.token_ids) <= limit <= CONTEXT_TOKENS
+        assert c.token_ids == tokenize(c.phonemes, vocab)
+    assert _words(" ".join(c.text for c in chunks)) == _words(text)  # no text lost, none duplicated
+
+
+def test_chunk_paragraph(vocab: dict[str, int]) -> None:
+    assert 1800 <= len(PARAGRAPH) <= 2200
+    chunks = chunk_text(PARAGRAPH, vocab)
+    _check_chunks(chunks, PARAGRAPH, vocab, 200)
+    assert len(chunks[0].token_ids) <= 40 and len(_words(chunks[0].text)) >= 3
+    assert all(c.phonemes == phonemize(c.text) for c in chunks)
+    # The chunks' phonemes cover the whole paragraph's (espeak's context effects only differ at the seams).
+    whole = len(tokenize(phonemize(PARAGRAPH), vocab))
+    assert abs(sum(len(c.token_ids) for c in chunks) - whole) <= 0.02 * whole
+    # Later chunks hold whole sentences.
+    sentences = split_sentences(PARAGRAPH)
+    assert any(c.text in sentences for c in chunks[1:])
+
+
+def test_first_chunk_ends_at_first_clause_with_a_few_words(vocab: dict[str, int]) -> None:
+    chunks = chunk_text("Hello there, my friend. It is a lovely day, and we should go outside.", vocab)
+    assert chunks[0].text == "Hello there, my friend."  # "Hello there," alone has too few words
+    text = "When the sun came up, the birds began to sing in the old oak trees behind the house."
+    assert chunk_text(text, vocab)[0].text == "When the sun came up,"
+
+
+def test_first_chunk_falls_back_to_words(vocab: dict[str, int]) -> None:
+    text = "The extraordinarily complicated international negotiations regarding agricultural subsidies continued for weeks."
+    chunks = chunk_text(text, vocab, first_chunk_tokens=30)
+    assert len(chunks[0].token_ids) <= 30 and len(chunks) >= 2
+    _check_chunks(chunks, text, vocab, 200)
+
+
+def test_word_splits_keep_number_units_titles_and_dates_together(vocab: dict[str, int]) -> None:
+    text = "Yesterday Dr. Smith walked 5 km to St. Louis at 3:30 pm on March 3, 2024 and paid $3 million for the old mill there."
+    glued = {("Dr.", "Smith"), ("5", "km"), ("St.", "Louis"), ("3:30", "pm"), ("March", "3,"), ("3,", "2024"), ("$3", "million")}
+    for first_tokens in range(6, 60, 3):
+        chunks = chunk_text(text, vocab, first_chunk_tokens=first_tokens, chunk_tokens=40)
+        _check_chunks(chunks, text, vocab, max(40, first_tokens))
+        for left, right in itertools.pairwise(chunks):
+            assert (left.text.split()[-1], right.text.split()[0]) not in glued
+
+
+def test_first_chunk_never_cuts_a_word(vocab: dict[str, int]) -> None:
+    # "Yesterday" alone is ~10 tokens: with a 3-token budget the first chunk is that word, not a fragment of it.
+    chunks = chunk_text("Yesterday we walked home.", vocab, first_chunk_tokens=3)
+    assert chunks[0].text == "Yesterday" and chunks[1].text == "we walked home."
+
+
+def test_thousand_word_sentence_without_punctuation(vocab: dict[str, int]) -> None:
+    pangram = "the quick brown fox jumps over the lazy dog while seven wizards quietly hex nine jovial boxers "
+    text = (pangram * 59).strip()  # 17 words x 59 = 1003 words, no punctuation at all
+    assert len(_words(text)) > 1000
+    start = time.perf_counter()
+    chunks = chunk_text(text, vocab)
+    assert time.perf_counter() - start < 10
+    _check_chunks(chunks, text, vocab, 200)
+    assert len(chunks[0].token_ids) <= 40
+    big = chunk_text(text, vocab, chunk_tokens=CONTEXT_TOKENS)
+    _check_chunks(big, text, vocab, CONTEXT_TOKENS)
+
+
+def test_long_clause_splits_at_commas(vocab: dict[str, int]) -> None:
+    text = "Intro here now. Then " + ", ".join(f"item number {i} in the very long list of things to buy" for i in range(40)) + "."
+    chunks = chunk_text(text, vocab, chunk_tokens=120)
+    _check_chunks(chunks, text, vocab, 120)
+    assert all(c.text.endswith((",", ".")) for c in chunks[1:])  # split at clause boundaries, not mid-clause
+
+
+def test_single_giant_word_is_cut(vocab: dict[str, int]) -> None:
+    text = "https://example.com/" + "abcdefghij" * 60
+    chunks = chunk_text(text, vocab, max_tokens=100)
+    assert len(chunks) > 1 and all(len(c.token_ids) <= 100 for c in chunks)
+    assert chunks[0].text == text
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\n", "...", "?!", "\u2014 \u2014", "()", "\u2026", '""', "-", "*", "\u2603"])
+def test_degenerate_inputs_do_not_crash(text: str, vocab: dict[str, int]) -> None:
+    chunks = chunk_text(text, vocab)
+    assert isinstance(chunks, list)
+    if not text.strip():
+        assert chunks == []
+    assert all(0 < len(c.token_ids) <= CONTEXT_TOKENS for c in chunks)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"first_chunk_tokens": 0}, {"chunk_tokens": -1}, {"max_tokens": CONTEXT_TOKENS + 1}, {"max_tokens": 0}],
+)
+def test_invalid_arguments_raise_user_error(kwargs: dict[str, int], vocab: dict[str, int]) -> None:
+    with pytest.raises(UserError):
+        chunk_text("Hello.", vocab, **kwargs)
+
+
+def test_empty_vocab_is_rejected() -> None:
+    with pytest.raises(UserError):
+        chunk_text("Hello.", {})
+
+
+def test_chunk_phonemes(vocab: dict[str, int]) -> None:
+    ps = " ".join([phonemize(PARAGRAPH)] * 3)
+    chunks = chunk_phonemes(ps, vocab)
+    for c in chunks:
+        assert 0 < len(c.token_ids) <= CONTEXT_TOKENS and c.text == c.phonemes
+    assert " ".join(c.phonemes for c in chunks) == ps  # nothing dropped
+    small = chunk_phonemes(ps, vocab, max_tokens=64)
+    assert all(len(c.token_ids) <= 64 for c in small)
+    assert re.sub(r"\s", "", "".join(c.phonemes for c in small)) == re.sub(r"\s", "", ps)  # "—" splits without a space
+    assert chunk_phonemes("", vocab) == []
