@@ -7,13 +7,14 @@ recipe's result is linked into `artifacts/<recipe>/<content-id>/`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -35,11 +36,7 @@ def content_key(*parts: Any) -> str:
 def file_hashes(folder: Path) -> dict[str, str]:
     from kokoro_opt.weights.sources import file_sha256
 
-    return {
-        str(p.relative_to(folder)): file_sha256(p)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
+    return {str(p.relative_to(folder)): file_sha256(p) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
 def versions() -> dict[str, str]:
@@ -58,27 +55,43 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Serialise builders of the same folder (two `kokoro-opt build` runs, DVC, a test and a user)."""
+    import fcntl
+
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def build_folder(final: Path, fill: Callable[[Path], dict[str, Any]]) -> Path:
     """Run `fill(tmp)` in a temporary sibling, write its manifest, rename into place.
 
     A folder with a manifest is complete by construction; anything else (a killed build's
-    temporary folder) is never read and gets cleaned up on the next build.
+    temporary folder) is never read and gets cleaned up by the next build of that folder.
     """
     if (final / MANIFEST).is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in final.parent.glob(f".{final.name}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
-        manifest = fill(tmp)
-        manifest["files"] = file_hashes(tmp)
-        write_json_atomic(tmp / MANIFEST, manifest)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _exclusive(final.parent / f".{final.name}.lock"):
+        if (final / MANIFEST).is_file():  # another process finished it while we waited
+            return final
+        for stale in final.parent.glob(f".{final.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        try:
+            manifest = fill(tmp)
+            manifest["files"] = file_hashes(tmp)
+            write_json_atomic(tmp / MANIFEST, manifest)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
@@ -142,9 +155,5 @@ def open_artifact(path: str | Path) -> Artifact:
 
 def list_artifacts(root: Path) -> list[Artifact]:
     """Every recipe artifact under `root` (not the stage cache), newest last."""
-    found = [
-        open_artifact(p.parent)
-        for p in root.glob("*/*/" + MANIFEST)
-        if not p.parent.parent.name.startswith(("_", "."))
-    ]
+    found = [open_artifact(p.parent) for p in root.glob("*/*/" + MANIFEST) if not p.parent.parent.name.startswith(("_", "."))]
     return sorted(found, key=lambda a: a.path.stat().st_mtime)

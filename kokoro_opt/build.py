@@ -11,7 +11,7 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,16 +57,14 @@ def machine_info() -> dict[str, Any]:
     return {"cpu": model, "cores": os.cpu_count(), "isa": isa, "system": platform.system(), "machine": platform.machine()}
 
 
-def _run_stage(
-    root: Path, kind: str, key: str, fill: Callable[[Path], dict[str, Any]], log: list[dict[str, Any]]
-) -> Artifact:
+def _run_stage(root: Path, kind: str, key: str, fill: Callable[[Path], dict[str, Any]], log: list[dict[str, Any]]) -> Artifact:
     folder = root / "_cache" / f"{kind}-{key}"
     cached = (folder / "manifest.json").is_file()
     started = time.perf_counter()
 
     def fill_with_manifest(tmp: Path) -> dict[str, Any]:
         record = fill(tmp)
-        return {"id": key, "stage": record, "created": datetime.now(timezone.utc).isoformat()}
+        return {"id": key, "stage": record, "created": datetime.now(UTC).isoformat()}
 
     artifact = open_artifact(build_folder(folder, fill_with_manifest))
     log.append({"kind": kind, "key": key, "cached": cached, "seconds": round(time.perf_counter() - started, 2)})
@@ -80,8 +78,13 @@ def build(recipe: Recipe, root: Path = Path("artifacts"), console: Console | Non
     log: list[dict[str, Any]] = []
     steps = ["weights", "export", *(stage.kind for stage in recipe.stages), "package"]
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(), console=console, transient=False,
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
     ) as progress:
         task = progress.add_task(f"{recipe.name}: weights", total=len(steps))
         weights = resolve_weights(recipe.weights, log=lambda msg: progress.console.print(msg))
@@ -120,7 +123,7 @@ def build(recipe: Recipe, root: Path = Path("artifacts"), console: Console | Non
                 "stage_cache": log,
                 "versions": versions(),
                 "machine": machine_info(),
-                "created": datetime.now(timezone.utc).isoformat(),
+                "created": datetime.now(UTC).isoformat(),
             }
 
         artifact = open_artifact(build_folder(root / recipe.name / key, package))

@@ -74,7 +74,9 @@ def build(
 @user_errors
 def say(
     text: Annotated[str, typer.Argument(help="English text to speak")],
-    artifact: Annotated[Path, typer.Option(help="artifact folder (or a recipe's folder: its newest build)")] = Path("artifacts/fp32"),
+    artifact: Annotated[Path, typer.Option(help="artifact folder, or a recipe's folder (its newest build)")] = Path(
+        "artifacts/fp32"
+    ),
     output: Annotated[Path, typer.Option("-o", "--output", help="WAV file to write")] = Path("out.wav"),
     voice: Annotated[str, typer.Option(help="voice name or blend like jf_alpha(2)+jm_kumo(1)")] = "jf_alpha",
     speed: Annotated[float, typer.Option(help="0.25 to 4.0")] = 1.0,
@@ -265,7 +267,7 @@ def compare(
 ) -> None:
     """One table across artifacts (and peers), all measured side by side in one interleaved session."""
     from kokoro_opt.artifacts import list_artifacts, open_artifact
-    from kokoro_opt.evaluate.report import results_json, results_table
+    from kokoro_opt.evaluate.report import TABLE_WIDTH, results_json, results_table
     from kokoro_opt.evaluate.run import compare_artifacts
 
     chosen = [open_artifact(f) for f in folders] if folders else list_artifacts(artifacts)
@@ -277,13 +279,38 @@ def compare(
         typer.echo(results_json(results, {"settings": config.model_dump(mode="json"), "plot": str(png) if png else None}))
         return
     n = int(results[0].metric("utterances")) if results else 0
-    console.print(results_table(results, f"compare: {n} utterances x {config.runs} runs, {config.threads} threads, interleaved"))
+    title = f"compare: {n} utterances x {config.runs} runs, {config.threads} threads, interleaved"
+    console.print(results_table(results, title), width=max(console.width, TABLE_WIDTH))
     for r in results:
         for note in r.notes:
             console.print(f"{r.label}: {note}", highlight=False)
     console.print(f"Pareto plot: {png}" if png else "Pareto plot: nothing to plot (no PESQ measured)")
     if log and results and results[0].run_id:
         console.print(f"logged to MLflow run {results[0].run_id} (experiment kokoro-opt-compare)")
+
+
+
+@app.command()
+@user_errors
+def tune(
+    recipe: Annotated[Path, typer.Argument(help="a tuning recipe")] = Path("recipes/tune-cpu.yaml"),
+    trials: Annotated[int | None, typer.Option(help="finished trials the study should hold (a rerun resumes)")] = None,
+    workers: Annotated[int, typer.Option(help="worker processes on this machine, sharing the study")] = 1,
+    storage: Annotated[str | None, typer.Option(help="Optuna RDB URL, e.g. postgresql://... (default: the recipe's)")] = None,
+    study: Annotated[str | None, typer.Option(help="study name (default: the recipe's)")] = None,
+    seed: Annotated[int | None, typer.Option(help="sampler seed (default: the recipe's); use another one per machine")] = None,
+    show: Annotated[bool, typer.Option("--show", help="print the Pareto front; without --trials, only that")] = False,
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    tracking_uri: TrackingUri = None,
+) -> None:
+    """Tune inference settings (ORT options, chunking, artifact) with Optuna; the winner goes to tuned.json."""
+    from kokoro_opt.tune import run_tuning, show_front
+
+    if show and trials is None:
+        show_front(recipe, storage=storage, study_name=study, root=artifacts, console=console)
+        return
+    run_tuning(recipe, trials=trials, workers=workers, storage=storage, study_name=study, seed=seed, root=artifacts,
+               tracking_uri=tracking_uri, console=err, out=console)  # fmt: skip
 
 
 def main() -> None:

@@ -54,7 +54,13 @@ class CoreMLSynthesizer:
     def run_tokens(self, token_ids: list[int], voice: str | np.ndarray, speed: float = 1.0) -> SynthesisResult:
         pack = blend_voice(voice, self.packs) if isinstance(voice, str) else voice
         style = style_for(pack, len(token_ids))
-        feeds = {"input_ids": np.array([[0, *token_ids, 0]], dtype=np.int64), "style": style, "speed": np.array([speed], np.float32)}
+        feeds = {
+            "input_ids": np.array([[0, *token_ids, 0]], dtype=np.int64),
+            "style": style,
+            "speed": np.array([speed], np.float32),
+        }
         asr, f0, noise, durations = self.front.run(None, feeds)
         audio = self.decoder.predict({"asr": asr, "f0": f0, "noise": noise, "style": style})["audio"]
-        return SynthesisResult(np.asarray(audio, dtype=np.float32).reshape(-1), self.sample_rate, np.asarray(durations).reshape(-1))
+        return SynthesisResult(
+            np.asarray(audio, dtype=np.float32).reshape(-1), self.sample_rate, np.asarray(durations).reshape(-1)
+        )

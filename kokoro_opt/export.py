@@ -94,9 +94,7 @@ def validate_export(
     from kokoro_opt.text import phonemize, tokenize
 
     if cfg.voice not in packs:
-        raise UserError(
-            f"unknown voice '{cfg.voice}' in export.validation.voice", f"choose from: {', '.join(sorted(packs))}"
-        )
+        raise UserError(f"unknown voice '{cfg.voice}' in export.validation.voice", f"choose from: {', '.join(sorted(packs))}")
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     rows = []
     signal_energy = error_energy = 0.0
@@ -145,7 +143,9 @@ def run_export(weights: ResolvedWeights, cfg: ExportConfig, out: Path) -> dict[s
     packs = weights.load_voices()
     voice = cfg.validation.voice if cfg.validation.voice in packs else sorted(packs)[0]
     sample_tokens = tokenize(phonemize(cfg.validation.sentences[0]), weights.config["vocab"])
-    export_onnx(model, out / "model.onnx", cfg.opset, sample_tokens, style_for(packs[voice], len(sample_tokens)), cfg.deterministic)
+    export_onnx(
+        model, out / "model.onnx", cfg.opset, sample_tokens, style_for(packs[voice], len(sample_tokens)), cfg.deterministic
+    )
     exported = time.perf_counter()
     record: dict[str, Any] = {
         "stage": "export",
@@ -161,7 +161,8 @@ def run_export(weights: ResolvedWeights, cfg: ExportConfig, out: Path) -> dict[s
         if not report["passed"] and weights.source != "tiny":
             raise UserError(
                 f"export validation failed: min correlation {report['min_correlation']:.4f}, "
-                f"SNR {report['snr_db']:.1f} dB (worst sentence {report['min_snr_db']:.1f}), durations equal {report['durations_equal']}",
+                f"SNR {report['snr_db']:.1f} dB (worst sentence {report['min_snr_db']:.1f}), "
+                f"durations equal {report['durations_equal']}",
                 "see the export.validation thresholds in the recipe",
             )
     return record

@@ -124,7 +124,9 @@ def style_for(pack: np.ndarray, n_tokens: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def torch_synthesize(model: torch.nn.Module, token_ids: list[int], style: np.ndarray, speed: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def torch_synthesize(
+    model: torch.nn.Module, token_ids: list[int], style: np.ndarray, speed: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Run KModel on token ids (without pads); returns (audio, durations) as numpy."""
     input_ids = torch.tensor([[0, *token_ids, 0]], dtype=torch.long)
     audio, durations = model.forward_with_tokens(input_ids, torch.from_numpy(style), speed)

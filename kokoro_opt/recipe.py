@@ -67,8 +67,10 @@ class ExportConfig(Strict):
 
 class SimplifyStage(Strict):
     kind: Literal["simplify"]
-    tool: Literal["onnxslim", "none"] = "onnxslim"
-    ort_level: Literal["disabled", "basic", "extended", "all"] = "extended"
+    tool: Literal["onnxsim", "onnxslim", "none"] = "none"
+    # basic = constant folding and redundant-node removal only: the graph stays standard ONNX ops
+    # that the quantizer understands (extended adds contrib fusions such as FusedConv).
+    ort_level: Literal["disabled", "basic", "extended"] = "basic"
 
 
 class QuantizeStage(Strict):
@@ -82,7 +84,8 @@ class QuantizeStage(Strict):
     calibration_sentences: int = Field(8, ge=1, le=200)
     quality_budget_pesq: float = Field(3.8, ge=1.0, le=4.64, description="mixed: mean PESQ-WB vs fp32 to keep")
     min_sentence_pesq: float = Field(3.0, ge=1.0, le=4.64, description="mixed: no held-out sentence below this")
-    max_high_band_ratio: float = Field(1.5, gt=1.0, description="mixed: 4-12 kHz energy vs fp32; above = static/hiss")
+    max_high_band_db: float = Field(1.5, gt=0.0, description="mixed: 4-12 kHz energy share vs fp32, dB; above = static/hiss")
+    min_block_time_share: float = Field(0.01, ge=0.0, lt=1.0, description="mixed: blocks cheaper than this stay unquantized")
     sensitivity_sentences: int = Field(3, ge=1, le=20, description="mixed: held-out sentences scored per variant")
     fallback_precision: Literal["fp32", "fp16"] = Field("fp32", description="fp32 for CPU; fp16 for FP16-native targets")
 
@@ -104,9 +107,7 @@ class CoreMLStage(Strict):
     max_tokens: int = Field(128, ge=8, le=510)
 
 
-Stage = Annotated[
-    SimplifyStage | QuantizeStage | Fp16Stage | OrtFormatStage | CoreMLStage, Field(discriminator="kind")
-]
+Stage = Annotated[SimplifyStage | QuantizeStage | Fp16Stage | OrtFormatStage | CoreMLStage, Field(discriminator="kind")]
 
 
 class EvaluateConfig(Strict):

@@ -90,7 +90,9 @@ class Synthesizer:
         audio = np.asarray(audio, dtype=np.float32).reshape(-1) / self.audio_gain
         return SynthesisResult(audio, self.sample_rate, np.asarray(durations).reshape(-1))
 
-    def synthesize(self, text: str | None = None, *, phonemes: str | None = None, voice: str = "jf_alpha", speed: float = 1.0) -> SynthesisResult:
+    def synthesize(
+        self, text: str | None = None, *, phonemes: str | None = None, voice: str = "jf_alpha", speed: float = 1.0
+    ) -> SynthesisResult:
         """Whole input, split at sentence/clause boundaries under the 510-token context, joined."""
         from kokoro_opt.text import chunk_phonemes, chunk_text
 

@@ -206,9 +206,26 @@ def test_compare_cli_prints_one_table_as_json_and_logs_it(
 
     from kokoro_opt.cli import app
 
-    args = ["compare", str(tiny_artifact.path), "--artifacts", str(artifacts_root), "--peer", "kokoro-onnx-int8",
-            "--sentences", "1", "--runs", "1", "--warmup", "0", "--no-asr", "--tracking-uri", store,
-            "--plot", str(tmp_path / "pareto.png"), "--json"]
+    args = [
+        "compare",
+        str(tiny_artifact.path),
+        "--artifacts",
+        str(artifacts_root),
+        "--peer",
+        "kokoro-onnx-int8",
+        "--sentences",
+        "1",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--no-asr",
+        "--tracking-uri",
+        store,
+        "--plot",
+        str(tmp_path / "pareto.png"),
+        "--json",
+    ]
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 0, done.output
     rows = {r["label"]: r for r in json.loads(done.stdout)["results"]}
@@ -227,8 +244,21 @@ def test_evaluate_cli_skips_what_is_already_logged(evaluated: EvalResult, tiny_a
 
     from kokoro_opt.cli import app
 
-    args = ["evaluate", str(tiny_artifact.path), "--tracking-uri", store, "--sentences", "1", "--runs", "1",
-            "--warmup", "1", "--threads", "2", "--asr" if HAS_ASR else "--no-asr"]
+    args = [
+        "evaluate",
+        str(tiny_artifact.path),
+        "--tracking-uri",
+        store,
+        "--sentences",
+        "1",
+        "--runs",
+        "1",
+        "--warmup",
+        "1",
+        "--threads",
+        "2",
+        "--asr" if HAS_ASR else "--no-asr",
+    ]
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 0, done.output
     assert f"already evaluated with these settings (MLflow run {evaluated.run_id})" in " ".join(done.output.split())
@@ -257,7 +287,8 @@ def test_mlflow_ui_serves_the_logged_runs(evaluated: EvalResult, store: str) -> 
     mlflow_cli = Path(sys.executable).with_name("mlflow")
     server = subprocess.Popen(
         [str(mlflow_cli), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
@@ -272,7 +303,9 @@ def test_mlflow_ui_serves_the_logged_runs(evaluated: EvalResult, store: str) -> 
         with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/search?max_results=50", timeout=10) as reply:
             ids = [e["experiment_id"] for e in json.loads(reply.read())["experiments"]]
         request = urllib.request.Request(
-            f"{base}/api/2.0/mlflow/runs/search", method="POST", headers={"Content-Type": "application/json"},
+            f"{base}/api/2.0/mlflow/runs/search",
+            method="POST",
+            headers={"Content-Type": "application/json"},
             data=json.dumps({"experiment_ids": ids, "filter": "tags.kokoro_opt_kind = 'evaluation'"}).encode(),
         )
         with urllib.request.urlopen(request, timeout=10) as reply:

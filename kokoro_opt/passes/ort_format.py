@@ -28,15 +28,21 @@ def run_ort_format(source: Artifact, cfg: OrtFormatStage, out: Path) -> dict[str
     shutil.copy2(source.model_file, work / "model.onnx")
     result = subprocess.run(
         [
-            sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort", str(work),
-            "--optimization_style", cfg.optimization_style,
+            sys.executable,
+            "-m",
+            "onnxruntime.tools.convert_onnx_models_to_ort",
+            str(work),
+            "--optimization_style",
+            cfg.optimization_style,
         ],
         capture_output=True,
         text=True,
         check=False,
     )
     if result.returncode != 0:
-        raise UserError(f"ORT format conversion failed: {result.stderr.strip().splitlines()[-1:]}", "try optimization_style: Runtime")
+        raise UserError(
+            f"ORT format conversion failed: {result.stderr.strip().splitlines()[-1:]}", "try optimization_style: Runtime"
+        )
     produced = sorted(work.rglob("*.ort"))
     if not produced:
         raise UserError("ORT format conversion wrote no .ort file", "check the onnxruntime version")

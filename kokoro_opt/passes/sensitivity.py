@@ -40,7 +40,7 @@ PESQ_MAX = 4.64
 class Quality:
     mean_pesq: float
     min_pesq: float
-    max_high_band_ratio: float
+    max_high_band_db: float
     durations_equal: float  # fraction of sentences
     finite: bool
 
@@ -49,7 +49,7 @@ class Quality:
             self.finite
             and self.mean_pesq >= cfg.quality_budget_pesq
             and self.min_pesq >= cfg.min_sentence_pesq
-            and self.max_high_band_ratio <= cfg.max_high_band_ratio
+            and self.max_high_band_db <= cfg.max_high_band_db
         )
 
     @property
@@ -57,19 +57,20 @@ class Quality:
         """Higher = hurts more. Non-finite output or static is worst."""
         if not self.finite:
             return float("inf")
-        return (PESQ_MAX - self.mean_pesq) + max(0.0, self.max_high_band_ratio - 1.0) * 4 + (1 - self.durations_equal)
+        return (PESQ_MAX - self.mean_pesq) + max(0.0, self.max_high_band_db) + (1 - self.durations_equal)
 
 
 def block_of(node_name: str) -> str:
-    """`/decoder/generator/resblocks.0/convs1.0/Conv` -> `decoder/generator/resblocks.0`."""
+    """The unit of the analysis: a generator resblock, a decoder stage, or a whole front module.
+
+    `/decoder/generator/resblocks.0/convs1.0/Conv` -> `decoder/generator/resblocks.0`,
+    `/decoder/decode.3/conv1/Conv` -> `decoder/decode.3`, `/bert/encoder/.../MatMul` -> `bert`.
+    """
     parts = [p for p in node_name.strip("/").split("/") if p]
     if not parts:
         return "other"
-    if parts[0] in ("bert", "kmodel") and "bert" in parts[:2]:
-        return "bert"
-    depth = 3 if parts[:2] == ["decoder", "generator"] else 2
-    kept = parts[: min(depth, max(len(parts) - 1, 1))]
-    return "/".join(kept)
+    depth = 3 if parts[:2] == ["decoder", "generator"] else 2 if parts[0] == "decoder" else 1
+    return "/".join(parts[: min(depth, max(len(parts) - 1, 1))])
 
 
 def select_blocks(
@@ -79,7 +80,7 @@ def select_blocks(
     alone: dict[str, Quality] = {}
     for block in blocks:
         alone[block] = score({block})
-        log(f"sensitivity {block}: PESQ {alone[block].mean_pesq:.2f}, high-band x{alone[block].max_high_band_ratio:.2f}")
+        log(f"sensitivity {block}: PESQ {alone[block].mean_pesq:.2f}, high-band {alone[block].max_high_band_db:+.2f} dB")
     order = sorted(blocks, key=lambda b: alone[b].sensitivity)
     chosen = [b for b in order if alone[b].passes(cfg)]
     history: list[dict[str, Any]] = []
@@ -113,7 +114,7 @@ class AudioScorer:
             self.references.append(reference.run_tokens(tokens, pack))
 
     def __call__(self, model_file: Path) -> Quality:
-        from kokoro_opt.evaluate.metrics import high_band_ratio, pesq_wb
+        from kokoro_opt.evaluate.metrics import high_band_ratio_db, pesq_wb
         from kokoro_opt.synth import make_session
 
         session = make_session(model_file)
@@ -128,15 +129,37 @@ class AudioScorer:
                 pesqs.append(1.0)
                 continue
             pesqs.append(pesq_wb(ref.audio, audio, self.sample_rate))
-            ratios.append(high_band_ratio(ref.audio, audio, self.sample_rate))
+            ratios.append(high_band_ratio_db(ref.audio, audio, self.sample_rate))
             equal += int(np.array_equal(np.asarray(durations).reshape(-1), ref.durations))
         return Quality(
             mean_pesq=float(np.mean(pesqs)),
             min_pesq=float(np.min(pesqs)),
-            max_high_band_ratio=float(max(ratios, default=float("inf"))),
+            max_high_band_db=float(max(ratios, default=float("inf"))),
             durations_equal=equal / len(self.feeds),
             finite=finite,
         )
+
+
+def node_time_shares(model_file: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """Each node's share of inference time, from an ORT profile of the fp32 model."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # keep node names
+    session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        session.run(None, feed)
+    trace_file = Path(session.end_profiling())
+    trace = json.loads(trace_file.read_text(encoding="utf-8"))
+    trace_file.unlink()
+    times: dict[str, float] = {}
+    for event in trace:
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            name = event["name"][: -len("_kernel_time")]
+            times[name] = times.get(name, 0.0) + float(event.get("dur", 0))
+    total = sum(times.values()) or 1.0
+    return {name: t / total for name, t in times.items()}
 
 
 def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache: Path) -> dict[str, Any]:
@@ -151,6 +174,16 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
     by_block: dict[str, list[str]] = {}
     for node in nodes:
         by_block.setdefault(block_of(node), []).append(node)
+    from kokoro_opt.passes.quantize import calibration_feeds
+
+    shares = node_time_shares(source.model_file, calibration_feeds(source, 1))
+    block_share = {b: sum(shares.get(n, 0.0) for n in members) for b, members in by_block.items()}
+    # A block that costs almost no time buys no speed in INT8, only risk: it stays in higher precision.
+    candidates = sorted(b for b in by_block if block_share[b] >= cfg.min_block_time_share)
+    console.print(
+        f"sensitivity: {len(candidates)} of {len(by_block)} blocks take >= {cfg.min_block_time_share:.1%} of the time each",
+        highlight=False,
+    )
     scorer = AudioScorer(source, SENSITIVITY_SENTENCES[: cfg.sensitivity_sentences])
     scratch = out / ".variant.onnx"
 
@@ -159,7 +192,7 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
         quantize_static_qdq(source.model_file, scratch, cfg, calibration_cache, None, nodes_to_quantize=chosen_nodes)
         return scorer(scratch)
 
-    chosen, alone, history = select_blocks(sorted(by_block), score, cfg, log=lambda m: console.print(m, highlight=False))
+    chosen, alone, history = select_blocks(candidates, score, cfg, log=lambda m: console.print(m, highlight=False))
     int8_nodes = [n for b in chosen for n in by_block[b]]
     if int8_nodes:
         quantize_static_qdq(source.model_file, out / "model.onnx", cfg, calibration_cache, None, nodes_to_quantize=int8_nodes)
@@ -169,7 +202,15 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
         shutil.copy2(source.model_file, out / "model.onnx")
     scratch.unlink(missing_ok=True)
     precision_map = {n: ("int8" if n in set(int8_nodes) else cfg.fallback_precision) for n in nodes}
-    blocks_table = {b: {"nodes": len(by_block[b]), "int8": b in chosen, **asdict(alone[b])} for b in sorted(by_block)}
+    blocks_table = {
+        b: {
+            "nodes": len(by_block[b]),
+            "time_share": round(block_share[b], 4),
+            "int8": b in chosen,
+            **(asdict(alone[b]) if b in alone else {"skipped": "below min_block_time_share"}),
+        }
+        for b in sorted(by_block)
+    }
     (out / "precision_map.json").write_text(
         json.dumps({"nodes": precision_map, "blocks": blocks_table, "fallback_history": history}, indent=1), encoding="utf-8"
     )

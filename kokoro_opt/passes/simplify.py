@@ -1,9 +1,10 @@
-"""simplify stage: onnxslim, then ONNX Runtime's offline graph optimisation saved to disk.
+"""simplify stage: onnxsim or onnxslim (optional), then ORT's offline graph optimisation saved to disk.
 
-onnxslim is used rather than onnxsim: onnxsim's full constant folding/shape inference has to
-reason through Kokoro's data-dependent duration expansion and the LSTM's Loop/If subgraphs, while
-onnxslim folds what it can and leaves dynamic parts alone (see docs/stages.md for measurements).
-ORT's level is `basic` or `extended` for a portable file: `all` adds layout transforms tied to this CPU.
+Measured on Kokoro-82M's fp32 export (4,783 nodes, 325 MB; docs/stages.md): onnxsim 0.8 -> 2,214
+nodes, 325 MB in 6 s; onnxslim -> 2,154 nodes but 568 MB (it duplicates ALBERT's shared layer
+weights across the 12 unrolled layers) in 40 s. Neither changed inference speed: ORT applies the
+same folding at session load. The recipes therefore use ORT `basic` only (exact, 1 s); the tools
+stay selectable. ORT's `all` level is not offered: its layout transforms are tied to this CPU.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import copy_runtime, graph_summary
 from kokoro_opt.recipe import SimplifyStage
 
-_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}
 
 
 def ort_optimize(source: Path, target: Path, level: str) -> None:
@@ -38,8 +40,15 @@ def run_simplify(source: Artifact, cfg: SimplifyStage, out: Path) -> dict[str, A
     if cfg.tool == "onnxslim":
         import onnxslim
 
-        slimmed = onnxslim.slim(onnx.load(str(current)))
-        onnx.save(slimmed, str(out / "slim.onnx"))
+        onnx.save(onnxslim.slim(onnx.load(str(current))), str(out / "slim.onnx"))
+        current = out / "slim.onnx"
+    elif cfg.tool == "onnxsim":
+        from onnxsim import simplify
+
+        simplified, ok = simplify(onnx.load(str(current)))
+        if not ok:
+            raise UserError("onnxsim could not validate the simplified graph", "use simplify.tool: none")
+        onnx.save(simplified, str(out / "slim.onnx"))
         current = out / "slim.onnx"
     if cfg.ort_level != "disabled":
         ort_optimize(current, out / "model.onnx", cfg.ort_level)

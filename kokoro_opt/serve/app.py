@@ -125,6 +125,8 @@ def _parse(data: dict[str, Any], state: _State) -> SpeechRequest:
     if req.response_format not in supported_formats():
         raise ApiError(400, f"unsupported response_format '{req.response_format}'; use one of: {', '.join(supported_formats())}",
                        param="response_format")  # fmt: skip
+    if req.stream_format == "sse":
+        req.stream = True  # events are a stream by definition
     if not req.input.strip():
         raise ApiError(400, "input is empty: give some text to speak", param="input")
     if len(req.input) > state.config.max_input_chars:

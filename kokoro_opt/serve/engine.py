@@ -27,14 +27,15 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.model import style_for
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.encoders import Encoder
+from kokoro_opt.serve.join import PAUSES, Joiner, boundary
 from kokoro_opt.serve.metrics import Metrics
-from kokoro_opt.serve.plan import Crossfader, make_pieces, seconds_to_tokens, take_job
+from kokoro_opt.serve.plan import CostModel, make_pieces, take_job
 from kokoro_opt.synth import Synthesizer
 from kokoro_opt.text import CONTEXT_TOKENS
 
 log = logging.getLogger("kokoro_opt.serve")
 
-SAFETY = 0.6  # a job may use this share of the tightest listener's buffered audio (estimates are rough)
+SAFETY = 0.7  # a job may use this share of the tightest listener's buffered audio: estimates are rough
 _WARMUP_TEXT = "Warming up, so that the first listener never waits for a cold start."
 
 
@@ -42,8 +43,9 @@ _WARMUP_TEXT = "Warming up, so that the first listener never waits for a cold st
 class ServeConfig:
     first_chunk_tokens: int = 40  # the first job: small, so first audio comes fast
     chunk_tokens: int = 200  # the largest later job (merged pieces), at most 510
-    piece_tokens: int | None = None  # cutting granularity; None = first_chunk_tokens
+    piece_tokens: int | None = None  # sentences are packed into pieces up to this; None = 2 x first_chunk_tokens
     crossfade_ms: float = 10.0
+    trim_silence: bool = True  # cut Kokoro's ~0.9 s of silence at each seam to a natural pause (join.py)
     max_queue: int = 4  # admitted requests (chunking, waiting or streaming); more get 429
     request_timeout: float = 300.0
     max_input_chars: int = 4096  # OpenAI's limit
@@ -66,7 +68,7 @@ class ServeConfig:
 
     @property
     def pieces(self) -> int:
-        return min(self.piece_tokens or self.first_chunk_tokens, self.chunk_tokens)
+        return min(self.piece_tokens or 2 * self.first_chunk_tokens, self.chunk_tokens)
 
     @classmethod
     def for_selection(cls, selection: Selection, **overrides: Any) -> ServeConfig:
@@ -82,11 +84,11 @@ class Stream:
     _ids = itertools.count(1)
 
     def __init__(
-        self, pieces: list[list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool, fader: Crossfader
+        self, pieces: list[list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool, joiner: Joiner
     ) -> None:
         self.id = next(self._ids)
         self.pieces: deque[list[int]] = deque(pieces)
-        self.pack, self.speed, self.encoder, self.streaming, self.fader = pack, speed, encoder, streaming, fader
+        self.pack, self.speed, self.encoder, self.streaming, self.joiner = pack, speed, encoder, streaming, joiner
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
         self.arrival = time.monotonic()
@@ -113,7 +115,7 @@ class Engine:
         self.synth: Synthesizer | None = None
         self.ready = threading.Event()
         self.error: BaseException | None = None
-        self.sec_per_token = 0.05  # replaced by the warm-up measurement, then a running average
+        self.cost = CostModel()  # calibrated at warm-up, then follows the machine's load
         self._cond = threading.Condition()
         self._streams: list[Stream] = []
         self._running: Stream | None = None
@@ -121,6 +123,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._inputs: list[str] = []
         self._space: int | None = None
+        self._symbols: dict[int, str] = {}
 
     # ---- lifecycle ----------------------------------------------------------------------------------
 
@@ -155,24 +158,33 @@ class Engine:
         self.synth = Synthesizer(sel.artifact, sel.settings)
         self._inputs = [i.name for i in self.synth.session.get_inputs()]
         self._space = self.synth.vocab.get(" ")
+        self._symbols = {i: symbol for symbol, i in self.synth.vocab.items()}
         log.info("loaded in %.1f s (session settings: %s)", time.perf_counter() - started, sel.settings)
         if self.config.warmup:
             self._warm_up()
 
     def _warm_up(self) -> None:
-        """Load espeak, touch both job sizes (ORT allocates per shape), and measure seconds per token."""
+        """Load espeak, run both job sizes (the first run of a session is slow), fit the cost model."""
         synth = self.synth
         assert synth is not None
         started = time.perf_counter()
         pieces = self.plan(_WARMUP_TEXT)
         pack = synth.packs[synth.voices[0]]
         flat = [t for p in pieces for t in p] or [self._space or 1]
-        for size in (self.config.first_chunk_tokens, self.config.chunk_tokens):
+        timings: dict[int, float] = {}
+        for size in (self.config.first_chunk_tokens, self.config.first_chunk_tokens, self.config.chunk_tokens):
             tokens = (flat * (size // len(flat) + 1))[:size]
             t0 = time.perf_counter()
             self._synthesize(tokens, pack, 1.0, None)
-            self.sec_per_token = (time.perf_counter() - t0) / size
-        log.info("warmed up in %.1f s; %.1f ms of compute per token", time.perf_counter() - started, 1000 * self.sec_per_token)
+            timings[size] = time.perf_counter() - t0  # the repeated small size keeps its second, warm timing
+        small, large = self.config.first_chunk_tokens, self.config.chunk_tokens
+        self.cost.calibrate((small, timings[small]), (large, timings[large]))
+        log.info(
+            "warmed up in %.1f s; a job costs %.0f ms + %.1f ms per token",
+            time.perf_counter() - started,
+            1000 * self.cost.fixed,
+            1000 * self.cost.per_token,
+        )
 
     # ---- requests (called from the event loop) ------------------------------------------------------
 
@@ -186,7 +198,8 @@ class Engine:
         return make_pieces(text, self.synth.vocab, self.config.first_chunk_tokens, self.config.pieces)
 
     def submit(self, pieces: list[list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool) -> Stream:
-        stream = Stream(pieces, pack, speed, encoder, streaming, Crossfader(self.sample_rate, self.config.crossfade_ms))
+        joiner = Joiner(self.sample_rate, self.config.crossfade_ms, self.config.trim_silence)
+        stream = Stream(pieces, pack, speed, encoder, streaming, joiner)
         with self._cond:
             self._streams.append(stream)
             self._cond.notify()
@@ -219,7 +232,7 @@ class Engine:
         """Seconds until a slot likely frees: the smallest remaining work, shared fairly among `active`."""
         with self._cond:
             left = [sum(map(len, s.pieces)) for s in self._streams]
-        seconds = min(left, default=0) * self.sec_per_token * max(active, 1)
+        seconds = self.cost.predict(min(left, default=0)) * max(active, 1)
         return int(min(60, max(1, round(seconds))))
 
     # ---- the worker ---------------------------------------------------------------------------------
@@ -231,14 +244,13 @@ class Engine:
         slack = [s.deadline() - now for s in self._streams if s.streaming and s.pieces]
         if not slack:
             return self.config.chunk_tokens  # nobody is listening live: biggest jobs, best throughput
-        budget = seconds_to_tokens(SAFETY * min(slack) * min(stream.speed, 1.0), self.sec_per_token)
-        return min(self.config.chunk_tokens, budget)
+        return min(self.config.chunk_tokens, self.cost.tokens_within(SAFETY * min(slack), stream.speed))
 
     def _pick(self) -> tuple[Stream, list[int], bool] | None:
         runnable = [s for s in self._streams if s.pieces]
         if not runnable:
             return None
-        stream = min(runnable, key=lambda s: (s.jobs > 0, s.deadline(), s.id))
+        stream = min(runnable, key=lambda s: (not (s.streaming and s.jobs == 0), s.deadline(), s.id))
         tokens = take_job(stream.pieces, self._budget(stream, time.monotonic()), self._space)
         return stream, tokens, not stream.pieces
 
@@ -262,7 +274,7 @@ class Engine:
                 self._account(tokens, compute, len(audio) / self.sample_rate, stream.speed)
                 log.debug("request %d: job of %d tokens in %.2f s (last=%s)", stream.id, len(tokens), compute, last)
                 if not stream.cancelled:
-                    self._emit(stream, audio, last)
+                    self._emit(stream, audio, last, PAUSES[boundary(tokens, self._symbols)] / stream.speed)
             except Exception as exc:
                 if not stream.cancelled:  # a cancelled job fails by design (terminate flag)
                     log.exception("synthesis failed for request %d", stream.id)
@@ -287,13 +299,12 @@ class Engine:
         return np.asarray(audio, dtype=np.float32).reshape(-1) / synth.audio_gain
 
     def _account(self, tokens: list[int], compute: float, audio_s: float, speed: float) -> None:
-        sample = compute * min(speed, 1.0) / max(len(tokens), 1)
-        self.sec_per_token = 0.7 * self.sec_per_token + 0.3 * sample
+        self.cost.observe(len(tokens), speed, compute)
         if self.metrics:
             self.metrics.observe_job(compute, audio_s)
 
-    def _emit(self, stream: Stream, audio: np.ndarray, last: bool) -> None:
-        out = stream.fader.push(audio, last)
+    def _emit(self, stream: Stream, audio: np.ndarray, last: bool, pause: float) -> None:
+        out = stream.joiner.push(audio, last, pause)
         data = stream.encoder.encode(out) + (stream.encoder.finish() if last else b"")
         stream.jobs += 1
         if stream.first_out is None:

@@ -1,10 +1,10 @@
-"""How a request's text becomes synthesis jobs, and how job outputs are joined without clicks.
+"""How a request's text becomes synthesis jobs, and what a job costs.
 
-Text is cut once into small *pieces* (`chunk_text` with the first-chunk size for every piece: sentence,
-then clause, then word boundaries; nothing is ever truncated). The worker then merges consecutive
+Text is cut once into *pieces* (`chunk_text`: a small first chunk, then sentences packed up to
+`piece_tokens`, long sentences cut at clauses, then words; nothing is ever truncated). The worker then merges consecutive
 pieces into one job as large as the listener's buffered audio allows (see `Engine`), up to
 `chunk_tokens`. So the first job is small (fast first audio) and later ones grow to full chunks once
-the stream is ahead of real time; under load jobs stay small so no stream falls behind.
+the stream is ahead of real time; under load jobs stay at one piece so no stream falls behind.
 Merging appends token ids with a space between them, which is what phonemizing the joined text gives.
 """
 
@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import math
 from collections import deque
-
-import numpy as np
+from dataclasses import dataclass
 
 from kokoro_opt.text import CONTEXT_TOKENS, chunk_text
 
 
 def make_pieces(text: str, vocab: dict[str, int], first_chunk_tokens: int, piece_tokens: int) -> list[list[int]]:
-    """Token ids of each piece, in order; the first piece is the small first chunk."""
+    """Token ids of each piece, in order; the first piece is the small first chunk.
+
+    Pieces should be whole sentences where possible: every job boundary is an utterance end for Kokoro,
+    with end-of-utterance intonation, so cutting mid-sentence costs naturalness even with seams trimmed.
+    """
     chunks = chunk_text(text, vocab, first_chunk_tokens=first_chunk_tokens, chunk_tokens=piece_tokens)
     return [chunk.token_ids for chunk in chunks]
 
@@ -34,35 +37,36 @@ def take_job(pieces: deque[list[int]], budget_tokens: int, space_id: int | None)
     return job
 
 
-class Crossfader:
-    """Joins consecutive job outputs with a short raised-cosine crossfade.
+@dataclass
+class CostModel:
+    """Job compute seconds ~ load * (fixed + per_token * tokens / min(speed, 1)).
 
-    Each output's last `crossfade_ms` is held back and overlapped with the start of the next one, so a
-    seam never has a step (a click) whatever the two edge samples are; the held tail is tiny next to a
-    job's audio, so it delays nothing a listener hears. The last job's tail is emitted as is.
+    The shape (a per-run cost plus a per-token cost: small jobs cost more per token) is measured at
+    warm-up with two job sizes; `load` then tracks the machine (other processes, thermal) job by job.
+    Slower speech means more audio frames to decode per token, faster is not counted as cheaper.
     """
 
-    def __init__(self, sample_rate: int, crossfade_ms: float) -> None:
-        self.n = max(0, round(sample_rate * crossfade_ms / 1000))
-        rise = 0.5 - 0.5 * np.cos(np.pi * (np.arange(self.n) + 0.5) / max(self.n, 1))
-        self.fade_in = rise.astype(np.float32)
-        self.fade_out = (1.0 - rise).astype(np.float32)  # the two gains sum to 1: no bump on correlated edges
-        self.tail: np.ndarray | None = None
+    fixed: float = 0.05
+    per_token: float = 0.03
+    load: float = 1.0
 
-    def push(self, audio: np.ndarray, last: bool) -> np.ndarray:
-        audio = np.asarray(audio, dtype=np.float32)
-        n = self.n
-        if self.tail is not None:
-            if len(audio) >= n:
-                audio = np.concatenate([self.tail * self.fade_out + audio[:n] * self.fade_in, audio[n:]])
-            else:  # a sliver of audio: nothing to fade into, keep every sample
-                audio = np.concatenate([self.tail, audio])
-            self.tail = None
-        if last or n == 0 or len(audio) <= n:
-            return audio
-        self.tail = audio[-n:].copy()
-        return audio[:-n]
+    def calibrate(self, small: tuple[int, float], large: tuple[int, float]) -> None:
+        (n1, t1), (n2, t2) = small, large
+        self.per_token = max((t2 - t1) / (n2 - n1), 1e-4) if n2 > n1 else t2 / max(n2, 1)
+        self.fixed = max(t1 - self.per_token * n1, 0.0)
+        self.load = 1.0
 
+    def _shape(self, tokens: int, speed: float) -> float:
+        return self.fixed + self.per_token * tokens / min(speed, 1.0)
 
-def seconds_to_tokens(seconds: float, sec_per_token: float) -> int:
-    return max(0, math.floor(seconds / max(sec_per_token, 1e-6)))
+    def predict(self, tokens: int, speed: float = 1.0) -> float:
+        return self.load * self._shape(tokens, speed)
+
+    def observe(self, tokens: int, speed: float, seconds: float) -> None:
+        ratio = seconds / max(self._shape(tokens, speed), 1e-6)
+        self.load = 0.7 * self.load + 0.3 * min(max(ratio, 0.2), 5.0)  # one outlier moves it only so far
+
+    def tokens_within(self, seconds: float, speed: float = 1.0) -> int:
+        """The largest job predicted to finish within `seconds` (0 if even a tiny one would not)."""
+        spare = seconds / self.load - self.fixed
+        return max(0, math.floor(spare * min(speed, 1.0) / self.per_token))

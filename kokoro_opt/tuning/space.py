@@ -1,0 +1,251 @@
+"""The search space of a study: which artifacts may be tuned (quality budget), which providers run
+here, and how one Optuna trial turns into concrete settings.
+
+The resolved space is pinned in the study (a user attribute) when the study is created, so every
+worker and every resumed run samples exactly the same choices, even if new artifacts appear later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kokoro_opt.artifacts import Artifact, list_artifacts
+from kokoro_opt.errors import UserError
+from kokoro_opt.synth import SessionSettings
+from kokoro_opt.tuning.config import QualityConfig, SpaceConfig, TuneRecipe
+
+CPU = "CPUExecutionProvider"
+# What an output identical to the fp32 reference scores: the P.862.2 ceiling, no WER change.
+REFERENCE_QUALITY = {"pesq": 4.64, "wer_delta": 0.0}
+METRIC_KEYS = {"pesq": "pesq_mean", "wer_delta": "wer_delta"}
+Say = Callable[[str], None]
+
+
+@dataclass
+class Candidate:
+    """One `artifact` choice: an artifact within the quality budget, with its .ort sibling if any."""
+
+    key: str  # the choice label, "<recipe>@<id8>"
+    name: str
+    formats: dict[str, str]  # "onnx" / "ort" -> artifact id
+    quality: float  # the recipe's quality metric (PESQ or WER delta) of the onnx artifact (else the ort one)
+    reason: str
+
+
+@dataclass
+class ResolvedSpace:
+    candidates: list[Candidate]
+    space: SpaceConfig
+    quality_metric: str
+    quality_objective: bool
+    skipped: list[str] = field(default_factory=list)
+
+    def candidate(self, key: str) -> Candidate:
+        return next(c for c in self.candidates if c.key == key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "candidates": [asdict(c) for c in self.candidates],
+            "space": self.space.model_dump(mode="json"),
+            "quality_metric": self.quality_metric,
+            "quality_objective": self.quality_objective,
+            "skipped": self.skipped,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ResolvedSpace:
+        return cls(
+            [Candidate(**c) for c in data["candidates"]],
+            SpaceConfig.model_validate(data["space"]),
+            data["quality_metric"],
+            bool(data["quality_objective"]),
+            list(data.get("skipped", [])),
+        )
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """What a trial measures and what tuned.json records: an artifact, ORT session options, chunking."""
+
+    artifact_id: str
+    session: SessionSettings
+    first_chunk_tokens: int = 40
+    chunk_tokens: int = 200
+    crossfade_ms: float = 10.0
+
+    @property
+    def chunking(self) -> dict[str, Any]:
+        return {
+            "first_chunk_tokens": self.first_chunk_tokens,
+            "chunk_tokens": self.chunk_tokens,
+            "crossfade_ms": self.crossfade_ms,
+        }
+
+
+# ---- which artifacts -------------------------------------------------------------------------------
+
+
+def _select(specs: list[str], root: Path, say: Say) -> list[Artifact]:
+    every = list_artifacts(root)
+    chosen: dict[str, Artifact] = {}
+    for spec in specs:
+        if spec == "all":
+            found = every
+        else:  # a recipe name (its newest build) or an artifact id prefix
+            named = [a for a in every if a.name == spec][-1:]
+            found = named or [a for a in every if a.id.startswith(spec)]
+        if not found:
+            say(f"artifact '{spec}': not built under {root}, skipped")
+        chosen.update((a.id, a) for a in found)
+    return list(chosen.values())
+
+
+def _is_reference(artifact: Artifact) -> bool:
+    from kokoro_opt.evaluate.runners import reference_folder
+
+    ref = reference_folder(artifact)
+    return ref is not None and ref.resolve() == artifact.path.resolve()
+
+
+def _evaluation_config(artifact: Artifact, quality: QualityConfig) -> Any:
+    from kokoro_opt.recipe import EvaluateConfig
+
+    stored = artifact.manifest.get("recipe", {}).get("evaluate", {})
+    base = EvaluateConfig(**{k: v for k, v in stored.items() if k in EvaluateConfig.model_fields})
+    return base.model_copy(update=quality.evaluate.model_dump())
+
+
+def quality_of(
+    artifact: Artifact, quality: QualityConfig, tracking_uri: str | None, root: Path, say: Say
+) -> tuple[float, str] | None:
+    """(metric value, why it passes) or None (with the logged reason). Never a made-up number: the
+    reference passes by definition, anything else needs an evaluation record (made now if allowed)."""
+    from kokoro_opt.tuning.records import recorded_evaluation
+
+    label = f"{artifact.name} {artifact.id[:8]}"
+    if _is_reference(artifact):
+        return REFERENCE_QUALITY[quality.metric], "the fp32 reference: within the budget by definition"
+    metrics, source = recorded_evaluation(tracking_uri, artifact.id), "MLflow evaluation record"
+    if metrics is None and quality.evaluate_missing:
+        from kokoro_opt.evaluate.run import evaluate_artifacts
+
+        say(f"{label}: no evaluation record, evaluating it first (quality budget)")
+        results = evaluate_artifacts([artifact], _evaluation_config(artifact, quality), tracking_uri, root=root)
+        metrics, source = (dict(results[0].metrics), "evaluated now") if results else (None, "")
+    if metrics is None:
+        say(f"{label}: no evaluation record of its quality, skipped (run kokoro-opt evaluate on it)")
+        return None
+    value = metrics.get(METRIC_KEYS[quality.metric])
+    if value is None or not math.isfinite(value):
+        say(f"{label}: its evaluation has no {METRIC_KEYS[quality.metric]} (no fp32 reference or ASR), skipped")
+        return None
+    if metrics.get("bad_outputs", 1.0) != 0.0:
+        say(f"{label}: NaN or silent output in its evaluation, skipped")
+        return None
+    if quality.metric == "pesq" and value < quality.min_pesq:
+        say(f"{label}: PESQ {value:.2f} < budget {quality.min_pesq}, skipped")
+        return None
+    if quality.metric == "wer_delta" and value > quality.max_wer_delta:
+        say(f"{label}: WER delta {value:.3f} > budget {quality.max_wer_delta}, skipped")
+        return None
+    return float(value), f"{METRIC_KEYS[quality.metric]} {value:.3f} within the budget ({source})"
+
+
+def ort_source(artifact: Artifact) -> str | None:
+    """The artifact an .ort artifact was converted from (the stage before its `ort` stage)."""
+    cache = artifact.manifest.get("stage_cache") or []
+    return str(cache[-2]["key"]) if len(cache) >= 2 and cache[-1].get("kind") == "ort" else None
+
+
+def gather_candidates(recipe: TuneRecipe, root: Path, tracking_uri: str | None, say: Say) -> list[Candidate]:
+    passing: list[tuple[Artifact, str, float, str]] = []
+    for artifact in _select(recipe.space.artifacts, root, say):
+        fmt = artifact.model_file.suffix.lstrip(".")
+        if fmt not in ("onnx", "ort"):
+            say(f"{artifact.name} {artifact.id[:8]}: {artifact.model_file.name} does not run on ONNX Runtime, skipped")
+        elif fmt not in recipe.space.model_format:
+            say(f"{artifact.name} {artifact.id[:8]}: .{fmt} is not in space.model_format, skipped")
+        elif (q := quality_of(artifact, recipe.quality, tracking_uri, root, say)) is not None:
+            passing.append((artifact, fmt, *q))
+    groups: dict[str, Candidate] = {}
+    for artifact, fmt, value, reason in sorted(passing, key=lambda p: p[1] != "onnx"):  # onnx bases first
+        source = ort_source(artifact) if fmt == "ort" else None
+        if source is not None and source in groups:
+            groups[source].formats["ort"] = artifact.id
+            continue
+        groups[artifact.id] = Candidate(f"{artifact.name}@{artifact.id[:8]}", artifact.name, {fmt: artifact.id}, value, reason)
+    return list(groups.values())
+
+
+def available_providers(space: SpaceConfig, say: Say) -> dict[str, dict[str, list[str]]]:
+    import onnxruntime as ort
+
+    here = set(ort.get_available_providers())
+    kept = {name: opts for name, opts in space.providers.items() if name in here}
+    for name in space.providers:
+        if name not in here:
+            say(f"{name}: not available in this onnxruntime build ({', '.join(sorted(here))}), skipped")
+    return kept
+
+
+def resolve_space(recipe: TuneRecipe, root: Path, tracking_uri: str | None, say: Say) -> ResolvedSpace:
+    import os
+
+    skipped: list[str] = []
+
+    def note(message: str) -> None:
+        skipped.append(message)
+        say(message)
+
+    candidates = gather_candidates(recipe, root, tracking_uri, note)
+    if not candidates:
+        raise UserError(
+            f"no artifact under {root} passes the quality budget", "build and evaluate one: kokoro-opt build recipes/fp32.yaml"
+        )
+    providers = available_providers(recipe.space, note)
+    if not providers:
+        raise UserError("none of space.providers is available here", f"add {CPU} to the tuning recipe")
+    cores = os.cpu_count() or 1
+    intra = [n for n in recipe.space.intra_op_num_threads if n <= cores] or [min(recipe.space.intra_op_num_threads)]
+    if len(intra) < len(recipe.space.intra_op_num_threads):
+        note(f"intra_op_num_threads above this machine's {cores} cores dropped")
+    space = recipe.space.model_copy(update={"providers": providers, "intra_op_num_threads": intra})
+    return ResolvedSpace(candidates, space, recipe.quality.metric, recipe.quality.use == "objective", skipped)
+
+
+# ---- one trial ---------------------------------------------------------------------------------------
+
+
+def _pick(trial: Any, name: str, choices: list[Any]) -> Any:
+    """Suggest only real choices: a pinned (one-element) setting is not a search dimension."""
+    return choices[0] if len(choices) == 1 else trial.suggest_categorical(name, choices)
+
+
+def suggest(trial: Any, resolved: ResolvedSpace) -> TrialSettings:
+    s = resolved.space
+    candidate = resolved.candidate(_pick(trial, "artifact", [c.key for c in resolved.candidates]))
+    fmt = _pick(trial, "model_format", sorted(candidate.formats))
+    provider = _pick(trial, "provider", sorted(s.providers))
+    options = {opt: _pick(trial, f"{provider}.{opt}", choices) for opt, choices in sorted(s.providers[provider].items())}
+    mode = _pick(trial, "execution_mode", s.execution_mode)
+    session = SessionSettings(
+        intra_op_num_threads=_pick(trial, "intra_op_num_threads", s.intra_op_num_threads),
+        # ORT uses the inter-op pool only in parallel mode: sampling it otherwise would only add noise
+        inter_op_num_threads=_pick(trial, "inter_op_num_threads", s.inter_op_num_threads) if mode == "parallel" else 1,
+        execution_mode=mode,
+        graph_optimization_level=_pick(trial, "graph_optimization_level", s.graph_optimization_level),
+        providers=(provider,) if provider == CPU else (provider, CPU),
+        provider_options=() if provider == CPU else (options, {}),
+    )
+    first = _pick(trial, "first_chunk_tokens", s.first_chunk_tokens)
+    return TrialSettings(
+        candidate.formats[fmt],
+        session,
+        first,
+        max(first, _pick(trial, "chunk_tokens", s.chunk_tokens)),  # the server needs first <= later chunks
+        float(_pick(trial, "crossfade_ms", s.crossfade_ms)),
+    )

@@ -1,0 +1,266 @@
+"""The Optuna side: storage, the study (created once, resumed ever after), the objective, workers.
+
+Distribution is Optuna's own: every worker process, on this machine or another, opens the same RDB
+storage and asks it for trials. Heartbeats turn the trials of a killed worker into FAIL after a grace
+period; the trial budget counts COMPLETE + PRUNED trials, so an interrupted run continues where it
+stopped. Each worker's sampler is seeded from (seed, worker index, trials already in the study): a
+fresh study with one worker replays the same parameters, a resumed one does not repeat old ones.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.tuning.config import SamplerConfig, TuneRecipe, load_tune_recipe
+from kokoro_opt.tuning.measure import Bench, SessionCache
+from kokoro_opt.tuning.records import StudyRecords, best_effort
+from kokoro_opt.tuning.space import ResolvedSpace, TrialSettings, available_providers, resolve_space, suggest
+
+SPACE_ATTR, HASH_ATTR = "kokoro_opt.space", "kokoro_opt.space_hash"
+HEARTBEAT, GRACE = 10, 60  # seconds: a trial silent for GRACE belongs to a dead worker
+MAX_CONSECUTIVE_FAILURES = 5
+Say = Callable[[str], None]
+
+
+def _optuna() -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are reported by us, once, without tracebacks
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna
+
+
+def objective_names(resolved: ResolvedSpace) -> list[str]:
+    return ["ttfa_p50", "rtf_p50", "quality"] if resolved.quality_objective else ["ttfa_p50", "rtf_p50"]
+
+
+def make_storage(url: str) -> Any:
+    optuna = _optuna()
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite:///"):
+        db = Path(url[len("sqlite:///") :])
+        db = db if db.is_absolute() else db.resolve()  # cwd-proof, like the MLflow store
+        db.parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{db}"
+        kwargs = {"connect_args": {"timeout": 60}}  # several worker processes write to one file
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT, grace_period=GRACE)
+    except ImportError as exc:
+        raise UserError(f"cannot open storage {url.split('://')[0]}://...: {exc}", "install its database driver") from None
+    except Exception as exc:  # sqlalchemy's URL and connection errors
+        raise UserError(
+            f"cannot open the Optuna storage: {type(exc).__name__}: {exc}".splitlines()[0], "check --storage"
+        ) from None
+
+
+def make_sampler(config: SamplerConfig, seed: int) -> Any:
+    optuna = _optuna()
+    if config.kind == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, config.startup_trials))
+    # multivariate+group: conditional settings (inter-op threads, provider options) are modelled jointly
+    return optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=config.startup_trials, multivariate=True, group=True, constant_liar=True
+    )
+
+
+def sampler_seed(base: int, worker: int, existing: int) -> int:
+    return base + 1000 * worker + existing
+
+
+def finished(study: Any) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def open_study(
+    recipe: TuneRecipe, storage: Any, name: str, root: Path, tracking_uri: str | None, say: Say
+) -> tuple[Any, ResolvedSpace]:
+    """Load the study, or create it with its space pinned; a changed recipe space is refused."""
+    optuna = _optuna()
+    if name in optuna.study.get_all_study_names(storage):
+        study = optuna.load_study(study_name=name, storage=storage)
+        if SPACE_ATTR not in study.user_attrs:
+            raise UserError(f"study '{name}' exists but was not created by kokoro-opt tune", "pass another --study")
+        if study.user_attrs.get(HASH_ATTR) != recipe.space_hash():
+            raise UserError(
+                f"study '{name}' was created with a different space, measurement or quality rule",
+                "restore the recipe, or start a new study with --study NAME",
+            )
+        resolved = ResolvedSpace.from_json(study.user_attrs[SPACE_ATTR])
+        missing = set(resolved.space.providers) - set(available_providers(resolved.space, lambda _: None))
+        if missing:
+            raise UserError(
+                f"study '{name}' uses {', '.join(sorted(missing))}, not available here", "run its workers on alike machines"
+            )
+        return study, resolved
+    resolved = resolve_space(recipe, root, tracking_uri, say)
+    directions = ["minimize", "minimize"] + (
+        ["maximize" if resolved.quality_metric == "pesq" else "minimize"] * resolved.quality_objective
+    )
+    study = optuna.create_study(storage=storage, study_name=name, directions=directions, load_if_exists=True)
+    if SPACE_ATTR not in study.user_attrs:  # another machine may have created it a moment ago
+        study.set_user_attr(SPACE_ATTR, resolved.to_json())
+        study.set_user_attr(HASH_ATTR, recipe.space_hash())
+        study.set_user_attr("kokoro_opt.objectives", objective_names(resolved))
+    return study, ResolvedSpace.from_json(study.user_attrs[SPACE_ATTR])
+
+
+def worker_id(index: int) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:w{index}"
+
+
+def trial_settings(attrs: dict[str, Any]) -> TrialSettings:
+    """A trial's settings back from its user attributes (what tuned.json is written from)."""
+    from kokoro_opt.synth import SessionSettings
+
+    s = attrs["settings"]
+    session = {k: tuple(v) if isinstance(v, list) else v for k, v in s["session"].items()}
+    return TrialSettings(s["artifact_id"], SessionSettings(**session), **s["chunking"])
+
+
+class Objective:
+    """One trial: sample, load (or reuse) the session, warm up, time; stop early if hopeless."""
+
+    def __init__(self, recipe: TuneRecipe, resolved: ResolvedSpace, cache: SessionCache, worker: str) -> None:
+        self.recipe, self.resolved, self.cache, self.worker = recipe, resolved, cache, worker
+
+    def __call__(self, trial: Any) -> list[float]:
+        trial.set_user_attr("worker", self.worker)
+        try:
+            return self._measure(trial)
+        except Exception as exc:
+            if type(exc).__name__ != "TrialPruned":
+                trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
+            raise
+
+    def _measure(self, trial: Any) -> list[float]:
+        started = time.perf_counter()
+        settings = suggest(trial, self.resolved)
+        key = next(c.key for c in self.resolved.candidates if settings.artifact_id in c.formats.values())
+        fmt = next(f for c in self.resolved.candidates for f, i in c.formats.items() if i == settings.artifact_id)
+        trial.set_user_attr(
+            "settings",
+            {
+                "artifact": key,
+                "artifact_id": settings.artifact_id,
+                "model_format": fmt,
+                "session": asdict(settings.session),
+                "chunking": settings.chunking,
+            },
+        )
+        synth, load_seconds = self.cache.get(settings.artifact_id, settings.session)
+        trial.set_user_attr("load_seconds", round(load_seconds, 3))
+        bench = Bench(synth, settings, self.recipe.measure)
+        bench.warm_up()
+        runs = self.recipe.measure
+        ttfa = [bench.ttfa()]
+        self._stop_if_hopeless(trial, key, 0, ttfa[0], "TTFA")
+        ttfa += [bench.ttfa() for _ in range(runs.ttfa_runs - 1)]
+        rtf = [bench.rtf()]
+        self._stop_if_hopeless(trial, key, 1, rtf[0], "RTF")
+        rtf += [bench.rtf() for _ in range(runs.rtf_runs - 1)]
+        trial.set_user_attr("ttfa_runs", [round(t, 4) for t in ttfa])
+        trial.set_user_attr("rtf_runs", [round(r, 4) for r in rtf])
+        trial.set_user_attr("seconds", round(time.perf_counter() - started, 2))
+        values = [statistics.median(ttfa), statistics.median(rtf)]
+        return values + [self.resolved.candidate(key).quality] * self.resolved.quality_objective
+
+    def _stop_if_hopeless(self, trial: Any, key: str, index: int, first: float, label: str) -> None:
+        """Optuna's pruners do not take multi-objective reports: compare the first run with the best
+        complete trial of the same artifact (another artifact may be slower for a quality reason)."""
+        from optuna import TrialPruned
+        from optuna.trial import TrialState
+
+        prune = self.recipe.prune
+        same = [
+            t.values[index]
+            for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("settings", {}).get("artifact") == key
+        ]
+        if not prune.enabled or len(same) < prune.min_trials:
+            return
+        best = min(same)
+        trial.set_user_attr(f"first_{label.lower()}", round(first, 4))
+        if first > prune.factor * best:
+            reason = f"first {label} run {first:.3f} > {prune.factor} x best {best:.3f} of {key}"
+            trial.set_user_attr("pruned", reason)
+            raise TrialPruned(reason)
+
+
+class StopAt:
+    """Stop when the study holds `total` finished trials (all workers together), or after repeated failures."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.failures = total, 0
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        self.failures = self.failures + 1 if trial.state.name == "FAIL" else 0
+        if finished(study) >= self.total or self.failures >= MAX_CONSECUTIVE_FAILURES:
+            study.stop()
+
+
+def trial_record(trial: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(params, metrics) of a finished trial for MLflow."""
+    attrs = trial.user_attrs
+    s = attrs.get("settings", {})
+    params: dict[str, Any] = {**trial.params, "artifact_id": s.get("artifact_id", ""), "model_format": s.get("model_format", "")}
+    params.update({f"session.{k}": v for k, v in s.get("session", {}).items()})
+    params.update({f"chunking.{k}": v for k, v in s.get("chunking", {}).items()})
+    metrics: dict[str, Any] = {"load_seconds": attrs.get("load_seconds"), "trial_seconds": attrs.get("seconds")}
+    for name in ("ttfa", "rtf"):
+        runs = attrs.get(f"{name}_runs") or ([attrs[f"first_{name}"]] if f"first_{name}" in attrs else [])
+        if runs:
+            metrics[f"{name}_first"] = runs[0]
+    if trial.values is not None:
+        metrics.update(zip(names, trial.values, strict=False))
+    return params, metrics
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    recipe: str
+    storage: str
+    study: str
+    trials: int
+    seed: int
+    index: int
+    root: str
+    tracking_uri: str | None
+
+
+def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = None, say: Say = print) -> SessionCache:
+    """Run trials of the (existing) study until it holds `args.trials` finished ones; returns the session cache."""
+    recipe = load_tune_recipe(args.recipe)
+    storage = make_storage(args.storage)
+    existing = len(_optuna().load_study(study_name=args.study, storage=storage).trials)
+    sampler = make_sampler(recipe.sampler, sampler_seed(args.seed, args.index, existing))
+    study = _optuna().load_study(study_name=args.study, storage=storage, sampler=sampler)
+    resolved = ResolvedSpace.from_json(study.user_attrs[SPACE_ATTR])
+    cache = SessionCache(Path(args.root), recipe.measure.max_sessions)
+    for candidate in resolved.candidates:  # a missing artifact is a setup error, not a failed trial
+        for artifact_id in candidate.formats.values():
+            cache.artifact(artifact_id)
+    records = StudyRecords(args.tracking_uri, args.storage, args.study)
+
+    def after(study: Any, trial: Any) -> None:
+        if trial.state.name == "FAIL":
+            say(f"trial {trial.number} failed: {trial.user_attrs.get('error', 'see the worker output')}")
+        with best_effort(f"MLflow record of trial {trial.number}", say):
+            records.log_trial(trial, *trial_record(trial, objective_names(resolved)))
+        if on_trial is not None:
+            on_trial(study, trial)
+
+    if finished(study) < args.trials:
+        objective = Objective(recipe, resolved, cache, worker_id(args.index))
+        study.optimize(objective, catch=(Exception,), callbacks=[StopAt(args.trials), after])
+    return cache

@@ -1,0 +1,147 @@
+"""The build pipeline on the tiny random Kokoro: export, manifest, cache, atomic folders, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kokoro_opt.artifacts import build_folder, open_artifact
+from kokoro_opt.build import build
+from kokoro_opt.recipe import load_recipe
+from kokoro_opt.synth import Synthesizer
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_export_writes_a_complete_manifest(tiny_artifact) -> None:
+    manifest = tiny_artifact.manifest
+    assert manifest["id"] == tiny_artifact.path.name
+    assert manifest["weights"]["source"] == "tiny" and len(manifest["weights"]["sha256"]) == 64
+    assert {"torch", "onnx", "onnxruntime", "kokoro"} <= set(manifest["versions"])
+    export = manifest["stages"][0]
+    assert export["stage"] == "export" and export["config"]["opset"] == 17
+    assert export["noise"].startswith("deterministic")
+    assert export["validation"]["durations_equal"] is True
+    for name, digest in manifest["files"].items():
+        assert len(digest) == 64 and (tiny_artifact.path / name).is_file()
+
+
+def test_exported_graph_has_dynamic_tokens_and_no_random_ops(tiny_artifact) -> None:
+    import onnx
+
+    model = onnx.load(str(tiny_artifact.model_file), load_external_data=False)
+    ops = {n.op_type for n in model.graph.node}
+    assert not ops & {"RandomUniformLike", "RandomNormalLike", "RandomUniform", "RandomNormal"}
+    assert [i.name for i in model.graph.input] == ["input_ids", "style", "speed"]
+    assert [o.name for o in model.graph.output] == ["audio", "durations"]
+    assert model.graph.input[0].type.tensor_type.shape.dim[1].dim_param == "tokens"
+
+
+def test_ort_matches_torch_and_is_deterministic(tiny_artifact) -> None:
+    synth = Synthesizer(tiny_artifact)
+    tokens = list(range(40, 90))
+    a = synth.run_tokens(tokens, "tiny_0")
+    b = synth.run_tokens(tokens, "tiny_0")
+    assert np.array_equal(a.audio, b.audio)
+    assert len(a.durations) == len(tokens) + 2
+    assert len(a.audio) == int(a.durations.sum()) * 600
+
+
+def test_rebuild_is_a_cache_hit_and_a_changed_stage_rebuilds_only_itself(tiny_recipe, artifacts_root, tiny_artifact) -> None:
+    again = build(tiny_recipe, artifacts_root)
+    assert again.artifact.path == tiny_artifact.path
+    assert [s["cached"] for s in again.stages] == [True]
+
+    quantized = tiny_recipe.model_copy(
+        update={"name": "tiny-dyn", "stages": [load_recipe(ROOT / "recipes" / "int8-dynamic.yaml").stages[0]]}
+    )
+    first = build(quantized, artifacts_root)
+    assert [(s["kind"], s["cached"]) for s in first.stages] == [("export", True), ("quantize", False)]
+    second = build(quantized, artifacts_root)
+    assert all(s["cached"] for s in second.stages)
+
+
+def test_build_folder_is_atomic(tmp_path: Path) -> None:
+    final = tmp_path / "thing"
+
+    def crash(out: Path) -> dict:
+        (out / "model.onnx").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_folder(final, crash)
+    assert not final.exists() and [p.name for p in tmp_path.iterdir()] == [".thing.lock"]
+
+    def ok(out: Path) -> dict:
+        (out / "model.onnx").write_bytes(b"whole")
+        return {"id": "thing"}
+
+    build_folder(final, ok)
+    assert json.loads((final / "manifest.json").read_text())["files"]["model.onnx"]
+
+
+def test_a_killed_build_leaves_nothing_and_resumes(tmp_path: Path) -> None:
+    """SIGKILL a real `kokoro-opt build` mid-export: no artifact appears; the rerun completes."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "kokoro_opt.cli",
+        "build",
+        str(ROOT / "recipes" / "tiny.yaml"),
+        "--artifacts",
+        str(tmp_path),
+        "--no-evaluate",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = 120
+    import time
+
+    start = time.time()
+    while time.time() - start < deadline and not list((tmp_path / "_cache").glob(".export-*")):
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    assert not list(tmp_path.glob("_cache/export-*/manifest.json"))
+    assert not (tmp_path / "tiny").exists()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert open_artifact(tmp_path / "tiny").manifest["weights"]["source"] == "tiny"
+    assert not list(tmp_path.glob("_cache/.export-*"))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kokoro_opt.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nexport:\n  opsett: 3\n")
+    result = run_cli("build", str(bad), "--artifacts", str(tmp_path / "a"))
+    assert result.returncode == 2
+    assert "unknown field 'export.opsett'" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "a").exists()
+
+    voice = tmp_path / "voice.yaml"
+    voice.write_text(f"extends: {ROOT / 'recipes' / 'tiny.yaml'}\nname: voice\nweights:\n  source: tiny\n  voices: [af_nobody]\n")
+    result = run_cli("build", str(voice), "--artifacts", str(tmp_path / "a"), "--no-evaluate")
+    assert result.returncode == 2 and "unknown voice(s) af_nobody" in result.stderr and "tiny_0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_say_writes_a_24khz_wav_and_rejects_a_bad_voice(tiny_artifact, tmp_path: Path) -> None:
+    import soundfile as sf
+
+    out = tmp_path / "hello.wav"
+    result = run_cli("say", "Hello world.", "--artifact", str(tiny_artifact.path), "--voice", "tiny_0", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    audio, rate = sf.read(out)
+    assert rate == 24000 and len(audio) > 2400
+    result = run_cli("say", "Hello.", "--artifact", str(tiny_artifact.path), "--voice", "nobody", "-o", str(out))
+    assert result.returncode == 2 and "unknown voice 'nobody'" in result.stderr

@@ -1,0 +1,137 @@
+"""Each optimisation stage on the tiny Kokoro, and the mixed-precision selector on a known case."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kokoro_opt.build import build
+from kokoro_opt.passes.sensitivity import Quality, block_of, select_blocks
+from kokoro_opt.recipe import QuantizeStage, parse_recipe
+from kokoro_opt.synth import Synthesizer
+
+TOKENS = list(range(40, 80))
+
+
+def build_with(tiny_recipe, root: Path, name: str, stages: list[dict]):
+    data = tiny_recipe.model_dump(mode="json", by_alias=True)
+    data.update(name=name, stages=stages)
+    return build(parse_recipe(data), root)
+
+
+def runs(artifact) -> np.ndarray:
+    result = Synthesizer(artifact).run_tokens(TOKENS, "tiny_0")
+    assert np.all(np.isfinite(result.audio)) and result.audio.size > 0
+    return result.audio
+
+
+def ops(record: dict) -> dict[str, int]:
+    return record["graph"]["op_counts"]
+
+
+def test_simplify_with_onnxsim_then_ort_basic(tiny_recipe, artifacts_root, tiny_artifact) -> None:
+    result = build_with(tiny_recipe, artifacts_root, "t-simplify", [{"kind": "simplify", "tool": "onnxsim"}])
+    record = result.artifact.manifest["stages"][-1]
+    assert record["graph"]["nodes"] < record["before"]["nodes"]
+    np.testing.assert_allclose(runs(result.artifact), runs(tiny_artifact), atol=1e-3)
+
+
+def test_dynamic_and_static_quantization_write_integer_ops(tiny_recipe, artifacts_root) -> None:
+    dynamic = build_with(tiny_recipe, artifacts_root, "t-dyn", [{"kind": "quantize", "mode": "dynamic"}])
+    assert "ConvInteger" in ops(dynamic.artifact.manifest["stages"][-1])
+    static = build_with(
+        tiny_recipe,
+        artifacts_root,
+        "t-static",
+        [
+            {
+                "kind": "quantize",
+                "mode": "static",
+                "calibration_sentences": 2,
+                "exclude_nodes": ["/decoder/generator/conv_post/Conv"],
+            }
+        ],
+    )
+    counts = ops(static.artifact.manifest["stages"][-1])
+    assert counts["QuantizeLinear"] > 0 and counts["DequantizeLinear"] > 0
+    assert (static.artifact.path / "calibration.json").is_file()
+    runs(static.artifact)
+
+
+def test_mixed_writes_a_precision_map(tiny_recipe, artifacts_root) -> None:
+    stage = {
+        "kind": "quantize",
+        "mode": "mixed",
+        "op_types": ["MatMul"],
+        "calibration_sentences": 2,
+        "sensitivity_sentences": 1,
+        "quality_budget_pesq": 1.0,
+        "min_sentence_pesq": 1.0,
+        "max_high_band_db": 20,
+    }
+    result = build_with(tiny_recipe, artifacts_root, "t-mixed", [stage])
+    mixed = result.artifact.manifest["stages"][-1]["mixed"]
+    import json
+
+    precision = json.loads((result.artifact.path / "precision_map.json").read_text())
+    assert set(precision["nodes"].values()) <= {"int8", "fp32"}
+    assert mixed["int8_nodes"] + mixed["fallback_nodes"] == len(precision["nodes"])
+    assert "bert" in precision["blocks"]
+    runs(result.artifact)
+
+
+def test_fp16_keeps_io_types_and_runs(tiny_recipe, artifacts_root) -> None:
+    result = build_with(tiny_recipe, artifacts_root, "t-fp16", [{"kind": "fp16"}])
+    import onnx
+
+    model = onnx.load(str(result.artifact.model_file))
+    assert model.graph.input[1].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+    runs(result.artifact)
+
+
+def test_ort_format_runs_and_keeps_required_operators(tiny_recipe, artifacts_root) -> None:
+    result = build_with(tiny_recipe, artifacts_root, "t-ort", [{"kind": "ort"}])
+    assert result.artifact.model_file.suffix == ".ort"
+    assert list(result.artifact.path.glob("required_operators*.config"))
+    runs(result.artifact)
+
+
+def test_block_grouping() -> None:
+    assert block_of("/decoder/generator/resblocks.0/convs1.0/Conv") == "decoder/generator/resblocks.0"
+    assert block_of("/decoder/generator/conv_post/Conv") == "decoder/generator/conv_post"
+    assert block_of("/decoder/decode.3/conv1/Conv") == "decoder/decode.3"
+    assert block_of("/bert/encoder/albert_layer_groups.0/albert_layers.0/attention/query/MatMul") == "bert"
+    assert block_of("/F0.1/conv1/Conv") == "F0.1"
+
+
+def test_selector_excludes_the_known_sensitive_blocks() -> None:
+    """conv_post adds static (PESQ looks fine, high band does not); b only hurts in combination."""
+    cfg = QuantizeStage(kind="quantize", mode="mixed")
+    drop = {"a": 0.14, "b": 0.64, "c": 0.24, "conv_post": 0.3}
+
+    def score(blocks: set[str]) -> Quality:
+        pesq = 4.64 - sum(drop[b] for b in blocks)
+        static = 6.0 if "conv_post" in blocks else 0.1
+        return Quality(pesq, pesq, static, 1.0, True)
+
+    chosen, alone, history = select_blocks(sorted(drop), score, cfg, log=lambda _: None)
+    assert sorted(chosen) == ["a", "c"]
+    assert not alone["conv_post"].passes(cfg)
+    assert history[0]["int8_blocks"] == 3 and not history[0]["passes"] and history[-1]["passes"]
+
+
+def test_selector_falls_back_everything_when_nothing_passes() -> None:
+    cfg = QuantizeStage(kind="quantize", mode="mixed")
+    chosen, _, history = select_blocks(["x"], lambda _: Quality(2.0, 2.0, 0.0, 0.0, True), cfg, log=lambda _: None)
+    assert chosen == [] and history == []
+
+
+@pytest.mark.parametrize("bad", [{"quality_budget_pesq": 9}, {"mode": "fast"}, {"calibrate_method": "Magic"}])
+def test_quantize_config_is_validated(bad: dict) -> None:
+    from kokoro_opt.errors import UserError
+
+    with pytest.raises(UserError):
+        parse_recipe({"name": "x", "stages": [{"kind": "quantize", "mode": "static", **bad}]})

@@ -1,0 +1,72 @@
+"""Recipe validation: every mistake becomes one line naming the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.recipe import load_recipe
+
+RECIPES = Path(__file__).parent.parent / "recipes"
+
+
+def write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_validates(path: Path) -> None:
+    recipe = load_recipe(path)
+    assert recipe.name == path.stem
+
+
+def test_extends_merges_and_append_stages_adds_after_the_parent() -> None:
+    mixed = load_recipe(RECIPES / "int8-mixed.yaml")
+    ort = load_recipe(RECIPES / "int8-mixed-ort.yaml")
+    assert [s.kind for s in ort.stages] == [*(s.kind for s in mixed.stages), "ort"]
+    assert ort.weights == mixed.weights
+    assert ort.config_hash() != mixed.config_hash()
+
+
+def test_unknown_field_is_named(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"unknown field 'export.opsett'"):
+        load_recipe(write(tmp_path, "name: x\nexport:\n  opsett: 17\n"))
+
+
+def test_wrong_type_is_named_with_the_value(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"field 'export.opset'.*'seventeen'"):
+        load_recipe(write(tmp_path, "name: x\nexport:\n  opset: seventeen\n"))
+
+
+def test_unknown_stage_kind_and_source_are_named(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"stages.0"):
+        load_recipe(write(tmp_path, "name: x\nstages:\n  - kind: prune\n"))
+    with pytest.raises(UserError, match=r"weights.source"):
+        load_recipe(write(tmp_path, "name: x\nweights:\n  source: s3\n"))
+
+
+def test_missing_recipe_file_and_missing_weights_folder(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="recipe file not found"):
+        load_recipe(tmp_path / "nope.yaml")
+    with pytest.raises(UserError, match=r"weights.path.*does not exist"):
+        load_recipe(write(tmp_path, f"name: x\nweights:\n  source: path\n  path: {tmp_path / 'missing'}\n"))
+    with pytest.raises(UserError, match=r"needs weights\.path"):
+        load_recipe(write(tmp_path, "name: x\nweights:\n  source: path\n"))
+
+
+def test_bad_yaml_and_self_extension(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_recipe(write(tmp_path, "name: [x\n"))
+    with pytest.raises(UserError, match="extends itself"):
+        load_recipe(write(tmp_path, "extends: loop.yaml\nname: loop\n", "loop.yaml"))
+
+
+def test_config_hash_ignores_name_and_description(tmp_path: Path) -> None:
+    a = load_recipe(write(tmp_path, "name: a\ndescription: one\n", "a.yaml"))
+    b = load_recipe(write(tmp_path, "name: b\ndescription: two\n", "b.yaml"))
+    c = load_recipe(write(tmp_path, "name: c\nexport:\n  opset: 18\n", "c.yaml"))
+    assert a.config_hash() == b.config_hash() != c.config_hash()

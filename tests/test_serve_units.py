@@ -1,0 +1,223 @@
+"""Server building blocks without HTTP: joining, planning, scheduling, encoders, voice names, bench maths."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, cast
+
+import av
+import numpy as np
+import pytest
+import soundfile as sf
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.select import Selection
+from kokoro_opt.serve.bench import playback
+from kokoro_opt.serve.encoders import make_encoder, supported_formats
+from kokoro_opt.serve.engine import Engine, ServeConfig
+from kokoro_opt.serve.join import END_KEEP, LEAD_KEEP, PAUSES, Joiner, boundary, edge_silence
+from kokoro_opt.serve.openai_compat import OPENAI_VOICES, openai_voice_map, voice_entries
+from kokoro_opt.serve.plan import CostModel, make_pieces, take_job
+from kokoro_opt.text import chunk_text
+
+SR = 24_000
+
+
+def test_crossfade_removes_the_step_at_a_seam() -> None:
+    a, b = np.full(SR, 0.5, np.float32), np.full(SR, -0.5, np.float32)  # worst case: opposite DC at the seam
+    joiner = Joiner(SR, 10.0, trim=False)
+    joined = np.concatenate([joiner.push(a, last=False), joiner.push(b, last=True)])
+    assert len(joined) == 2 * SR - joiner.n  # one overlap, nothing lost or added otherwise
+    assert np.abs(np.diff(joined)).max() < 0.01  # raw concatenation would step by 1.0
+    plain = Joiner(SR, 0.0, trim=False)
+    assert np.abs(np.diff(np.concatenate([plain.push(a, False), plain.push(b, True)]))).max() == pytest.approx(1.0)
+
+
+def test_crossfade_keeps_short_outputs_and_continuity() -> None:
+    joiner = Joiner(SR, 10.0, trim=False)
+    tone = np.sin(np.arange(3 * SR) / 20).astype(np.float32)
+    parts = [tone[:SR], tone[SR : 2 * SR], tone[2 * SR :]]
+    out = np.concatenate([joiner.push(p, last=i == 2) for i, p in enumerate(parts)])
+    assert len(out) == len(tone) - 2 * joiner.n
+    joiner = Joiner(SR, 10.0, trim=False)
+    assert len(np.concatenate([joiner.push(tone[:SR], False), joiner.push(tone[:10], True)])) == SR + 10
+
+
+def _utterance(lead: float, speech: float, tail: float) -> np.ndarray:
+    """Kokoro-like output: digital silence, speech, silence."""
+    voiced = 0.4 * np.sin(np.arange(int(speech * SR)) / 7)
+    return np.concatenate([np.zeros(int(lead * SR)), voiced, np.zeros(int(tail * SR))]).astype(np.float32)
+
+
+def test_seams_get_natural_pauses_not_kokoros_edge_silence() -> None:
+    job = _utterance(0.25, 1.0, 0.6)
+    assert edge_silence(job, SR) == (int(0.25 * SR), int(0.6 * SR))
+    joiner = Joiner(SR, 10.0)
+    first = joiner.push(job, last=False, pause=PAUSES["clause"])
+    out = np.concatenate([first, joiner.push(job, last=True, pause=PAUSES["sentence"])])
+    voiced = np.flatnonzero(np.abs(out) > 1e-3)
+    longest_gap = np.diff(voiced).max() / SR  # the silence at the seam
+    assert abs(longest_gap - (PAUSES["clause"] + LEAD_KEEP)) < 0.02  # untrimmed, it would be 0.85 s
+    lead, tail = edge_silence(out, SR)
+    assert abs(lead / SR - LEAD_KEEP) < 0.011 and abs(tail / SR - END_KEEP) < 0.011  # 30 ms in, 0.3 s out
+    assert Joiner(SR, 10.0).push(np.zeros(SR, np.float32), last=True).size == SR  # all silence: left alone
+
+
+def test_boundary(vocab: dict[str, int]) -> None:
+    symbols = {i: s for s, i in vocab.items()}
+    ids = [vocab[c] for c in "hˈɛlO"]
+    assert boundary([*ids, vocab["."]], symbols) == "sentence"
+    assert boundary([*ids, vocab["?"], vocab["”"]], symbols) == "sentence"
+    assert boundary([*ids, vocab[","]], symbols) == "clause"
+    assert boundary(ids, symbols) == "word" and boundary([], symbols) == "word"
+
+
+def test_take_job_merges_within_budget() -> None:
+    pieces = deque([[1] * 10, [2] * 10, [3] * 10, [4] * 300, [5] * 300])
+    assert take_job(pieces, 0, 16) == [1] * 10  # always at least one piece
+    assert take_job(pieces, 21, 16) == [2] * 10 + [16] + [3] * 10  # joined with a space token
+    assert take_job(pieces, 10_000, 16) == [4] * 300  # never past 510 tokens
+    assert take_job(pieces, 10_000, 16) == [5] * 300 and not pieces
+
+
+def test_pieces_cover_long_text(vocab: dict[str, int]) -> None:
+    text = " ".join(["The lighthouse keeper climbed the stairs at dusk, and lit the great lamp."] * 12)
+    pieces = make_pieces(text, vocab, first_chunk_tokens=40, piece_tokens=80)
+    assert all(len(p) <= 80 for p in pieces) and len(pieces) >= 12
+    whole = sum(len(c.token_ids) for c in chunk_text(text, vocab, first_chunk_tokens=40, chunk_tokens=510))
+    assert whole > 510 and abs(sum(map(len, pieces)) - whole) <= 0.05 * whole  # nothing truncated
+
+
+def test_cost_model() -> None:
+    cost = CostModel()
+    cost.calibrate((40, 0.5), (200, 2.1))
+    assert cost.per_token == pytest.approx(0.01) and cost.fixed == pytest.approx(0.1)
+    assert cost.predict(100) == pytest.approx(1.1)
+    assert cost.tokens_within(1.1) == 100 and cost.tokens_within(0.05) == 0
+    assert cost.predict(100, speed=0.5) > cost.predict(100)
+    for _ in range(20):
+        cost.observe(100, 1.0, 2.2)  # the machine got twice as slow
+    assert cost.load == pytest.approx(2.0, rel=0.01) and cost.tokens_within(2.2) == 100
+
+
+class _FakeEncoder:
+    def encode(self, audio: np.ndarray) -> bytes:
+        return b""
+
+    def finish(self) -> bytes:
+        return b""
+
+
+def test_scheduler_first_chunks_then_earliest_deadline() -> None:
+    async def scenario() -> list[tuple[int, int]]:
+        engine = Engine(cast(Selection, None), ServeConfig(chunk_tokens=100))
+        engine.cost.calibrate((10, 0.1), (100, 1.0))  # 10 ms per token
+        pack = np.zeros((510, 1, 256), np.float32)
+        ahead = engine.submit([[1] * 10] * 20, pack, 1.0, _FakeEncoder(), True)  # started, far ahead
+        behind = engine.submit([[1] * 10] * 20, pack, 1.0, _FakeEncoder(), True)  # started, about to run dry
+        fresh = engine.submit([[1] * 10] * 20, pack, 1.0, _FakeEncoder(), True)  # no audio yet
+        now = time.monotonic()
+        for stream, buffered in ((ahead, 30.0), (behind, 0.5)):
+            stream.jobs, stream.first_out, stream.audio_out = 1, now, buffered
+        order = []
+        for _ in range(3):
+            picked = engine._pick()
+            assert picked is not None
+            stream, tokens, _ = picked
+            order.append((stream.id, len(tokens)))
+            stream.jobs += 1
+            if stream is fresh:
+                stream.first_out, stream.audio_out = now, 100.0
+        return [(s - fresh.id, n) for s, n in order]
+
+    first, second, third = asyncio.run(scenario())
+    assert first == (0, 10)  # the new request's first chunk, one piece
+    assert second[0] == -1 and second[1] < 50  # then the stream about to underrun, with a small job (0.35 s budget)
+    assert third[0] == -1  # still the tightest deadline
+
+
+def test_config_validation_and_tuned_chunking(tiny_artifact: Any) -> None:
+    with pytest.raises(UserError):
+        ServeConfig(first_chunk_tokens=300, chunk_tokens=200)
+    with pytest.raises(UserError):
+        ServeConfig(chunk_tokens=600)
+    selection = Selection(tiny_artifact, chunking={"first_chunk_tokens": 30, "crossfade_ms": 5, "other": 1})
+    config = ServeConfig.for_selection(selection, chunk_tokens=150, crossfade_ms=None)
+    assert (config.first_chunk_tokens, config.chunk_tokens, config.crossfade_ms) == (30, 150, 5)
+
+
+@pytest.mark.parametrize("fmt", supported_formats())
+def test_encoders_stream_and_finish(fmt: str) -> None:
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(3 * SR) / SR)).astype(np.float32)
+    decoded = {}
+    for streaming in (True, False):
+        encoder = make_encoder(fmt, SR, streaming)
+        parts = [encoder.encode(tone[i * SR : (i + 1) * SR]) for i in range(3)] + [encoder.finish()]
+        if streaming:
+            assert len(parts[0]) > 200  # the first second leaves at once, not at the next write
+        else:
+            assert not any(parts[:3])
+        data = b"".join(parts)
+        if fmt == "pcm":
+            decoded[streaming] = len(data) // 2
+        elif fmt == "wav":
+            expected = 0xFFFFFFFF if streaming else len(data) - 44
+            assert struct.unpack("<I", data[40:44])[0] == expected
+            decoded[streaming] = (len(data) - 44) // 2
+        else:  # FFmpeg copes with streamed headers that leave the length unknown
+            frames = list(av.open(io.BytesIO(data)).decode(audio=0))  # Opus decodes at 48 kHz
+            decoded[streaming] = round(sum(f.samples for f in frames) * SR / frames[0].sample_rate)
+    for streaming, samples in decoded.items():
+        assert 3 * SR <= samples <= 3 * SR + 2048, (streaming, samples)  # codec priming/padding only
+
+
+def test_non_streaming_files_read_back_with_libsndfile() -> None:
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(SR) / SR)).astype(np.float32)
+    for fmt in ("wav", "flac", "mp3", "opus"):
+        encoder = make_encoder(fmt, SR, streaming=False)
+        audio, rate = sf.read(io.BytesIO(encoder.encode(tone) + encoder.finish()))
+        assert rate == SR and abs(len(audio) - SR) < 1200
+
+
+def test_unknown_format() -> None:
+    with pytest.raises(UserError, match="wma"):
+        make_encoder("wma", SR, True)
+
+
+def test_openai_voice_map() -> None:
+    real = ["jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo"]
+    assert openai_voice_map(real) == OPENAI_VOICES
+    tiny = openai_voice_map(["tiny_1", "tiny_0"])
+    assert set(tiny) == set(OPENAI_VOICES) and set(tiny.values()) == {"tiny_0", "tiny_1"}
+    assert tiny == openai_voice_map(["tiny_0", "tiny_1"])  # deterministic, order-independent
+    other = openai_voice_map(["af_heart", "am_adam", "bf_emma"])
+    assert other["onyx"] == "am_adam" and other["alloy"] in {"af_heart", "bf_emma"}
+    names = {e["id"]: e["name"] for e in voice_entries(real, OPENAI_VOICES)}
+    assert names["jm_kumo"] == "Kumo (Japanese, male)" and names["nova"].endswith("jf_nezumi)")
+
+
+def test_playback_lag() -> None:
+    bps = 2.0 * SR  # pcm16 mono
+    steady = [(t, int(bps)) for t in (0.0, 0.5, 1.0, 1.5)]  # 1 s of audio every 0.5 s: always ahead
+    assert playback(steady, bps) == (4.0, 0.5, 0.0)
+    late = [(0.0, int(bps)), (2.5, int(bps))]  # the second second arrives 1.5 s after the first ran out
+    audio, gap, lag = playback(late, bps)
+    assert (audio, gap) == (2.0, 2.5) and lag == pytest.approx(1.5)
+    assert playback([(0.0, 44 + int(bps))], bps, skip=44)[0] == 1.0
+
+
+def test_bench_refuses_compressed_formats() -> None:
+    from kokoro_opt.serve.bench import bench
+
+    with pytest.raises(UserError):
+        bench("http://127.0.0.1:9", [1], response_format="mp3")
+
+
+def test_docs_exist() -> None:
+    doc = Path(__file__).parent.parent / "docs" / "serving.md"
+    assert doc.is_file() and "alloy" in doc.read_text(encoding="utf-8")

@@ -1,0 +1,52 @@
+"""Synthesis API: voices, blending, text splitting over the 510-token context."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.model import style_for
+from kokoro_opt.synth import Synthesizer, synthesize
+from kokoro_opt.voices import blend_voice, parse_blend
+
+
+def test_parse_blend_normalises_weights() -> None:
+    assert parse_blend("a(2)+b(1)") == [("a", pytest.approx(2 / 3)), ("b", pytest.approx(1 / 3))]
+    assert parse_blend("solo") == [("solo", 1.0)]
+    with pytest.raises(UserError, match="cannot read voice"):
+        parse_blend("a(2)+")
+
+
+def test_blend_is_the_weighted_mean_and_unknown_voices_list_the_known() -> None:
+    packs = {"a": np.ones((510, 1, 256), np.float32), "b": np.zeros((510, 1, 256), np.float32)}
+    assert np.allclose(blend_voice("a(3)+b(1)", packs), 0.75)
+    with pytest.raises(UserError, match=r"unknown voice 'c'.*a, b"):
+        blend_voice("a+c", packs)
+
+
+def test_style_is_indexed_by_phoneme_count() -> None:
+    pack = np.arange(510, dtype=np.float32)[:, None, None] * np.ones((1, 1, 256), np.float32)
+    assert style_for(pack, 1)[0, 0] == 0 and style_for(pack, 40)[0, 0] == 39
+    assert style_for(pack, 10_000)[0, 0] == 509
+
+
+def test_long_text_is_split_not_truncated(tiny_artifact) -> None:
+    synth = Synthesizer(tiny_artifact)
+    sentence = "The quick brown fox jumps over the lazy dog near the riverbank. "
+    long_text = sentence * 14  # ~900 tokens: more than one 510-token context
+    result = synth.synthesize(long_text, voice="tiny_0")
+    one = synth.synthesize(sentence, voice="tiny_0")
+    assert len(result.durations) > 510
+    assert result.seconds > 10 * one.seconds
+
+
+def test_synthesize_checks_its_input(tiny_artifact) -> None:
+    with pytest.raises(UserError, match="speed"):
+        synthesize(tiny_artifact, "Hello.", voice="tiny_0", speed=10)
+    with pytest.raises(UserError, match="nothing to say"):
+        synthesize(tiny_artifact, "   ", voice="tiny_0")
+    with pytest.raises(UserError, match="exactly one"):
+        synthesize(tiny_artifact, "Hi", phonemes="hˈI", voice="tiny_0")
+    result = synthesize(tiny_artifact, phonemes="həlˈO wˈɜɹld.", voice="tiny_0(1)+tiny_1(1)")
+    assert result.sample_rate == 24000 and np.all(np.isfinite(result.audio))

@@ -1,0 +1,213 @@
+"""kokoro-opt tune: recipe, space and sampling, quality gate, and real studies on the tiny artifact
+(resume, MLflow records without duplicates, tuned.json read by serve, two worker processes)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from rich.console import Console
+
+from kokoro_opt.artifacts import MANIFEST, link_or_copy, write_json_atomic
+from kokoro_opt.errors import UserError
+from kokoro_opt.tune import load_tune_recipe, parse_tune_recipe, run_tuning
+from kokoro_opt.tuning.config import SamplerConfig, SpaceConfig
+from kokoro_opt.tuning.records import StudyRecords
+from kokoro_opt.tuning.space import Candidate, ResolvedSpace, gather_candidates, suggest
+from kokoro_opt.tuning.study import finished, make_sampler, make_storage, sampler_seed
+
+REPO = Path(__file__).parent.parent
+
+
+def _quiet() -> Console:
+    return Console(file=io.StringIO(), width=120)
+
+
+# ---- recipe -------------------------------------------------------------------------------------------
+
+
+def test_shipped_recipe_parses_and_errors_name_the_field() -> None:
+    recipe = load_tune_recipe(REPO / "recipes" / "tune-cpu.yaml")
+    assert recipe.study_name == "tune-cpu" and recipe.storage.startswith("sqlite:///experiments/")
+    assert "CPUExecutionProvider" in recipe.space.providers and recipe.quality.min_pesq == 3.8
+    cases = {
+        "unknown field 'sapce'": {"sapce": {}},
+        "field 'measure.ttfa_runs'": {"measure": {"ttfa_runs": 0}},
+        "field 'space'": {"space": {"chunk_tokens": [600]}},
+        "field 'sampler.kind'": {"sampler": {"kind": "grid"}},
+    }
+    for expected, data in cases.items():
+        with pytest.raises(UserError, match=expected):
+            parse_tune_recipe({"name": "x", **data})
+
+
+# ---- space and sampling (no model) --------------------------------------------------------------------
+
+
+def _space() -> ResolvedSpace:
+    candidates = [Candidate("a@1", "a", {"onnx": "1", "ort": "2"}, 4.64, "ref"), Candidate("b@3", "b", {"onnx": "3"}, 4.0, "rec")]
+    space = SpaceConfig(intra_op_num_threads=[1, 2], first_chunk_tokens=[24, 40], chunk_tokens=[100, 200])
+    return ResolvedSpace(candidates, space, "pesq", True)
+
+
+def _sample(url: str, seed: int, n: int = 10) -> list[dict[str, Any]]:
+    resolved = _space()
+
+    def objective(trial: Any) -> list[float]:  # deterministic "measurements": the sampler alone decides
+        s = suggest(trial, resolved)
+        assert (s.session.inter_op_num_threads == 1) or s.session.execution_mode == "parallel"
+        return [
+            s.first_chunk_tokens / 100 + s.session.intra_op_num_threads,
+            s.chunk_tokens / 1000,
+            resolved.candidates[0].quality,
+        ]
+
+    sampler = make_sampler(SamplerConfig(seed=seed, startup_trials=4), sampler_seed(seed, 0, 0))
+    study = optuna.create_study(storage=make_storage(url), directions=["minimize", "minimize", "maximize"], sampler=sampler)
+    study.optimize(objective, n_trials=n)
+    return [t.params for t in study.trials]
+
+
+def test_same_seed_and_fresh_storage_reproduce_the_parameters(tmp_path: Path) -> None:
+    first = _sample(f"sqlite:///{tmp_path}/a.db", seed=5)
+    assert first == _sample(f"sqlite:///{tmp_path}/b.db", seed=5)  # past the 4 random trials too (TPE)
+    assert first != _sample(f"sqlite:///{tmp_path}/c.db", seed=6)
+    assert {p["artifact"] for p in first} <= {"a@1", "b@3"}
+    assert all(("model_format" in p) == (p["artifact"] == "a@1") for p in first)  # only a has an .ort sibling
+    assert sampler_seed(5, 0, 0) == 5 and sampler_seed(5, 1, 0) != sampler_seed(5, 0, 3) != 5
+
+
+# ---- the quality budget --------------------------------------------------------------------------------
+
+
+def _fake(root: Path, tiny: Any, name: str, stages: list[dict[str, str]], model: str = "model.onnx") -> str:
+    folder = root / name / stages[-1]["key"]
+    folder.mkdir(parents=True)
+    for f in ("kokoro.json", "voices.npz"):
+        link_or_copy(tiny.path / f, folder / f)
+    link_or_copy(tiny.model_file, folder / model)
+    manifest = {**tiny.manifest, "id": stages[-1]["key"], "recipe": {"name": name}}
+    manifest["stage_cache"] = [*tiny.manifest["stage_cache"], *stages]
+    write_json_atomic(folder / MANIFEST, manifest)
+    return stages[-1]["key"]
+
+
+def test_quality_gate_pairs_ort_and_never_invents_a_number(tiny_artifact: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    root = tmp_path / "artifacts"
+    link_or_copy(tiny_artifact.path, root / "tiny" / tiny_artifact.id)
+    q = _fake(root, tiny_artifact, "int8-q", [{"kind": "quantize", "key": "q000000000000001"}])
+    ort = _fake(
+        root,
+        tiny_artifact,
+        "int8-q-ort",
+        [{"kind": "quantize", "key": q}, {"kind": "ort", "key": "o000000000000001"}],
+        "model.ort",
+    )
+    _fake(root, tiny_artifact, "int8-bad", [{"kind": "quantize", "key": "b000000000000001"}])
+    _fake(root, tiny_artifact, "int8-unmeasured", [{"kind": "quantize", "key": "u000000000000001"}])
+    records = {q: 4.1, ort: 4.0, "b000000000000001": 3.1}
+    monkeypatch.setattr(
+        "kokoro_opt.tuning.records.recorded_evaluation",
+        lambda uri, artifact_id: {"pesq_mean": records[artifact_id], "bad_outputs": 0.0} if artifact_id in records else None,
+    )
+    recipe = parse_tune_recipe({"name": "gate", "quality": {"evaluate_missing": False}})
+    said: list[str] = []
+    found = {c.name: c for c in gather_candidates(recipe, root, None, said.append)}
+    assert set(found) == {"tiny", "int8-q"}
+    assert found["tiny"].quality == 4.64 and "reference" in found["tiny"].reason  # fp32 passes by definition
+    assert found["int8-q"].formats == {"onnx": q, "ort": ort} and found["int8-q"].quality == 4.1
+    assert any("int8-bad" in m and "3.10 < budget 3.8" in m for m in said)
+    assert any("int8-unmeasured" in m and "no evaluation record" in m for m in said)
+
+
+# ---- real studies on the tiny artifact ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tune_env(tiny_artifact: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Its own artifacts root (tuned.json must not reach the serve tests' root) and MLflow store."""
+    base = tmp_path_factory.mktemp("tune")
+    root = base / "artifacts"
+    link_or_copy(tiny_artifact.path, root / "tiny" / tiny_artifact.id)
+    return {"base": base, "root": root, "uri": f"sqlite:///{base}/mlflow.db", "tiny": tiny_artifact}
+
+
+def _recipe(env: dict[str, Any], name: str, **extra: Any) -> Path:
+    data = {
+        "name": name, "storage": f"sqlite:///{env['base']}/optuna.db", "trials": 2,
+        "sampler": {"seed": 3, "startup_trials": 2},
+        "space": {"artifacts": ["tiny"], "intra_op_num_threads": [1, 2], "execution_mode": ["sequential"],
+                  "graph_optimization_level": ["basic", "all"], "first_chunk_tokens": [6, 10], "chunk_tokens": [16]},
+        "measure": {"paragraph": "Hi there, friend. Bye.", "rtf_text": "Hi.", "warmup": 0, "ttfa_runs": 1, "rtf_runs": 1},
+        "prune": {"enabled": False}, "quality": {"evaluate_missing": False}, "best": {"max_rtf_p50": None},
+        "compare_rounds": 1, **extra,
+    }  # fmt: skip
+    path = env["base"] / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def _run(env: dict[str, Any], recipe: Path, **kwargs: Any) -> Any:
+    return run_tuning(recipe, root=env["root"], tracking_uri=env["uri"], plots=env["base"] / "plots", console=_quiet(), **kwargs)
+
+
+def _trial_runs(env: dict[str, Any], study: str) -> list[int]:
+    return StudyRecords(env["uri"], f"sqlite:///{env['base']}/optuna.db", study).logged_trials()
+
+
+def test_tune_writes_tuned_json_resumes_without_duplicates_and_serve_uses_it(tune_env: dict[str, Any]) -> None:
+    from typer.testing import CliRunner
+
+    from kokoro_opt.cli import app
+    from kokoro_opt.select import tuned_selection
+    from kokoro_opt.serve.engine import ServeConfig
+
+    env, recipe = tune_env, _recipe(tune_env, "e2e")
+    first = _run(env, recipe)
+    assert first.ran == 2 and first.best is not None and first.tuned_path == env["root"] / "tuned.json"
+    tuned = json.loads(first.tuned_path.read_text())
+    assert tuned["artifact_id"] == env["tiny"].id and tuned["study"] == "e2e" and tuned["trial"] == first.best.number
+    assert tuned["ttfa_ratio"] == pytest.approx(
+        tuned["vs_defaults"]["tuned_ttfa_p50"] / tuned["vs_defaults"]["defaults_ttfa_p50"]
+    )
+    assert {p.name for p in first.plots} == {"pareto.png", "history.png", "importances.png"}
+    assert _trial_runs(env, "e2e") == [0, 1]
+
+    # a worker killed mid-trial leaves a RUNNING trial: it is not counted, the budget continues
+    killed = optuna.load_study(study_name="e2e", storage=f"sqlite:///{env['base']}/optuna.db").ask()
+    killed.set_user_attr("worker", "elsewhere:1:w0")
+    second = _run(env, recipe, trials=3)
+    assert second.ran == 1 and finished(second.study) == 3
+    assert _trial_runs(env, "e2e") == [0, 1, 3]  # one MLflow run per finished trial, none for the killed one
+    third = _run(env, recipe, trials=3)
+    assert third.ran == 0 and _trial_runs(env, "e2e") == [0, 1, 3]
+
+    selection = tuned_selection(env["root"])
+    assert selection is not None and selection.artifact.id == env["tiny"].id and "e2e" in selection.reason
+    best = json.loads((env["root"] / "tuned.json").read_text())
+    assert selection.settings.intra_op_num_threads == best["session"]["intra_op_num_threads"]
+    assert ServeConfig.for_selection(selection).first_chunk_tokens == best["chunking"]["first_chunk_tokens"]
+
+    shown = CliRunner().invoke(app, ["tune", str(recipe), "--show", "--artifacts", str(env["root"])])
+    assert shown.exit_code == 0, shown.output
+    assert "Pareto front" in shown.output and "tiny" in shown.output and "ratio" in shown.output
+
+    changed = _recipe(env, "e2e", space={**yaml.safe_load(recipe.read_text())["space"], "chunk_tokens": [24]})
+    with pytest.raises(UserError, match="different space"):
+        _run(env, changed)
+
+
+def test_two_worker_processes_share_one_study(tune_env: dict[str, Any]) -> None:
+    env = tune_env
+    result = _run(env, _recipe(env, "pair", trials=6), workers=2)
+    done = [t for t in result.study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert len(done) >= 6
+    workers = {t.user_attrs["worker"] for t in done}
+    assert len(workers) == 2, workers  # both processes ran trials of the one study
+    assert len({t.number for t in done}) == len(done)
+    assert _trial_runs(env, "pair") == sorted(t.number for t in result.study.trials if t.state.is_finished())

