@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU wheel: a bare `torch` requirement can resolve to a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
-RECIPE ?= recipes/fp32.yaml
+RECIPE ?= recipes/int8-mixed.yaml
 
 .PHONY: install build test lint clean
 

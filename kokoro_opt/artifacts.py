@@ -77,7 +77,7 @@ def build_folder(final: Path, fill: Callable[[Path], dict[str, Any]]) -> Path:
     if (final / MANIFEST).is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(final.parent / f".{final.name}.lock"):
+    with _exclusive(final.parent / f".lock-{final.name}"):
         if (final / MANIFEST).is_file():  # another process finished it while we waited
             return final
         for stale in final.parent.glob(f".{final.name}-*"):

@@ -13,9 +13,8 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.model import style_for
 from kokoro_opt.synth import SynthesisResult
-from kokoro_opt.voices import blend_voice
+from kokoro_opt.voices import blend_voice, style_for
 
 
 def coreml_unavailable_reason() -> str | None:

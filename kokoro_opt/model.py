@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-SAMPLE_RATE = 24_000
+from kokoro_opt.voices import SAMPLE_RATE, style_for  # noqa: F401  (re-exported for torch-side callers)
 
 KOKORO_82M_CONFIG: dict[str, Any] = {
     "n_token": 178,
@@ -115,12 +115,6 @@ def deterministic_noise() -> Iterator[None]:
         yield
     finally:
         torch.rand, torch.randn_like = rand, randn_like  # type: ignore[assignment]
-
-
-def style_for(pack: np.ndarray, n_tokens: int) -> np.ndarray:
-    """Kokoro indexes a voice pack by phoneme count: pack[len(phonemes) - 1], shape (1, 256)."""
-    index = min(max(n_tokens, 1), pack.shape[0]) - 1
-    return np.asarray(pack[index], dtype=np.float32).reshape(1, -1)
 
 
 @torch.no_grad()

@@ -85,14 +85,16 @@ class QuantizeStage(Strict):
     quality_budget_pesq: float = Field(3.8, ge=1.0, le=4.64, description="mixed: mean PESQ-WB vs fp32 to keep")
     min_sentence_pesq: float = Field(3.0, ge=1.0, le=4.64, description="mixed: no held-out sentence below this")
     max_high_band_db: float = Field(1.5, gt=0.0, description="mixed: 4-12 kHz energy share vs fp32, dB; above = static/hiss")
-    min_block_time_share: float = Field(0.01, ge=0.0, lt=1.0, description="mixed: blocks cheaper than this stay unquantized")
+    min_block_time_share: float = Field(
+        0.01, ge=0.0, lt=1.0, description="mixed: blocks doing less of the Conv/MatMul work than this stay unquantized"
+    )
     sensitivity_sentences: int = Field(3, ge=1, le=20, description="mixed: held-out sentences scored per variant")
     fallback_precision: Literal["fp32", "fp16"] = Field("fp32", description="fp32 for CPU; fp16 for FP16-native targets")
 
 
 class Fp16Stage(Strict):
     kind: Literal["fp16"]
-    op_block_list: list[str] = Field(default_factory=lambda: ["Sin", "Cos", "CumSum", "Range", "Loop"])
+    op_block_list: list[str] = Field(default_factory=lambda: ["Sin", "Cos", "CumSum", "Range", "Loop", "If", "Resize"])
 
 
 class OrtFormatStage(Strict):

@@ -11,8 +11,7 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.model import SAMPLE_RATE, style_for
-from kokoro_opt.voices import blend_voice
+from kokoro_opt.voices import SAMPLE_RATE, blend_voice, style_for
 
 
 @dataclass(frozen=True)
@@ -86,9 +85,11 @@ class Synthesizer:
         style = style_for(pack, len(token_ids))
         tokens = np.array([[0, *token_ids, 0]], dtype=np.int64)
         feeds = dict(zip(self._inputs, (tokens, style, np.array([speed], dtype=np.float32)), strict=True))
-        audio, durations = self.session.run(None, feeds)[:2]
-        audio = np.asarray(audio, dtype=np.float32).reshape(-1) / self.audio_gain
-        return SynthesisResult(audio, self.sample_rate, np.asarray(durations).reshape(-1))
+        outputs = self.session.run(None, feeds)
+        audio = np.asarray(outputs[0], dtype=np.float32).reshape(-1) / self.audio_gain
+        # kokoro-onnx's own graph has no durations output
+        durations = np.asarray(outputs[1]).reshape(-1) if len(outputs) > 1 else np.zeros(0, dtype=np.int64)
+        return SynthesisResult(audio, self.sample_rate, durations)
 
     def synthesize(
         self, text: str | None = None, *, phonemes: str | None = None, voice: str = "jf_alpha", speed: float = 1.0

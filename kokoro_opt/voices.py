@@ -8,6 +8,8 @@ import numpy as np
 
 from kokoro_opt.errors import UserError
 
+SAMPLE_RATE = 24_000
+
 _TERM = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*(?:\(\s*([0-9]*\.?[0-9]+)\s*\))?\s*$")
 
 
@@ -38,3 +40,9 @@ def blend_voice(spec: str, packs: dict[str, np.ndarray], aliases: dict[str, str]
         mixed = part if mixed is None else mixed + part
     assert mixed is not None
     return mixed
+
+
+def style_for(pack: np.ndarray, n_tokens: int) -> np.ndarray:
+    """Kokoro indexes a voice pack by phoneme count: pack[len(phonemes) - 1], shape (1, 256)."""
+    index = min(max(n_tokens, 1), pack.shape[0]) - 1
+    return np.asarray(pack[index], dtype=np.float32).reshape(1, -1)

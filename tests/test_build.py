@@ -76,7 +76,7 @@ def test_build_folder_is_atomic(tmp_path: Path) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         build_folder(final, crash)
-    assert not final.exists() and [p.name for p in tmp_path.iterdir()] == [".thing.lock"]
+    assert not final.exists() and [p.name for p in tmp_path.iterdir()] == [".lock-thing"]
 
     def ok(out: Path) -> dict:
         (out / "model.onnx").write_bytes(b"whole")

@@ -157,7 +157,8 @@ def _run(env: dict[str, Any], recipe: Path, **kwargs: Any) -> Any:
 
 
 def _trial_runs(env: dict[str, Any], study: str) -> list[int]:
-    return StudyRecords(env["uri"], f"sqlite:///{env['base']}/optuna.db", study).logged_trials()
+    url = f"sqlite:///{env['base']}/optuna.db"
+    return StudyRecords(env["uri"], url, optuna.load_study(study_name=study, storage=url)).logged_trials()
 
 
 def test_tune_writes_tuned_json_resumes_without_duplicates_and_serve_uses_it(tune_env: dict[str, Any]) -> None:

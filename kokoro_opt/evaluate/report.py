@@ -100,7 +100,16 @@ def results_table(results: list[EvalResult], title: str, columns: list[tuple[str
     return table
 
 
-TABLE_WIDTH = 120  # wider than a pipe's default 80 columns: a table that wraps its numbers is unreadable
+TABLE_WIDTH = 120
+
+
+def print_table(console: Console, table: Table) -> None:
+    """A terminal's width is respected; a pipe or file (rich assumes 80 columns) gets 120, so the numbers
+    are not cut to '1.…' in logs and CI output."""
+    if console.is_terminal or console.width >= TABLE_WIDTH:
+        console.print(table)
+    else:
+        Console(file=console.file, width=TABLE_WIDTH, no_color=console.no_color, highlight=False).print(table)
 
 
 def print_results(results: list[EvalResult], console: Console) -> None:
@@ -108,9 +117,8 @@ def print_results(results: list[EvalResult], console: Console) -> None:
     if not results:
         console.print("nothing evaluated")
         return
-    width = max(console.width, TABLE_WIDTH)
-    console.print(results_table(results, "evaluation"), width=width)
-    console.print(results_table(results, "details (latency in seconds per utterance)", DETAIL_COLUMNS), width=width)
+    print_table(console, results_table(results, "evaluation"))
+    print_table(console, results_table(results, "details (latency in seconds per utterance)", DETAIL_COLUMNS))
     for r in results:
         if r.skipped:
             console.print(f"{r.label}: already evaluated with these settings (MLflow run {r.run_id}); not measured again")

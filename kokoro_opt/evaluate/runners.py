@@ -71,8 +71,8 @@ class Runner:
         return self
 
     def _load_onnx(self, artifact: Artifact, threads: int, profile: bool) -> Callable[..., Any]:
-        from kokoro_opt.model import style_for
         from kokoro_opt.synth import SessionSettings, make_session
+        from kokoro_opt.voices import style_for
 
         session = make_session(artifact.model_file, SessionSettings(intra_op_num_threads=threads, enable_profiling=profile))
         types = tuple(i.type for i in session.get_inputs())

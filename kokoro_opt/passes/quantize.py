@@ -18,10 +18,10 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.model import style_for
 from kokoro_opt.passes.common import copy_runtime, graph_summary
 from kokoro_opt.paths import repo_file
 from kokoro_opt.recipe import QuantizeStage
+from kokoro_opt.voices import style_for
 
 CALIBRATION_SPEEDS = (1.0, 0.9, 1.15)
 
@@ -113,7 +113,9 @@ def quantize_static_qdq(
         nodes_to_exclude=list(cfg.exclude_nodes) or None,
         calibrate_method=getattr(CalibrationMethod, cfg.calibrate_method),
         calibration_cache_path=str(calibration_cache),
-        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
+        # One feed per collect: utterances differ in length, so the histogram calibrators (Entropy,
+        # Percentile) cannot stack them, and MinMax keeps far less in memory.
+        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True, "CalibStridedMinMax": 1},
     )
 
 

@@ -12,6 +12,8 @@ the whole model meets the recipe's quality budget.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -21,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
-from kokoro_opt.model import style_for
 from kokoro_opt.recipe import QuantizeStage
+from kokoro_opt.voices import style_for
 
 # Held out: in neither calibration/ nor the evaluation corpus. Short, medium and long.
 SENSITIVITY_SENTENCES = [
@@ -128,7 +130,8 @@ class AudioScorer:
                 finite = False
                 pesqs.append(1.0)
                 continue
-            pesqs.append(pesq_wb(ref.audio, audio, self.sample_rate))
+            score = pesq_wb(ref.audio, audio, self.sample_rate)
+            pesqs.append(1.0 if np.isnan(score) else score)  # no speech found: PESQ's floor
             ratios.append(high_band_ratio_db(ref.audio, audio, self.sample_rate))
             equal += int(np.array_equal(np.asarray(durations).reshape(-1), ref.durations))
         return Quality(
@@ -140,26 +143,41 @@ class AudioScorer:
         )
 
 
-def node_time_shares(model_file: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
-    """Each node's share of inference time, from an ORT profile of the fp32 model."""
+def _macs(args: dict[str, Any]) -> float:
+    """Multiply-accumulates of one Conv/MatMul run, from the shapes an ORT profile records."""
+    inputs = [next(iter(t.values())) for t in args.get("input_type_shape", [])]
+    outputs = [next(iter(t.values())) for t in args.get("output_type_shape", [])]
+    if len(inputs) < 2 or not outputs:
+        return 0.0
+    per_output = np.prod(inputs[1][1:]) if args.get("op_name") == "Conv" else inputs[1][0]
+    return float(np.prod(outputs[0]) * per_output)
+
+
+def node_cost_shares(model_file: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """Each Conv/MatMul node's share of the model's multiply-accumulates on real inputs.
+
+    MACs come from the tensor shapes in an ORT profile of the fp32 model: unlike measured times they
+    are deterministic, so the same recipe picks the same blocks on every machine.
+    """
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.enable_profiling = True
+    options.profile_file_prefix = str(Path(tempfile.mkdtemp(prefix="kokoro-opt-profile-")) / "ort")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # keep node names
     session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
     for feed in feeds:
         session.run(None, feed)
     trace_file = Path(session.end_profiling())
     trace = json.loads(trace_file.read_text(encoding="utf-8"))
-    trace_file.unlink()
-    times: dict[str, float] = {}
+    shutil.rmtree(trace_file.parent, ignore_errors=True)
+    macs: dict[str, float] = {}
     for event in trace:
-        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
-            name = event["name"][: -len("_kernel_time")]
-            times[name] = times.get(name, 0.0) + float(event.get("dur", 0))
-    total = sum(times.values()) or 1.0
-    return {name: t / total for name, t in times.items()}
+        name = event.get("name", "")
+        if event.get("cat") == "Node" and name.endswith("_kernel_time") and event["args"].get("op_name") in ("Conv", "MatMul"):
+            macs[name[: -len("_kernel_time")]] = macs.get(name[: -len("_kernel_time")], 0.0) + _macs(event["args"])
+    total = sum(macs.values()) or 1.0
+    return {name: m / total for name, m in macs.items()}
 
 
 def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache: Path) -> dict[str, Any]:
@@ -176,12 +194,13 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
         by_block.setdefault(block_of(node), []).append(node)
     from kokoro_opt.passes.quantize import calibration_feeds
 
-    shares = node_time_shares(source.model_file, calibration_feeds(source, 1))
+    shares = node_cost_shares(source.model_file, calibration_feeds(source, 1))
     block_share = {b: sum(shares.get(n, 0.0) for n in members) for b, members in by_block.items()}
-    # A block that costs almost no time buys no speed in INT8, only risk: it stays in higher precision.
+    # A block with almost no compute buys no speed in INT8, only risk: it stays in higher precision.
     candidates = sorted(b for b in by_block if block_share[b] >= cfg.min_block_time_share)
     console.print(
-        f"sensitivity: {len(candidates)} of {len(by_block)} blocks take >= {cfg.min_block_time_share:.1%} of the time each",
+        f"sensitivity: {len(candidates)} of {len(by_block)} blocks do >= "
+        f"{cfg.min_block_time_share:.2%} of the Conv/MatMul work each",
         highlight=False,
     )
     scorer = AudioScorer(source, SENSITIVITY_SENTENCES[: cfg.sensitivity_sentences])
@@ -197,15 +216,13 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
     if int8_nodes:
         quantize_static_qdq(source.model_file, out / "model.onnx", cfg, calibration_cache, None, nodes_to_quantize=int8_nodes)
     else:
-        import shutil
-
         shutil.copy2(source.model_file, out / "model.onnx")
     scratch.unlink(missing_ok=True)
     precision_map = {n: ("int8" if n in set(int8_nodes) else cfg.fallback_precision) for n in nodes}
     blocks_table = {
         b: {
             "nodes": len(by_block[b]),
-            "time_share": round(block_share[b], 4),
+            "compute_share": round(block_share[b], 4),
             "int8": b in chosen,
             **(asdict(alone[b]) if b in alone else {"skipped": "below min_block_time_share"}),
         }

@@ -277,6 +277,7 @@ def create_app(selection: Selection, config: ServeConfig | None = None, *, engin
             outcome["status"] = str(exc.status) if isinstance(exc, ApiError) else "500"
             close()
             raise
+        assert stream is not None
         deadline = loop.time() + config.request_timeout
         tokens = sum(map(len, pieces))
 

@@ -148,10 +148,16 @@ async def run_scenario(
 def _server_info(url: str, api_key: str | None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(base_url=url, timeout=10.0, headers=headers) as client:
-        ready = client.get("/ready")
-        if ready.status_code != 200:
-            raise UserError(f"the server at {url} is not ready ({ready.status_code})", "wait for /ready, or check its log")
-        return client.get("/v1/models").json()["data"][0]
+        try:
+            ready = client.get("/ready")
+            if ready.status_code != 200:
+                raise UserError(f"the server at {url} is not ready ({ready.status_code})", "wait for /ready, or check its log")
+            models = client.get("/v1/models")
+        except httpx.HTTPError as exc:
+            raise UserError(f"cannot reach a server at {url}: {exc}", "start one with kokoro-opt serve, or omit --url") from None
+        if models.status_code != 200:
+            raise UserError(f"GET /v1/models answered {models.status_code}", "pass --api-key if the server needs one")
+        return dict(models.json()["data"][0])
 
 
 def bench(

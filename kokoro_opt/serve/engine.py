@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.model import style_for
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.encoders import Encoder
 from kokoro_opt.serve.join import PAUSES, Joiner, boundary
@@ -32,6 +31,7 @@ from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.plan import CostModel, make_pieces, take_job
 from kokoro_opt.synth import Synthesizer
 from kokoro_opt.text import CONTEXT_TOKENS
+from kokoro_opt.voices import style_for
 
 log = logging.getLogger("kokoro_opt.serve")
 

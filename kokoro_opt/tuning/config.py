@@ -81,17 +81,19 @@ class MeasureConfig(Strict):
     rtf_text: str = Field(RTF_TEXT, min_length=1, description="1-2 sentences: RTF = synthesis seconds / audio seconds")
     voice: str | None = Field(None, description="None: the artifact's first voice")
     speed: float = Field(1.0, ge=0.25, le=4.0)
-    warmup: int = Field(1, ge=0, le=5)
-    ttfa_runs: int = Field(5, ge=1, le=50)
-    rtf_runs: int = Field(3, ge=1, le=50)
+    warmup: int = Field(1, ge=0, le=5, description="untimed TTFA+RTF runs on a freshly loaded session")
+    ttfa_runs: int = Field(3, ge=1, le=50)
+    rtf_runs: int = Field(2, ge=1, le=50)
     max_sessions: int = Field(3, ge=2, le=32, description="loaded ORT sessions kept for reuse across trials (LRU)")
 
 
 class PruneConfig(Strict):
-    """Stop a trial after its first timed run if that run is `factor` x worse than the best trial of its artifact."""
+    """Stop a trial after its first timed run if that run is `factor` x worse than the complete trials of its
+    artifact (their median, or their best)."""
 
     enabled: bool = True
     factor: float = Field(2.0, gt=1.0)
+    reference: Literal["median", "best"] = "median"
     min_trials: int = Field(2, ge=1, description="complete trials of the same artifact before pruning starts")
 
 

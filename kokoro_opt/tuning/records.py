@@ -33,8 +33,10 @@ def redact(url: str) -> str:
         return url.split("://", 1)[0] + "://..."
 
 
-def study_key(storage: str, study: str) -> str:
-    return hashlib.sha256(f"{redact(storage)}|{study}".encode()).hexdigest()[:16]
+def study_key(storage: str, study: Any) -> str:
+    """Storage, name and the uid set at creation: a deleted and re-created study does not inherit runs."""
+    uid = study.user_attrs.get("kokoro_opt.uid", "")
+    return hashlib.sha256(f"{redact(storage)}|{study.study_name}|{uid}".encode()).hexdigest()[:16]
 
 
 def recorded_evaluation(tracking_uri: str | None, artifact_id: str) -> dict[str, float] | None:
@@ -64,9 +66,9 @@ def _finite(values: dict[str, Any]) -> dict[str, float]:
 class StudyRecords:
     """The MLflow side of one study. Every call is best-effort: tracking must not kill a trial."""
 
-    def __init__(self, tracking_uri: str | None, storage: str, study: str) -> None:
+    def __init__(self, tracking_uri: str | None, storage: str, study: Any) -> None:
         self.uri = resolve_tracking_uri(tracking_uri)
-        self.study, self.key = study, study_key(storage, study)
+        self.study, self.key = str(study.study_name), study_key(storage, study)
         self.storage = redact(storage)
         self._client: Any = None
         self._experiment = ""

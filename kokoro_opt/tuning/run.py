@@ -75,7 +75,7 @@ def _spawn(args: list[WorkerArgs], total: int, study: Any, console: Console) -> 
                 time.sleep(1.0)
                 trials = study.get_trials(deepcopy=False)
                 done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
-                last = max(done, key=lambda t: t.datetime_complete or 0, default=None) if done else None
+                last = max(done, key=lambda t: t.number, default=None)
                 progress.update(task, completed=len(done), description=_describe(last) if last else "")
     except BaseException:
         for p in procs:
@@ -125,7 +125,7 @@ def run_tuning(
         f"study '{name}': {len(resolved.candidates)} artifact(s) within the quality budget: "
         + ", ".join(f"{c.key} ({'/'.join(sorted(c.formats))})" for c in resolved.candidates)
     )
-    records = StudyRecords(tracking_uri, url, name)
+    records = StudyRecords(tracking_uri, url, study)
     with best_effort("MLflow study run", say):
         records.parent()
     before = finished(study)

@@ -13,6 +13,7 @@ import os
 import socket
 import statistics
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -25,7 +26,7 @@ from kokoro_opt.tuning.measure import Bench, SessionCache
 from kokoro_opt.tuning.records import StudyRecords, best_effort
 from kokoro_opt.tuning.space import ResolvedSpace, TrialSettings, available_providers, resolve_space, suggest
 
-SPACE_ATTR, HASH_ATTR = "kokoro_opt.space", "kokoro_opt.space_hash"
+SPACE_ATTR, HASH_ATTR, UID_ATTR = "kokoro_opt.space", "kokoro_opt.space_hash", "kokoro_opt.uid"
 HEARTBEAT, GRACE = 10, 60  # seconds: a trial silent for GRACE belongs to a dead worker
 MAX_CONSECUTIVE_FAILURES = 5
 Say = Callable[[str], None]
@@ -109,6 +110,7 @@ def open_study(
     )
     study = optuna.create_study(storage=storage, study_name=name, directions=directions, load_if_exists=True)
     if SPACE_ATTR not in study.user_attrs:  # another machine may have created it a moment ago
+        study.set_user_attr(UID_ATTR, uuid.uuid4().hex)  # keys its MLflow runs: a re-created study is a new one
         study.set_user_attr(SPACE_ATTR, resolved.to_json())
         study.set_user_attr(HASH_ATTR, recipe.space_hash())
         study.set_user_attr("kokoro_opt.objectives", objective_names(resolved))
@@ -135,12 +137,15 @@ class Objective:
         self.recipe, self.resolved, self.cache, self.worker = recipe, resolved, cache, worker
 
     def __call__(self, trial: Any) -> list[float]:
+        from optuna import TrialPruned
+
         trial.set_user_attr("worker", self.worker)
         try:
             return self._measure(trial)
+        except TrialPruned:
+            raise
         except Exception as exc:
-            if type(exc).__name__ != "TrialPruned":
-                trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
+            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
             raise
 
     def _measure(self, trial: Any) -> list[float]:
@@ -161,7 +166,8 @@ class Objective:
         synth, load_seconds = self.cache.get(settings.artifact_id, settings.session)
         trial.set_user_attr("load_seconds", round(load_seconds, 3))
         bench = Bench(synth, settings, self.recipe.measure)
-        bench.warm_up()
+        if load_seconds:  # a cached session has run before: its first-run costs are paid
+            bench.warm_up()
         runs = self.recipe.measure
         ttfa = [bench.ttfa()]
         self._stop_if_hopeless(trial, key, 0, ttfa[0], "TTFA")
@@ -176,8 +182,9 @@ class Objective:
         return values + [self.resolved.candidate(key).quality] * self.resolved.quality_objective
 
     def _stop_if_hopeless(self, trial: Any, key: str, index: int, first: float, label: str) -> None:
-        """Optuna's pruners do not take multi-objective reports: compare the first run with the best
-        complete trial of the same artifact (another artifact may be slower for a quality reason)."""
+        """Optuna's pruners do not take multi-objective reports: compare the first run with the complete
+        trials of the same artifact (another artifact may be slower for a quality reason). Their median by
+        default: on a shared machine one trial timed in a quiet minute would make every later one "hopeless"."""
         from optuna import TrialPruned
         from optuna.trial import TrialState
 
@@ -189,10 +196,10 @@ class Objective:
         ]
         if not prune.enabled or len(same) < prune.min_trials:
             return
-        best = min(same)
+        ref = statistics.median(same) if prune.reference == "median" else min(same)
         trial.set_user_attr(f"first_{label.lower()}", round(first, 4))
-        if first > prune.factor * best:
-            reason = f"first {label} run {first:.3f} > {prune.factor} x best {best:.3f} of {key}"
+        if first > prune.factor * ref:
+            reason = f"first {label} run {first:.3f} > {prune.factor} x {prune.reference} {ref:.3f} of {key}"
             trial.set_user_attr("pruned", reason)
             raise TrialPruned(reason)
 
@@ -250,7 +257,7 @@ def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = N
     for candidate in resolved.candidates:  # a missing artifact is a setup error, not a failed trial
         for artifact_id in candidate.formats.values():
             cache.artifact(artifact_id)
-    records = StudyRecords(args.tracking_uri, args.storage, args.study)
+    records = StudyRecords(args.tracking_uri, args.storage, study)
 
     def after(study: Any, trial: Any) -> None:
         if trial.state.name == "FAIL":

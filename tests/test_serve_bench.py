@@ -1,0 +1,32 @@
+"""`kokoro-opt bench-serve` end to end: it starts `kokoro-opt serve` itself and measures it."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from kokoro_opt.cli import app
+from kokoro_opt.serve import bench
+
+
+def test_bench_starts_a_server_and_reports(tiny_artifact) -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=200)
+    args = ["--artifact", str(tiny_artifact.path), "--max-queue", "2"]
+    scenarios = bench.run(None, args, [1, 3], 1, "Hello there. How are you today?", "alloy", "wav", True, None, console)
+    summary = {(s.mode, s.clients): s.summary() for s in scenarios}
+    full, single, crowd = summary["full", 1], summary["stream", 1], summary["stream", 3]
+    assert full["ok"] == single["ok"] == 1 and full["errors"] == single["errors"] == 0
+    assert single["ttfa_p50"] <= single["total_p50"] and single["audio_s"] > 0.5
+    assert crowd["ok"] == 2 and crowd["rejected_429"] == 1  # the third client is over the queue limit of 2
+    text = out.getvalue()
+    assert tiny_artifact.id in text and "TTFA50" in text and "ratio" in text
+    assert json.dumps(bench.to_json(scenarios))  # serializable for --json
+
+
+def test_bench_against_nothing_is_a_clean_error() -> None:
+    result = CliRunner().invoke(app, ["bench-serve", "--url", "http://127.0.0.1:9", "--clients", "1"])
+    assert result.exit_code == 2 and "cannot reach" in result.output
