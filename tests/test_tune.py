@@ -15,11 +15,12 @@ from rich.console import Console
 
 from kokoro_opt.artifacts import MANIFEST, link_or_copy, write_json_atomic
 from kokoro_opt.errors import UserError
-from kokoro_opt.tune import load_tune_recipe, parse_tune_recipe, run_tuning
+from kokoro_opt.tune import SessionCache, load_tune_recipe, parse_tune_recipe, run_tuning
 from kokoro_opt.tuning.config import SamplerConfig, SpaceConfig
 from kokoro_opt.tuning.records import StudyRecords
+from kokoro_opt.tuning.report import pick_best
 from kokoro_opt.tuning.space import Candidate, ResolvedSpace, gather_candidates, suggest
-from kokoro_opt.tuning.study import finished, make_sampler, make_storage, sampler_seed
+from kokoro_opt.tuning.study import Objective, finished, make_sampler, make_storage, sampler_seed
 
 REPO = Path(__file__).parent.parent
 
@@ -80,6 +81,36 @@ def test_same_seed_and_fresh_storage_reproduce_the_parameters(tmp_path: Path) ->
     assert {p["artifact"] for p in first} <= {"a@1", "b@3"}
     assert all(("model_format" in p) == (p["artifact"] == "a@1") for p in first)  # only a has an .ort sibling
     assert sampler_seed(5, 0, 0) == 5 and sampler_seed(5, 1, 0) != sampler_seed(5, 0, 3) != 5
+
+
+def _study(points: list[tuple[float, float, float, str]]) -> Any:
+    study = optuna.create_study(directions=["minimize", "minimize", "maximize"])
+    for ttfa, rtf, pesq, artifact in points:
+        study.add_trial(optuna.trial.create_trial(values=[ttfa, rtf, pesq], user_attrs={"settings": {"artifact": artifact}}))
+    return study
+
+
+def test_early_stop_compares_with_the_same_artifacts_median(tmp_path: Path) -> None:
+    study = _study([(1.0, 0.5, 4.6, "a@1"), (2.0, 0.5, 4.6, "a@1"), (3.0, 0.5, 4.6, "a@1"), (0.1, 0.1, 4.0, "b@3")])
+    trial = study.ask()
+    median = Objective(parse_tune_recipe({"name": "p"}), _space(), SessionCache(tmp_path), "w")
+    median._stop_if_hopeless(trial, "a@1", 0, 3.9, "TTFA")  # 2 x median 2.0: kept
+    with pytest.raises(optuna.TrialPruned, match=r"median 2\.000 of a@1"):
+        median._stop_if_hopeless(trial, "a@1", 0, 4.1, "TTFA")
+    median._stop_if_hopeless(trial, "b@3", 0, 4.1, "TTFA")  # one complete trial of b: too few to judge
+    best = Objective(parse_tune_recipe({"name": "p", "prune": {"reference": "best"}}), _space(), SessionCache(tmp_path), "w")
+    with pytest.raises(optuna.TrialPruned):
+        best._stop_if_hopeless(trial, "a@1", 0, 2.1, "TTFA")
+
+
+def test_best_rule_scores_the_front() -> None:
+    study = _study([(1.0, 0.5, 4.64, "a"), (0.5, 0.6, 3.9, "b"), (0.6, 1.2, 3.9, "b")])  # the third is dominated
+    rule = parse_tune_recipe({"name": "r", "best": {"weights": {"ttfa_p50": 1, "rtf_p50": 0.5, "quality": 0.25}}}).best
+    names = ["ttfa_p50", "rtf_p50", "quality"]
+    winner, scores, _ = pick_best(study, names, rule)
+    assert scores == {0: 1.0, 1: 0.75} and winner.number == 1
+    slow = rule.model_copy(update={"max_rtf_p50": 0.55})
+    assert pick_best(study, names, slow)[0].number == 0  # only trial 0 keeps up with playback
 
 
 # ---- the quality budget --------------------------------------------------------------------------------
@@ -187,6 +218,11 @@ def test_tune_writes_tuned_json_resumes_without_duplicates_and_serve_uses_it(tun
     assert _trial_runs(env, "e2e") == [0, 1, 3]  # one MLflow run per finished trial, none for the killed one
     third = _run(env, recipe, trials=3)
     assert third.ran == 0 and _trial_runs(env, "e2e") == [0, 1, 3]
+    records = StudyRecords(env["uri"], f"sqlite:///{env['base']}/optuna.db", third.study)
+    parent = records.client.get_run(records.parent())
+    assert parent.info.status == "FINISHED" and parent.data.metrics["trials_finished"] == 3
+    logged = {a.path for a in records.client.list_artifacts(parent.info.run_id, "plots")}
+    assert {"plots/pareto.png", "plots/history.png"} <= logged
 
     selection = tuned_selection(env["root"])
     assert selection is not None and selection.artifact.id == env["tiny"].id and "e2e" in selection.reason

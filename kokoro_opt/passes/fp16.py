@@ -17,6 +17,29 @@ from kokoro_opt.passes.common import copy_runtime, graph_summary
 from kokoro_opt.recipe import Fp16Stage
 
 
+def _restore_float_scales(model: Any) -> None:
+    """The converter turns Constant nodes to FP16 even when their consumer is blocked; Resize's
+    `scales` must stay float32 or the model does not load."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    producers = {out: node for node in model.graph.node for out in node.output}
+    initializers = {init.name: init for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type != "Resize" or len(node.input) < 3 or not node.input[2]:
+            continue
+        name = node.input[2]
+        if name in initializers and initializers[name].data_type == onnx.TensorProto.FLOAT16:
+            array = numpy_helper.to_array(initializers[name]).astype(np.float32)
+            initializers[name].CopyFrom(numpy_helper.from_array(array, name))
+        producer = producers.get(name)
+        if producer is not None and producer.op_type == "Constant":
+            for attr in producer.attribute:
+                if attr.name == "value" and attr.t.data_type == onnx.TensorProto.FLOAT16:
+                    attr.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attr.t).astype(np.float32)))
+
+
 def run_fp16(source: Artifact, cfg: Fp16Stage, out: Path) -> dict[str, Any]:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -29,6 +52,7 @@ def run_fp16(source: Artifact, cfg: Fp16Stage, out: Path) -> dict[str, Any]:
         op_block_list=list(cfg.op_block_list),
         disable_shape_infer=True,
     )
+    _restore_float_scales(model)
     onnx.save(model, str(out / "model.onnx"))
     return {
         "stage": "fp16",

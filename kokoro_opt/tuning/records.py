@@ -137,7 +137,7 @@ class StudyRecords:
 
         parent = self.parent()
         stamp = int(time.time() * 1000)
-        logged = {p.key for p in self.client.get_run(parent).data.params.values()} if params else set()
+        logged = set(self.client.get_run(parent).data.params) if params else set()
         fresh = [Param(k, str(v)[:500]) for k, v in (params or {}).items() if k not in logged]  # params are write-once
         self.client.log_batch(parent, metrics=[Metric(k, v, stamp, 0) for k, v in _finite(metrics).items()], params=fresh)
         for f in files:

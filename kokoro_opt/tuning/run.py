@@ -168,25 +168,22 @@ def _finish(result: TuneResult, recipe: Any, resolved: ResolvedSpace, url: str, 
         return
     result.best = best
     settings = trial_settings(best.user_attrs)
-    current = read_tuned(root)
-    if result.ran == 0 and current and current.get("study") == study.study_name and current.get("trial") == best.number:
+    data = read_tuned(root)
+    if result.ran == 0 and data and data.get("study") == study.study_name and data.get("trial") == best.number:
         say(f"{root / 'tuned.json'} already holds trial {best.number} of this study: not measured again")
         result.tuned_path = root / "tuned.json"
-        return
-    say(f"trial {best.number} wins; measuring it against the default settings, interleaved ({recipe.compare_rounds} rounds)")
-    cache = cache or SessionCache(root, recipe.measure.max_sessions)
-    result.comparison = comparison = compare_with_defaults(cache, settings, recipe.measure, recipe.compare_rounds)
-    out.print(ratio_line(comparison.to_json()), highlight=False)
-    data = tuned_json(study, url, best, settings, names, resolved.quality_metric, comparison, score[best.number])
-    result.tuned_path = write_tuned(root, data)
-    say(f"wrote {result.tuned_path}: `kokoro-opt serve --artifact best` uses {data['artifact']} with these settings")
+    else:
+        say(f"trial {best.number} wins; measuring it against the default settings, interleaved ({recipe.compare_rounds} rounds)")
+        cache = cache or SessionCache(root, recipe.measure.max_sessions)
+        result.comparison = comparison = compare_with_defaults(cache, settings, recipe.measure, recipe.compare_rounds)
+        out.print(ratio_line(comparison.to_json()), highlight=False)
+        data = tuned_json(study, url, best, settings, names, resolved.quality_metric, comparison, score[best.number])
+        result.tuned_path = write_tuned(root, data)
+        say(f"wrote {result.tuned_path}: `kokoro-opt serve --artifact best` uses {data['artifact']} with these settings")
     with best_effort("MLflow study summary", say):
-        metrics = {
-            "trials_finished": finished(study),
-            "best_trial": best.number,
-            "ttfa_ratio": comparison.ratio,
-            **{f"best_{n}": v for n, v in zip(names, best.values, strict=True)},
-        }
+        ratio = data.get("ttfa_ratio") if data else None
+        metrics = {"trials_finished": finished(study), "best_trial": best.number, "ttfa_ratio": ratio}
+        metrics.update({f"best_{n}": v for n, v in zip(names, best.values, strict=True)})
         records.finish(metrics, [*result.plots, result.tuned_path], {"recipe": recipe.name, "objectives": ",".join(names)})
 
 
