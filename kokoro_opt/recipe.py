@@ -147,17 +147,23 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return merged
 
 
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def read_yaml_mapping(path: Path, kind: str, example: str) -> dict[str, Any]:
+    """A YAML file that must hold a mapping; every problem is one UserError naming the file."""
     if not path.is_file():
-        raise UserError(f"recipe file not found: {path}", "pass an existing .yaml file, e.g. recipes/fp32.yaml")
-    if path.resolve() in seen:
-        raise UserError(f"recipe {path} extends itself through {' -> '.join(str(p) for p in seen)}")
+        raise UserError(f"{kind} file not found: {path}", f"pass an existing .yaml file, e.g. {example}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise UserError(f"{path} is not valid YAML: {exc}".replace("\n", " "), "fix the YAML syntax") from exc
     if not isinstance(data, dict):
-        raise UserError(f"{path} must be a YAML mapping of recipe fields", "see recipes/fp32.yaml for the layout")
+        raise UserError(f"{path} must be a YAML mapping of {kind} fields", f"see {example} for the layout")
+    return data
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if path.resolve() in seen:
+        raise UserError(f"recipe {path} extends itself through {' -> '.join(str(p) for p in seen)}")
+    data = read_yaml_mapping(path, "recipe", "recipes/fp32.yaml")
     parent = data.pop("extends", None)
     extra_stages = data.pop("append_stages", None)
     if parent is not None:

@@ -35,3 +35,14 @@ def tiny_artifact(tiny_recipe, artifacts_root):
     from kokoro_opt.build import build
 
     return build(tiny_recipe, artifacts_root).artifact
+
+
+@pytest.fixture(scope="module")
+def url(tiny_artifact):
+    """A real server (uvicorn on a free loopback port) serving the tiny artifact, warmed."""
+    from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.serve import ServeConfig, running
+
+    config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120)
+    with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
+        yield base

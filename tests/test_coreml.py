@@ -33,7 +33,6 @@ def test_conversion_records_the_split_ops_and_precision(coreml_artifact) -> None
 
 
 def test_front_runs_on_onnx_runtime(coreml_artifact) -> None:
-    import numpy as np
 
     from kokoro_opt.passes.coreml import example_feeds
     from kokoro_opt.voices import style_for

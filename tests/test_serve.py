@@ -10,32 +10,18 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from prometheus_client.parser import text_string_to_metric_families
 
-from kokoro_opt.select import resolve_artifact
-from kokoro_opt.serve import ServeConfig, running
 from kokoro_opt.serve.openai_compat import OPENAI_VOICES
+from tests.serve_helpers import metric
 
 LONG = " ".join(f"Sentence number {w} is here, and it keeps going." for w in ("one", "two", "three"))
 
 
-@pytest.fixture(scope="module")
-def url(tiny_artifact) -> Iterator[str]:
-    config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120)
-    with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
-        yield base
-
-
-def metric(url: str, name: str) -> float:
-    """Sum of a metric's samples (all labels) from /metrics."""
-    text = httpx.get(f"{url}/metrics").text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 def speech(url: str, **fields: object) -> httpx.Response:

@@ -6,30 +6,20 @@ import contextlib
 import gc
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from kokoro_opt.select import resolve_artifact
 from kokoro_opt.serve import ServeConfig, running
+from tests.serve_helpers import metric
 
 SHORT = "Hello there, how are you?"
 LONG = " ".join(f"This is sentence number {n}, which goes on for a little while." for n in range(1, 13))
 
 
-@pytest.fixture(scope="module")
-def url(tiny_artifact) -> Iterator[str]:
-    config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120)
-    with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
-        yield base
-
-
-def metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float) -> float:

@@ -12,11 +12,10 @@ import json
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.recipe import _explain
+from kokoro_opt.recipe import _explain, read_yaml_mapping
 from kokoro_opt.select import QUALITY_BUDGET_PESQ
 from kokoro_opt.serve.bench import PARAGRAPH
 from kokoro_opt.text import CONTEXT_TOKENS
@@ -171,13 +170,6 @@ def parse_tune_recipe(data: dict[str, object], origin: str = "tuning recipe") ->
 
 def load_tune_recipe(path: str | Path) -> TuneRecipe:
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"tuning recipe not found: {path}", "pass an existing file, e.g. recipes/tune-cpu.yaml")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path} is not valid YAML: {exc}".replace("\n", " "), "fix the YAML syntax") from exc
-    if not isinstance(data, dict):
-        raise UserError(f"{path} must be a YAML mapping", "see recipes/tune-cpu.yaml for the layout")
+    data = read_yaml_mapping(path, "tuning recipe", "recipes/tune-cpu.yaml")
     data.setdefault("name", path.stem)
     return parse_tune_recipe(data, str(path))
