@@ -179,8 +179,8 @@ def _probe(r: Runner, plan: Plan, config: EvaluateConfig) -> dict[str, Any]:
     the ORT profile of that run. It runs in a temporary cwd: ORT writes its trace file there."""
     i = max(range(len(plan.tokens)), key=lambda j: len(plan.tokens[j]))
     spec = {
-        "runner": {"label": r.label, "artifact_id": r.artifact_id, "kind": r.kind, "folder": str(r.folder),
-                   "manifest": {}, "weights_dir": str(r.weights_dir) if r.weights_dir else None},
+        "runner": {"label": r.label, "artifact_id": r.artifact_id, "kind": r.kind, "folder": str(Path(r.folder).resolve()),
+                   "manifest": {}, "weights_dir": str(Path(r.weights_dir).resolve()) if r.weights_dir else None},
         "tokens": plan.tokens[i], "voice": plan.utterances[i].voice, "speed": plan.utterances[i].speed,
         "threads": config.threads, "profile": config.profile,
     }
