@@ -27,7 +27,12 @@ class SessionSettings:
     enable_profiling: bool = False
 
 
-_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+GRAPH_LEVELS = {
+    "disabled": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
 
 
 def make_session(model_file: Path, settings: SessionSettings = SessionSettings()) -> Any:
@@ -39,7 +44,7 @@ def make_session(model_file: Path, settings: SessionSettings = SessionSettings()
     options.execution_mode = (
         ort.ExecutionMode.ORT_PARALLEL if settings.execution_mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
     )
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[settings.graph_optimization_level])
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_LEVELS[settings.graph_optimization_level])
     options.log_severity_level = 3
     if settings.enable_profiling:
         options.enable_profiling = True

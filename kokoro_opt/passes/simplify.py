@@ -17,15 +17,14 @@ from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import copy_runtime, graph_summary
 from kokoro_opt.recipe import SimplifyStage
-
-_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}
+from kokoro_opt.synth import GRAPH_LEVELS
 
 
 def ort_optimize(source: Path, target: Path, level: str) -> None:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_LEVELS[level])
     options.optimized_model_filepath = str(target)
     ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
 
