@@ -143,6 +143,8 @@ def _renamed(func: Any, name: str) -> Any:
 
 def mil_op_counts(mlmodel: Any) -> tuple[dict[str, int], dict[str, int]]:
     """(op type -> count, dtype of op outputs -> count) from the MLProgram spec."""
+    from coremltools.proto import MIL_pb2
+
     spec = mlmodel.get_spec()
     ops: Counter[str] = Counter()
     dtypes: Counter[str] = Counter()
@@ -151,7 +153,7 @@ def mil_op_counts(mlmodel: Any) -> tuple[dict[str, int], dict[str, int]]:
             for op in block.operations:
                 ops[op.type] += 1
                 for output in op.outputs:
-                    dtypes[str(output.type.tensorType.dataType)] += 1
+                    dtypes[MIL_pb2.DataType.Name(output.type.tensorType.dataType)] += 1
     return dict(ops.most_common()), dict(dtypes)
 
 
