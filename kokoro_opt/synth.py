@@ -68,7 +68,10 @@ class SynthesisResult:
 class Synthesizer:
     """One loaded artifact: a session, its voices and vocab. Reuse it; loading takes ~1 s."""
 
-    def __init__(self, artifact: Artifact | str | Path, settings: SessionSettings = SessionSettings()) -> None:
+    def __init__(
+        self, artifact: Artifact | str | Path, settings: SessionSettings = SessionSettings(), model_file: Path | None = None
+    ) -> None:
+        """`model_file` runs another graph (a candidate variant) with this artifact's voices and vocab."""
         self.artifact = artifact if isinstance(artifact, Artifact) else open_artifact(artifact)
         meta = self.artifact.kokoro
         self.vocab: dict[str, int] = meta["vocab"]
@@ -76,7 +79,7 @@ class Synthesizer:
         self.audio_gain = float(meta.get("audio_gain", 1.0))
         self.packs = self.artifact.voice_packs()
         self.settings = settings
-        self.session = make_session(self.artifact.model_file, settings)
+        self.session = make_session(model_file or self.artifact.model_file, settings)
         self._inputs = [i.name for i in self.session.get_inputs()]
 
     @property

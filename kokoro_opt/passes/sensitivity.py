@@ -24,7 +24,6 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.recipe import QuantizeStage
-from kokoro_opt.voices import style_for
 
 # Held out: in neither calibration/ nor the evaluation corpus. Short, medium and long.
 SENSITIVITY_SENTENCES = [
@@ -104,28 +103,26 @@ class AudioScorer:
         from kokoro_opt.text import phonemize, tokenize
 
         reference = Synthesizer(source)
-        vocab, packs = reference.vocab, reference.packs
-        voices = sorted(packs)
+        voices = sorted(reference.packs)
+        self.source = source
         self.sample_rate = reference.sample_rate
         self.feeds = []
         self.references = []
         for i, sentence in enumerate(sentences):
-            tokens = tokenize(phonemize(sentence), vocab)
-            pack = packs[voices[i % len(voices)]]
+            tokens = tokenize(phonemize(sentence), reference.vocab)
+            pack = reference.packs[voices[i % len(voices)]]
             self.feeds.append((tokens, pack))
             self.references.append(reference.run_tokens(tokens, pack))
 
     def __call__(self, model_file: Path) -> Quality:
         from kokoro_opt.evaluate.metrics import high_band_ratio_db, pesq_wb
-        from kokoro_opt.synth import make_session
+        from kokoro_opt.synth import Synthesizer
 
-        session = make_session(model_file)
-        names = [i.name for i in session.get_inputs()]
+        variant = Synthesizer(self.source, model_file=model_file)
         pesqs, ratios, equal, finite = [], [], 0, True
         for (tokens, pack), ref in zip(self.feeds, self.references, strict=True):
-            feeds = (np.array([[0, *tokens, 0]], dtype=np.int64), style_for(pack, len(tokens)), np.array([1.0], np.float32))
-            audio, durations = session.run(None, dict(zip(names, feeds, strict=True)))[:2]
-            audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+            result = variant.run_tokens(tokens, pack)
+            audio = result.audio
             if not np.all(np.isfinite(audio)) or float(np.abs(audio).max()) < 1e-4:
                 finite = False
                 pesqs.append(1.0)
@@ -133,7 +130,7 @@ class AudioScorer:
             score = pesq_wb(ref.audio, audio, self.sample_rate)
             pesqs.append(1.0 if np.isnan(score) else score)  # no speech found: PESQ's floor
             ratios.append(high_band_ratio_db(ref.audio, audio, self.sample_rate))
-            equal += int(np.array_equal(np.asarray(durations).reshape(-1), ref.durations))
+            equal += int(np.array_equal(result.durations, ref.durations))
         return Quality(
             mean_pesq=float(np.mean(pesqs)),
             min_pesq=float(np.min(pesqs)),
