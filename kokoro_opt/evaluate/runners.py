@@ -71,23 +71,18 @@ class Runner:
         return self
 
     def _load_onnx(self, artifact: Artifact, threads: int, profile: bool) -> Callable[..., Any]:
-        from kokoro_opt.synth import SessionSettings, make_session
-        from kokoro_opt.voices import style_for
+        from kokoro_opt.synth import SessionSettings, Synthesizer
 
-        session = make_session(artifact.model_file, SessionSettings(intra_op_num_threads=threads, enable_profiling=profile))
-        types = tuple(i.type for i in session.get_inputs())
+        synth = Synthesizer(artifact, SessionSettings(intra_op_num_threads=threads, enable_profiling=profile))
+        types = tuple(i.type for i in synth.session.get_inputs())
         if types != _INPUT_TYPES:  # kokoro-onnx names them tokens/style/speed, our export input_ids/...
             raise UserError(f"{self.label}: model inputs {types} are not (int64 tokens, float style, float speed)")
-        names, gain = [i.name for i in session.get_inputs()], float(artifact.kokoro.get("audio_gain", 1.0))
-        self.session, self.size_bytes = session, _size(artifact.model_file)
+        self.session, self.size_bytes = synth.session, _size(artifact.model_file)
 
         def call(tokens: list[int], pack: np.ndarray, speed: float) -> tuple[np.ndarray, np.ndarray | None]:
-            tokens_in = np.array([[0, *tokens, 0]], dtype=np.int64)
-            feeds = (tokens_in, style_for(pack, len(tokens)), np.array([speed], dtype=np.float32))
-            out = session.run(None, dict(zip(names, feeds, strict=True)))
-            # kokoro-onnx's graph returns audio only (no durations) at 1.5x level: audio_gain undoes it
-            durations = np.asarray(out[1]).reshape(-1) if len(out) > 1 else None
-            return np.asarray(out[0], dtype=np.float32).reshape(-1) / gain, durations
+            # kokoro-onnx's graph returns audio only (no durations) at 1.5x level: Synthesizer's audio_gain undoes it
+            result = synth.run_tokens(tokens, pack, speed)
+            return result.audio, (result.durations if result.durations.size else None)
 
         return call
 
