@@ -92,6 +92,17 @@ class QuantizeStage(Strict):
     fallback_precision: Literal["fp32", "fp16"] = Field("fp32", description="fp32 for CPU; fp16 for FP16-native targets")
 
 
+class CompressStage(Strict):
+    """8-bit storage of the weights that stay FP32; ONNX Runtime expands them when it loads the model."""
+
+    kind: Literal["compress"]
+    min_elements: int = Field(16384, ge=1, description="smaller weights save too little to matter")
+    round_op_types: list[Literal["Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU"]] = Field(
+        default_factory=lambda: ["Conv", "MatMul", "Gemm", "LSTM"],
+        description="weights of these ops that are not on an 8-bit grid are rounded per channel (lossy); [] = exact only",
+    )
+
+
 class Fp16Stage(Strict):
     kind: Literal["fp16"]
     op_block_list: list[str] = Field(default_factory=lambda: ["Sin", "Cos", "CumSum", "Range", "Loop", "If", "Resize"])
@@ -109,7 +120,9 @@ class CoreMLStage(Strict):
     max_tokens: int = Field(128, ge=8, le=510)
 
 
-Stage = Annotated[SimplifyStage | QuantizeStage | Fp16Stage | OrtFormatStage | CoreMLStage, Field(discriminator="kind")]
+Stage = Annotated[
+    SimplifyStage | QuantizeStage | CompressStage | Fp16Stage | OrtFormatStage | CoreMLStage, Field(discriminator="kind")
+]
 
 
 class EvaluateConfig(Strict):

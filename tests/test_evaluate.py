@@ -74,6 +74,16 @@ def test_corpus_hash_is_recorded_in_the_docs() -> None:
     assert documented and documented.group(1) == load_corpus().sha256, "corpus changed: update docs/evaluation.md"
 
 
+def test_edge_inputs_cover_one_word_punctuation_and_a_full_context(vocab: dict[str, int]) -> None:
+    from kokoro_opt.evaluate.edge import check_edge_inputs, edge_token_inputs
+
+    inputs = edge_token_inputs(vocab, load_corpus().paragraph)
+    assert [len(t) > 0 for t in inputs.values()] == [True, True, True] and len(inputs["500 tokens"]) == 500
+    outputs = {len(inputs["one word"]): np.full(100, np.nan), len(inputs["punctuation only"]): np.zeros(100)}
+    verdict = check_edge_inputs(lambda tokens: outputs.get(len(tokens), np.full(100, 0.3)), inputs)
+    assert verdict == {"one word": False, "punctuation only": False, "500 tokens": True}
+
+
 def test_voices_and_speeds_are_assigned_round_robin() -> None:
     corpus = load_corpus()
     utts = corpus.utterances(9, ["jf_alpha", "jf_nezumi", "jm_kumo", "jf_tebukuro"])
@@ -93,7 +103,7 @@ def test_evaluate_measures_the_reference_against_itself(evaluated: EvalResult, t
     assert m["peak_rss_mb"] > m["rss_baseline_mb"] > 0
     assert m["size_mb"] == pytest.approx(tiny_artifact.model_file.stat().st_size / 1e6)
     assert m["speedup_vs_reference"] == 1.0 and m["mcd_mean"] == 0.0 and m["durations_equal_pct"] == 100.0
-    assert m["bad_outputs"] == 0
+    assert m["bad_outputs"] == 0 and m["edge_inputs_ok"] == 1.0
     assert "Conv" in evaluated.op_times and next(iter(evaluated.op_times)) == "Conv"  # the vocoder dominates
     if HAS_ASR:  # the ASR path ran: tiny speaks noise, so only the plumbing is checked here
         assert m["wer_delta"] == 0.0 and math.isfinite(m["wer"])
@@ -340,3 +350,4 @@ def test_real_speech_is_intelligible_and_the_int8_peer_is_scored(real_fp32: Arti
     assert peer.reference_id == fp32.artifact_id and 1.0 <= peer.metrics["pesq_mean"] < 4.64
     assert math.isfinite(peer.metrics["wer_delta"]) and peer.metrics["mcd_mean"] > 0
     assert eager.kind == "torch" and eager.metrics["durations_equal_pct"] == 100.0 and eager.metrics["pesq_mean"] > 3.5
+    assert [r.metrics["edge_inputs_ok"] for r in results] == [1.0, 1.0, 1.0]

@@ -70,10 +70,12 @@ DETAIL_COLUMNS: list[tuple[str, str, str]] = [
     ("lat p50", "latency_p50", "{:.3f}"),
     ("lat p90", "latency_p90", "{:.3f}"),
     ("RTF p90", "rtf_p90", "{:.3f}"),
+    ("PESQ min", "pesq_min", "{:.2f}"),
     ("dur =%", "durations_equal_pct", "{:.0f}"),
     ("4-12k dB", "high_band_db_mean", "{:+.2f}"),
     ("WER", "wer", "{:.3f}"),
     ("bad", "bad_outputs", "{:.0f}"),
+    ("edge ok", "edge_inputs_ok", "{:.0f}"),
 ]
 CAPTION = (
     "speedup: vs the fp32 export of the same weights, measured interleaved in this session; "

@@ -28,13 +28,14 @@ from kokoro_opt.audio import is_speechlike
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate import metrics as M
 from kokoro_opt.evaluate.corpus import Corpus, load_corpus
+from kokoro_opt.evaluate.edge import check_edge_inputs, edge_token_inputs
 from kokoro_opt.evaluate.report import EvalResult, print_results
 from kokoro_opt.evaluate.runners import Plan, Runner
 from kokoro_opt.recipe import EvaluateConfig
 
 __all__ = ["Runner", "compare_artifacts", "evaluate_artifacts", "measure", "print_results"]
 
-METRICS_VERSION = "1"  # bump when a metric's definition changes: old evaluations stop matching
+METRICS_VERSION = "2"  # bump when a metric's definition changes: old evaluations stop matching
 SAMPLE_CLIPS = 2  # utterances whose WAVs and mel plots are logged
 
 
@@ -64,11 +65,11 @@ def measure(
 
         asr, asr_note = load_asr(config.threads)
     probed = runners[: len(runners) if probe is None else probe]
-    steps = len(runners) * (config.warmup + (n + 1) * config.runs + (n if asr else 0)) + len(probed)
+    steps = len(runners) * (config.warmup + (n + 1) * config.runs + (n if asr else 0) + 1) + len(probed)
     times: dict[str, list[list[float]]] = {r.artifact_id: [[] for _ in range(n)] for r in runners}
     outputs: dict[str, list[tuple[np.ndarray, np.ndarray | None]]] = {r.artifact_id: [] for r in runners}
     ttfa: dict[str, list[float]] = {r.artifact_id: [] for r in runners}
-    probes, heard = {}, {}
+    probes, heard, edges = {}, {}, {}
 
     def rotated(shift: int) -> list[Runner]:
         return runners[shift % len(runners) :] + runners[: shift % len(runners)]
@@ -98,6 +99,11 @@ def measure(
         for r in probed:  # after timing and one at a time: a probe must not steal the timed cores
             probes[r.artifact_id] = _probe(r, plans[r.artifact_id], config)
             tick(f"memory/profile probe {r.label}")
+        for r in runners:
+            voice = plans[r.artifact_id].utterances[0].voice
+            edge_inputs = edge_token_inputs(r.vocab, corpus.paragraph)
+            edges[r.artifact_id] = check_edge_inputs(lambda t, r=r, v=voice: r.synth_tokens(t, v)[0], edge_inputs)
+            tick(f"edge inputs {r.label}")
         for r in runners if asr else []:
             heard[r.artifact_id] = []
             for audio, _ in outputs[r.artifact_id]:
@@ -108,6 +114,8 @@ def measure(
     for r in runners:
         ref = by_id.get(r.reference_id or "")
         result = _score(r, ref, plans[r.artifact_id], times, outputs, ttfa[r.artifact_id], probes.get(r.artifact_id, {}), n)
+        result.metrics["edge_inputs_ok"] = float(all(edges[r.artifact_id].values()))
+        result.notes += [f"edge input '{name}': NaN or silent output" for name, ok in edges[r.artifact_id].items() if not ok]
         if asr is not None:
             _score_wer(result, r, ref, plans[r.artifact_id], heard, n)
         elif config.asr:

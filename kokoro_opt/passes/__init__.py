@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.passes.compress import run_compress
 from kokoro_opt.passes.fp16 import run_fp16
 from kokoro_opt.passes.ort_format import run_ort_format
 from kokoro_opt.passes.quantize import run_quantize
@@ -26,6 +27,7 @@ def _run_coreml(source: Artifact, cfg: Any, out: Path) -> dict[str, Any]:
 RUNNERS: dict[str, Callable[[Artifact, Any, Path], dict[str, Any]]] = {
     "simplify": run_simplify,
     "quantize": run_quantize,
+    "compress": run_compress,
     "fp16": run_fp16,
     "ort": run_ort_format,
     "coreml": _run_coreml,
