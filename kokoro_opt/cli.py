@@ -267,7 +267,7 @@ def compare(
 ) -> None:
     """One table across artifacts (and peers), all measured side by side in one interleaved session."""
     from kokoro_opt.artifacts import list_artifacts, open_artifact
-    from kokoro_opt.evaluate.report import print_table, results_json, results_table
+    from kokoro_opt.evaluate.report import DETAIL_COLUMNS, print_table, results_json, results_table
     from kokoro_opt.evaluate.run import compare_artifacts
 
     chosen = [open_artifact(f) for f in folders] if folders else list_artifacts(artifacts)
@@ -281,6 +281,7 @@ def compare(
     n = int(results[0].metric("utterances")) if results else 0
     title = f"compare: {n} utterances x {config.runs} runs, {config.threads} threads, interleaved"
     print_table(console, results_table(results, title))
+    print_table(console, results_table(results, "details (latency in seconds per utterance)", DETAIL_COLUMNS))
     for r in results:
         for note in r.notes:
             console.print(f"{r.label}: {note}", highlight=False)

@@ -73,6 +73,14 @@ class SimplifyStage(Strict):
     ort_level: Literal["disabled", "basic", "extended"] = "basic"
 
 
+class SmoothStage(Strict):
+    """SmoothQuant for AdaIN -> Snake -> Conv: evens out Conv input channel ranges before quantization (exact)."""
+
+    kind: Literal["smooth"]
+    migration: float = Field(0.5, ge=0.0, le=1.0, description="how much of the range moves into the weights (m)")
+    calibration_sentences: int = Field(4, ge=1, le=200, description="calibration/ sentences whose ranges set the factors")
+
+
 class QuantizeStage(Strict):
     kind: Literal["quantize"]
     mode: Literal["dynamic", "static", "mixed"]
@@ -82,6 +90,9 @@ class QuantizeStage(Strict):
     op_types: list[str] = Field(default_factory=lambda: ["Conv", "MatMul"])
     exclude_nodes: list[str] = Field(default_factory=list)
     calibration_sentences: int = Field(8, ge=1, le=200)
+    equalize_outputs: bool = Field(
+        False, description="even out Conv output channel ranges before the per-tensor output requantization (exact)"
+    )
     quality_budget_pesq: float = Field(3.8, ge=1.0, le=4.64, description="mixed: mean PESQ-WB vs fp32 to keep")
     min_sentence_pesq: float = Field(3.0, ge=1.0, le=4.64, description="mixed: no held-out sentence below this")
     max_high_band_db: float = Field(1.5, gt=0.0, description="mixed: 4-12 kHz energy share vs fp32, dB; above = static/hiss")
@@ -121,7 +132,8 @@ class CoreMLStage(Strict):
 
 
 Stage = Annotated[
-    SimplifyStage | QuantizeStage | CompressStage | Fp16Stage | OrtFormatStage | CoreMLStage, Field(discriminator="kind")
+    SimplifyStage | SmoothStage | QuantizeStage | CompressStage | Fp16Stage | OrtFormatStage | CoreMLStage,
+    Field(discriminator="kind"),
 ]
 
 

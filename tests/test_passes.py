@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kokoro_opt.build import build
-from kokoro_opt.passes.sensitivity import Quality, block_of, select_blocks
+from kokoro_opt.passes.sensitivity import Quality, block_of, part_of, select_blocks
 from kokoro_opt.recipe import QuantizeStage, parse_recipe
 from kokoro_opt.synth import Synthesizer
 
@@ -125,6 +125,37 @@ def test_selector_excludes_the_known_sensitive_blocks() -> None:
     assert sorted(chosen) == ["a", "c"]
     assert not alone["conv_post"].passes(cfg)
     assert history[0]["int8_blocks"] == 3 and not history[0]["passes"] and history[-1]["passes"]
+
+
+def test_selector_takes_the_parts_of_a_fallen_block_that_fit_the_budget() -> None:
+    """`big` costs too much as a whole, but one of its branches fits next to `a`; the other does not."""
+    cfg = QuantizeStage(kind="quantize", mode="mixed")
+    drop = {"a": 0.3, "big": 0.7, "big/branch.0": 0.6, "big/branch.1": 0.2}
+
+    def score(units: set[str]) -> Quality:
+        pesq = 4.64 - sum(drop[u] for u in units)
+        return Quality(pesq, pesq, 0.0, 1.0, True)
+
+    parts = {"big": ["big/branch.0", "big/branch.1"], "a": ["a"]}
+    chosen, _, history = select_blocks(["a", "big"], score, cfg, log=lambda _: None, parts=parts)
+    assert chosen == ["a", "big/branch.1"]
+    assert [h.get("part") for h in history] == [None, None, "big/branch.0", "big/branch.1"]
+    assert [h["passes"] for h in history] == [False, True, False, True]
+
+
+def test_parts_are_dilation_branches() -> None:
+    assert part_of("/decoder/generator/resblocks.5/convs1.2/Conv") == "decoder/generator/resblocks.5/branch.2"
+    assert part_of("/decoder/generator/resblocks.5/convs2.2/Conv") == "decoder/generator/resblocks.5/branch.2"
+    assert part_of("/decoder/decode.0/conv1/Conv") == "/decoder/decode.0/conv1/Conv"
+
+
+def test_smooth_keeps_the_output_and_moves_ranges_into_the_weights(tiny_recipe, artifacts_root) -> None:
+    simplify = {"kind": "simplify"}  # folds 1/alpha into an initializer, as in recipes/int8-mixed.yaml
+    plain = build_with(tiny_recipe, artifacts_root, "t-simplify-basic", [simplify])
+    result = build_with(tiny_recipe, artifacts_root, "t-smooth", [simplify, {"kind": "smooth", "calibration_sentences": 1}])
+    record = result.artifact.manifest["stages"][-1]
+    assert record["chains"] >= 12  # every AdaIN -> Snake -> Conv of the generator's resblocks
+    np.testing.assert_allclose(runs(result.artifact), runs(plain.artifact), rtol=1e-3, atol=1e-4)
 
 
 def test_selector_falls_back_everything_when_nothing_passes() -> None:

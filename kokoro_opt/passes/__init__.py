@@ -16,6 +16,7 @@ from kokoro_opt.passes.fp16 import run_fp16
 from kokoro_opt.passes.ort_format import run_ort_format
 from kokoro_opt.passes.quantize import run_quantize
 from kokoro_opt.passes.simplify import run_simplify
+from kokoro_opt.passes.smooth import run_smooth
 
 
 def _run_coreml(source: Artifact, cfg: Any, out: Path) -> dict[str, Any]:
@@ -26,6 +27,7 @@ def _run_coreml(source: Artifact, cfg: Any, out: Path) -> dict[str, Any]:
 
 RUNNERS: dict[str, Callable[[Artifact, Any, Path], dict[str, Any]]] = {
     "simplify": run_simplify,
+    "smooth": run_smooth,
     "quantize": run_quantize,
     "compress": run_compress,
     "fp16": run_fp16,

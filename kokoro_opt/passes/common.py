@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -37,4 +38,15 @@ def graph_summary(model_path: Path) -> dict[str, Any]:
         "nodes": sum(counts.values()),
         "op_counts": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
         "size_mb": round(model_path.stat().st_size / 1e6, 2),
+    }
+
+
+def stage_record(kind: str, cfg: Any, out: Path, started: float, **facts: Any) -> dict[str, Any]:
+    """The manifest record of a stage that wrote out/model.onnx: config, what it did, graph, time."""
+    return {
+        "stage": kind,
+        "config": cfg.model_dump(mode="json"),
+        **facts,
+        "graph": graph_summary(out / "model.onnx"),
+        "seconds": {kind: round(time.perf_counter() - started, 2)},
     }

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
-from kokoro_opt.passes.common import copy_runtime, graph_summary
+from kokoro_opt.passes.common import copy_runtime, stage_record
 from kokoro_opt.recipe import CompressStage
 
 # Which input of each op is a weight, and along which axes its output channels run (scales vary there).
@@ -195,10 +195,4 @@ def run_compress(source: Artifact, cfg: CompressStage, out: Path) -> dict[str, A
     model = onnx.load(str(source.model_file))
     stats = compress_model(model, cfg, protected)
     onnx.save(model, str(out / "model.onnx"))
-    return {
-        "stage": "compress",
-        "config": cfg.model_dump(mode="json"),
-        "weights": stats,
-        "graph": graph_summary(out / "model.onnx"),
-        "seconds": {"compress": round(time.perf_counter() - started, 2)},
-    }
+    return stage_record("compress", cfg, out, started, weights=stats)

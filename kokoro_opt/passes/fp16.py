@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kokoro_opt.artifacts import Artifact
-from kokoro_opt.passes.common import copy_runtime, graph_summary
+from kokoro_opt.passes.common import copy_runtime, stage_record
 from kokoro_opt.recipe import Fp16Stage
 
 
@@ -54,9 +54,4 @@ def run_fp16(source: Artifact, cfg: Fp16Stage, out: Path) -> dict[str, Any]:
     )
     _restore_float_scales(model)
     onnx.save(model, str(out / "model.onnx"))
-    return {
-        "stage": "fp16",
-        "config": cfg.model_dump(mode="json"),
-        "graph": graph_summary(out / "model.onnx"),
-        "seconds": {"fp16": round(time.perf_counter() - started, 2)},
-    }
+    return stage_record("fp16", cfg, out, started)

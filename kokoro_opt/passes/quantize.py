@@ -117,11 +117,24 @@ def quantize_static_qdq(
         # Percentile) cannot stack them, and MinMax keeps far less in memory.
         extra_options={"ActivationSymmetric": False, "WeightSymmetric": True, "CalibStridedMinMax": 1},
     )
+    if cfg.equalize_outputs:
+        from kokoro_opt.passes.equalize import equalize_file
+
+        equalize_file(target, output_ranges_path(calibration_cache))
+
+
+def output_ranges_path(calibration_cache: Path) -> Path:
+    """Per-channel Conv output ranges live next to the calibration ranges they complement."""
+    return calibration_cache.with_name("output_ranges.json")
 
 
 def calibrate(source: Artifact, cfg: QuantizeStage, out: Path) -> Path:
     """Compute activation ranges once; later quantize calls read the cached JSON."""
     cache = out / "calibration.json"
+    if cfg.equalize_outputs:
+        from kokoro_opt.passes.equalize import channel_ranges
+
+        channel_ranges(source.model_file, calibration_feeds(source, cfg.calibration_sentences), output_ranges_path(cache))
     if not cache.exists():
         scratch = out / ".calibration-probe.onnx"
         quantize_static_qdq(source.model_file, scratch, cfg, cache, calibration_feeds(source, cfg.calibration_sentences))
@@ -145,8 +158,7 @@ def run_quantize(source: Artifact, cfg: QuantizeStage, out: Path) -> dict[str, A
             nodes_to_exclude=list(cfg.exclude_nodes) or None,
         )
     elif cfg.mode == "static":
-        feeds = calibration_feeds(source, cfg.calibration_sentences)
-        quantize_static_qdq(source.model_file, out / "model.onnx", cfg, out / "calibration.json", feeds)
+        quantize_static_qdq(source.model_file, out / "model.onnx", cfg, calibrate(source, cfg, out), None)
     else:
         from kokoro_opt.passes.sensitivity import run_mixed
 

@@ -12,6 +12,7 @@ the whole model meets the recipe's quality budget.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -74,10 +75,23 @@ def block_of(node_name: str) -> str:
     return "/".join(parts[: min(depth, max(len(parts) - 1, 1))])
 
 
+def part_of(node_name: str) -> str:
+    """The finer unit inside a block: a resblock's dilation branch (convs1.j with convs2.j), else the node."""
+    branch = re.search(r"/convs[12]\.(\d+)/", node_name)
+    return f"{block_of(node_name)}/branch.{branch.group(1)}" if branch else node_name
+
+
 def select_blocks(
-    blocks: list[str], score: Callable[[set[str]], Quality], cfg: QuantizeStage, log: Callable[[str], None] = print
+    blocks: list[str],
+    score: Callable[[set[str]], Quality],
+    cfg: QuantizeStage,
+    log: Callable[[str], None] = print,
+    parts: dict[str, list[str]] | None = None,
 ) -> tuple[list[str], dict[str, Quality], list[dict[str, Any]]]:
-    """Returns (blocks kept in INT8, each block's quality alone, the fallback history)."""
+    """Returns (blocks and parts kept in INT8, each block's quality alone, the fallback history).
+
+    A block left in higher precision is then tried part by part (`parts`, most work first): each part
+    that keeps the whole model within the budget goes to INT8 too."""
     alone: dict[str, Quality] = {}
     for block in blocks:
         alone[block] = score({block})
@@ -92,6 +106,14 @@ def select_blocks(
             break
         dropped = chosen.pop()  # the most sensitive block still in INT8
         log(f"fallback: {dropped} -> {cfg.fallback_precision} (combined PESQ {combined.mean_pesq:.2f})")
+    parts = parts or {}
+    for block in sorted(set(blocks) - set(chosen), key=lambda b: alone[b].sensitivity):
+        for part in parts.get(block, []) if len(parts.get(block, [])) > 1 else []:
+            combined = score({*chosen, part})
+            history.append({"int8_blocks": len(chosen) + 1, "part": part, **asdict(combined), "passes": combined.passes(cfg)})
+            verdict = "int8" if combined.passes(cfg) else cfg.fallback_precision
+            chosen += [part] if combined.passes(cfg) else []
+            log(f"part {part}: {verdict} (combined PESQ {combined.mean_pesq:.2f})")
     return chosen, alone, history
 
 
@@ -203,13 +225,22 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
     scorer = AudioScorer(source, SENSITIVITY_SENTENCES[: cfg.sensitivity_sentences])
     scratch = out / ".variant.onnx"
 
+    by_part: dict[str, list[str]] = {}
+    for node in nodes:
+        by_part.setdefault(part_of(node), []).append(node)
+    members = {**by_part, **by_block}
+    parts = {
+        b: sorted({part_of(n) for n in by_block[b]}, key=lambda p: (-sum(shares.get(n, 0.0) for n in by_part[p]), p))
+        for b in candidates
+    }
+
     def score(blocks: set[str]) -> Quality:
-        chosen_nodes = [n for b in sorted(blocks) for n in by_block[b]]
+        chosen_nodes = [n for b in sorted(blocks) for n in members[b]]
         quantize_static_qdq(source.model_file, scratch, cfg, calibration_cache, None, nodes_to_quantize=chosen_nodes)
         return scorer(scratch)
 
-    chosen, alone, history = select_blocks(candidates, score, cfg, log=lambda m: console.print(m, highlight=False))
-    int8_nodes = [n for b in chosen for n in by_block[b]]
+    chosen, alone, history = select_blocks(candidates, score, cfg, log=lambda m: console.print(m, highlight=False), parts=parts)
+    int8_nodes = [n for b in chosen for n in members[b]]
     if int8_nodes:
         quantize_static_qdq(source.model_file, out / "model.onnx", cfg, calibration_cache, None, nodes_to_quantize=int8_nodes)
     else:
@@ -221,6 +252,7 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
             "nodes": len(by_block[b]),
             "compute_share": round(block_share[b], 4),
             "int8": b in chosen,
+            **({"int8_parts": [p for p in chosen if p in parts.get(b, [])]} if b not in chosen and b in parts else {}),
             **(asdict(alone[b]) if b in alone else {"skipped": "below min_block_time_share"}),
         }
         for b in sorted(by_block)
@@ -233,6 +265,6 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
         "fallback_blocks": sorted(set(by_block) - set(chosen)),
         "int8_nodes": len(int8_nodes),
         "fallback_nodes": len(nodes) - len(int8_nodes),
-        "final_quality": history[-1] if history else None,
+        "final_quality": next((h for h in reversed(history) if h["passes"]), None),
         "sensitivity_seconds": round(time.perf_counter() - started, 1),
     }

@@ -1,0 +1,175 @@
+"""smooth stage: SmoothQuant for the generator's AdaIN -> Snake -> Conv chains, before quantization.
+
+A Conv input quantized per tensor loses the channels whose range is small next to the loudest
+channel's. SmoothQuant (Xiao et al., 2023) divides each input channel by a factor s_c and multiplies
+the matching weight column by it, so activation ranges even out while the product is unchanged:
+s_c = max|u_c|^m / max|W[:, c]|^(1-m), with the migration strength m from the recipe.
+
+In Kokoro the division costs no pass over the activations. The Snake input comes from AdaIN:
+
+    xt = (1 + gamma) * InstanceNorm(x) + beta
+    u  = xt + sin(alpha * xt)^2 / alpha        -> Conv(W, u)
+
+and with gain' = (1 + gamma) / s, beta' = beta / s, alpha' = alpha * s and W' = W * s (per input
+channel), the chain computes exactly u / s, and Conv(W', u / s) = Conv(W, u). gamma and beta are
+per-channel vectors, so only [1, C, 1] tensors gain a Mul. The ranges come from running the fp32
+model on calibration sentences.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kokoro_opt.artifacts import Artifact
+from kokoro_opt.passes.common import copy_runtime, stage_record
+from kokoro_opt.recipe import SmoothStage
+
+
+class _Graph:
+    """Producer/consumer lookups and initializer values over one ONNX graph."""
+
+    def __init__(self, model: Any) -> None:
+        from onnx import numpy_helper
+
+        self.graph = model.graph
+        self.producer = {out: node for node in self.graph.node for out in node.output}
+        self.consumers: dict[str, list[Any]] = {}
+        for node in self.graph.node:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+        self.const = {init.name: numpy_helper.to_array(init) for init in self.graph.initializer}
+
+    def sole(self, name: str, op_type: str) -> Any | None:
+        users = self.consumers.get(name, [])
+        return users[0] if len(users) == 1 and users[0].op_type == op_type else None
+
+    def made_by(self, names: Any, op_type: str) -> Any | None:
+        return next((self.producer[i] for i in names if i in self.producer and self.producer[i].op_type == op_type), None)
+
+    def const_operand(self, node: Any) -> tuple[str, str] | None:
+        """(initializer input, other input) of a binary node with exactly one initializer input."""
+        a, b = node.input
+        if (a in self.const) == (b in self.const):
+            return None
+        return (a, b) if a in self.const else (b, a)
+
+
+def _chain_at(g: _Graph, sin: Any) -> dict[str, Any] | None:
+    scale_mul = g.producer.get(sin.input[0])
+    power = g.sole(sin.output[0], "Pow")
+    if scale_mul is None or scale_mul.op_type != "Mul" or power is None or g.sole(scale_mul.output[0], "Sin") is not sin:
+        return None
+    split, inv_mul = g.const_operand(scale_mul), g.sole(power.output[0], "Mul")
+    if split is None or inv_mul is None or g.const_operand(inv_mul) is None:
+        return None
+    alpha, xt = split
+    snake_add = g.sole(inv_mul.output[0], "Add")
+    conv = g.sole(snake_add.output[0], "Conv") if snake_add is not None else None
+    if conv is None or xt not in snake_add.input or conv.input[0] != snake_add.output[0] or conv.input[1] not in g.const:
+        return None
+    if any(a.name == "group" and a.i != 1 for a in conv.attribute) or g.const[alpha].ndim != 3:
+        return None
+    if {n.name for n in g.consumers.get(xt, [])} != {scale_mul.name, snake_add.name}:
+        return None
+    beta_add = g.producer.get(xt)
+    gain_mul = g.made_by(beta_add.input, "Mul") if beta_add is not None and beta_add.op_type == "Add" else None
+    if gain_mul is None or g.sole(gain_mul.output[0], "Add") is not beta_add:
+        return None
+    norm = g.made_by(gain_mul.input, "InstanceNormalization")
+    if norm is None or g.sole(norm.output[0], "Mul") is not gain_mul:
+        return None
+    return {
+        "gain_mul": gain_mul, "gain": next(i for i in gain_mul.input if i != norm.output[0]),
+        "beta_add": beta_add, "beta": next(i for i in beta_add.input if i != gain_mul.output[0]),
+        "scale_mul": scale_mul, "alpha": alpha, "inv_mul": inv_mul,
+        "inv_alpha": g.const_operand(inv_mul)[0], "u": snake_add.output[0], "conv": conv,  # type: ignore[index]
+    }  # fmt: skip
+
+
+def match_chains(model: Any) -> list[dict[str, Any]]:
+    """Every AdaIN -> Snake -> Conv chain whose links are used nowhere else. alpha and 1/alpha must be
+    initializers, as ONNX Runtime's constant folding leaves them: run after `simplify`."""
+    g = _Graph(model)
+    return [c for c in (_chain_at(g, n) for n in g.graph.node if n.op_type == "Sin") if c is not None]
+
+
+def channel_peaks(model_file: Path, tensors: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """max |t[0, c, :]| over the feeds for each named [1, C, T] tensor of the fp32 model."""
+    if not tensors:
+        return {}
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(model_file))
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in tensors)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    peaks: dict[str, np.ndarray] = {}
+    for feed in feeds:
+        for name, value in zip(tensors, session.run(tensors, feed), strict=True):
+            peak = np.abs(value).max(axis=(0, 2))
+            peaks[name] = np.maximum(peaks[name], peak) if name in peaks else peak
+    return peaks
+
+
+def smooth_model(model: Any, peaks: dict[str, np.ndarray], migration: float) -> int:
+    """Apply the per-channel factors in place (see the module docstring); returns chains rewritten."""
+    from onnx import helper, numpy_helper
+
+    g = _Graph(model)
+    before: dict[str, list[Any]] = {}  # node name -> new nodes to place just before it
+    chains = [c for c in match_chains(model) if c["u"] in peaks]
+    for c in chains:
+        conv = c["conv"]
+        weight = g.const[conv.input[1]].astype(np.float64)
+        act = np.maximum(peaks[c["u"]].astype(np.float64), 1e-5)
+        wmax = np.maximum(np.abs(weight).max(axis=(0, 2)), 1e-5)
+        s = act**migration / wmax ** (1 - migration)
+        s = np.clip(s / np.exp(np.mean(np.log(s))), 1e-2, 1e2).reshape(1, -1, 1)  # geometric mean 1
+        prefix = conv.name.rsplit("/", 1)[0] + "/smooth"
+        new = {
+            "inv_s": 1.0 / s, "alpha": g.const[c["alpha"]] * s, "inv_alpha": g.const[c["inv_alpha"]] / s, "weight": weight * s,
+        }  # fmt: skip
+        model.graph.initializer.extend(numpy_helper.from_array(v.astype(np.float32), f"{prefix}/{k}") for k, v in new.items())
+        for key, consumer in (("gain", c["gain_mul"]), ("beta", c["beta_add"])):  # [1, C, 1] vectors: cheap
+            vector = helper.make_node("Mul", [c[key], f"{prefix}/inv_s"], [f"{prefix}/{key}"], name=f"{prefix}/{key}")
+            before[consumer.name] = [vector]
+            _swap_input(consumer, c[key], f"{prefix}/{key}")
+        _swap_input(c["scale_mul"], c["alpha"], f"{prefix}/alpha")
+        _swap_input(c["inv_mul"], c["inv_alpha"], f"{prefix}/inv_alpha")
+        _swap_input(conv, conv.input[1], f"{prefix}/weight")
+    ordered = [item for node in g.graph.node for item in [*before.get(node.name, []), node]]
+    del g.graph.node[:]
+    g.graph.node.extend(ordered)
+    used = {i for n in g.graph.node for i in n.input}
+    kept = [i for i in g.graph.initializer if i.name in used]
+    del g.graph.initializer[:]
+    g.graph.initializer.extend(kept)
+    return len(chains)
+
+
+def _swap_input(node: Any, old: str, new: str) -> None:
+    for i, name in enumerate(node.input):
+        if name == old:
+            node.input[i] = new
+
+
+def run_smooth(source: Artifact, cfg: SmoothStage, out: Path) -> dict[str, Any]:
+    import onnx
+
+    from kokoro_opt.passes.quantize import calibration_feeds
+
+    started = time.perf_counter()
+    copy_runtime(source, out)
+    model = onnx.load(str(source.model_file))
+    tensors = [c["u"] for c in match_chains(model)]
+    peaks = channel_peaks(source.model_file, tensors, calibration_feeds(source, cfg.calibration_sentences))
+    rewritten = smooth_model(model, peaks, cfg.migration)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(out / "model.onnx"))
+    return stage_record("smooth", cfg, out, started, chains=rewritten)
