@@ -44,6 +44,11 @@ def test_each_lstm_direction_may_have_its_own_grid() -> None:
     assert np.array_equal((codes * scales.astype(np.float64)).astype(np.float32), weight)
 
 
+def test_slices_on_grids_too_far_apart_for_one_8bit_window_are_not_exact() -> None:
+    weight = np.stack([on_grid((16, 8), 0.01, -127, 127, seed=2), on_grid((16, 8), 0.01, 10, 250, seed=3)])
+    assert exact_codes(weight, (0, 1)) is None
+
+
 def test_rounding_is_per_output_channel() -> None:
     weight = np.random.default_rng(4).standard_normal((8, 4, 3)).astype(np.float32)
     weight[3] *= 1000  # one loud channel must not coarsen the others

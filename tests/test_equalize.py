@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from kokoro_opt.passes.equalize import channel_ranges
@@ -35,8 +36,8 @@ def conv_then_residual(path: Path) -> Path:
     return path
 
 
-def quantize(source: Path, out: Path, equalize: bool, feeds: list[dict[str, np.ndarray]]) -> Path:
-    cfg = QuantizeStage(kind="quantize", mode="static", op_types=["Conv"], equalize_outputs=equalize)
+def quantize(source: Path, out: Path, equalize: bool, feeds: list[dict[str, np.ndarray]], activation: str) -> Path:
+    cfg = QuantizeStage(kind="quantize", mode="static", op_types=["Conv"], equalize_outputs=equalize, activation_type=activation)
     cache = out.parent / f"calibration-{equalize}.json"
     if equalize:
         channel_ranges(source, feeds, output_ranges_path(cache))
@@ -51,12 +52,13 @@ def run(model: Path, x: np.ndarray, optimized: Path | None = None) -> np.ndarray
     return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
-def test_equalized_outputs_keep_quiet_channels_and_still_fuse(tmp_path: Path) -> None:
+@pytest.mark.parametrize("activation", ["uint8", "int8"])
+def test_equalized_outputs_keep_quiet_channels_and_still_fuse(tmp_path: Path, activation: str) -> None:
     source = conv_then_residual(tmp_path / "fp32.onnx")
     rng = np.random.default_rng(1)
     feeds = [{"x": (rng.standard_normal((1, 8, 400)) * 0.01).astype(np.float32)} for _ in range(4)]
-    plain = quantize(source, tmp_path / "plain.onnx", False, feeds)
-    equalized = quantize(source, tmp_path / "equalized.onnx", True, feeds)
+    plain = quantize(source, tmp_path / "plain.onnx", False, feeds, activation)
+    equalized = quantize(source, tmp_path / "equalized.onnx", True, feeds, activation)
 
     # Inside the calibrated ranges: equalization trades every channel's headroom for resolution, so
     # values beyond a channel's calibrated range clip (the real model's score includes that).
@@ -70,8 +72,15 @@ def test_equalized_outputs_keep_quiet_channels_and_still_fuse(tmp_path: Path) ->
 
     dequant = [n for n in onnx.load(str(equalized)).graph.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("y")]
     assert [a.i for n in dequant for a in n.attribute if a.name == "axis"] == [1]
-    run(equalized, x, optimized=tmp_path / "optimized.onnx")
-    assert "QLinearConv" in {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    zero_points = [i for i in onnx.load(str(equalized)).graph.initializer if i.name.endswith("_eq_zero_point")]
+    assert [z.data_type for z in zero_points] == [TensorProto.UINT8 if activation == "uint8" else TensorProto.INT8]
+
+    def fused(model: Path) -> bool:
+        run(model, x, optimized=tmp_path / "optimized.onnx")
+        return "QLinearConv" in {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+
+    # ORT fuses uint8 x int8 everywhere (int8 x int8 only where its kernels allow): equalized as plain
+    assert fused(equalized) == fused(plain) and (fused(equalized) or activation == "int8")
 
 
 def test_equalize_on_the_tiny_kokoro(tiny_recipe, artifacts_root) -> None:

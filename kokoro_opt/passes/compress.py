@@ -75,7 +75,8 @@ def exact_codes(weight: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, 
         shape = [1] * weight.ndim
         shape[axis] = weight.shape[axis]
         scales = np.array([found[1] for found in slices], np.float32).reshape(shape)  # type: ignore[index]
-        return codes, scales
+        if codes.max() - codes.min() <= 255:  # one 8-bit window for all slices, or not exact
+            return codes, scales
     return None
 
 

@@ -101,28 +101,45 @@ def equalize_conv_outputs(model: Any, ranges: dict[str, list[list[float]]]) -> i
     for conv, quant, dequants in conv_outputs(model):
         name = conv.output[0]
         weight_dq = producer.get(conv.input[1])
-        if name not in ranges or weight_dq is None or weight_dq.op_type != "DequantizeLinear":
+        bias_dq = producer.get(conv.input[2]) if len(conv.input) > 2 else None
+        bias_ok = (
+            len(conv.input) < 3
+            or conv.input[2] in initializers
+            or (bias_dq is not None and bias_dq.op_type == "DequantizeLinear" and bias_dq.input[1] in initializers)
+        )
+        foldable = (
+            name in ranges
+            and weight_dq is not None
+            and weight_dq.op_type == "DequantizeLinear"
+            and weight_dq.input[1] in initializers
+            and len(quant.input) > 2
+            and quant.input[2] in initializers
+            and bias_ok
+        )
+        if not foldable:
             continue
         low, high = (np.asarray(r, np.float64) for r in ranges[name])
         reach = np.maximum(np.maximum(-low, high), 1e-8)
         gain = np.clip(reach.max() / reach, 1.0, MAX_GAIN)
+        if numpy_helper.to_array(initializers[weight_dq.input[1]]).size != gain.size or reach.max() <= 1e-8:
+            continue  # a per-tensor weight scale cannot take a per-channel gain; a silent conv needs none
+        # the output keeps its activation type (uint8 or int8): QLinearConv needs input and output alike
+        code_type = numpy_helper.to_array(initializers[quant.input[2]]).dtype
+        q_min, q_max = np.iinfo(code_type).min, np.iinfo(code_type).max
         lo, hi = min(0.0, float((gain * low).min())), max(0.0, float((gain * high).max()))
-        scale = (hi - lo) / 255.0
-        zero_point = int(np.clip(np.rint(-lo / scale), 0, 255))
-        if numpy_helper.to_array(initializers[weight_dq.input[1]]).size != gain.size:
-            continue  # per-tensor weight scale: the gain cannot be folded per channel
+        scale = (hi - lo) / (q_max - q_min)
+        zero_point = int(np.clip(np.rint(q_min - lo / scale), q_min, q_max))
         scale_initializer(weight_dq.input[1], gain)
-        bias_dq = producer.get(conv.input[2]) if len(conv.input) > 2 else None
         if bias_dq is not None and bias_dq.op_type == "DequantizeLinear":
             scale_initializer(bias_dq.input[1], gain)
-        elif len(conv.input) > 2 and conv.input[2] in initializers:
+        elif len(conv.input) > 2:
             scale_initializer(conv.input[2], gain)  # a float bias
         model.graph.initializer.extend(
             [
                 numpy_helper.from_array(np.array(scale, np.float32), f"{name}_eq_scale"),
-                numpy_helper.from_array(np.array(zero_point, np.uint8), f"{name}_eq_zero_point"),
+                numpy_helper.from_array(np.array(zero_point, code_type), f"{name}_eq_zero_point"),
                 numpy_helper.from_array((scale / gain).astype(np.float32), f"{name}_eq_channel_scale"),
-                numpy_helper.from_array(np.full(gain.size, zero_point, np.uint8), f"{name}_eq_channel_zero_point"),
+                numpy_helper.from_array(np.full(gain.size, zero_point, code_type), f"{name}_eq_channel_zero_point"),
             ]
         )
         quant.input[1], quant.input[2] = f"{name}_eq_scale", f"{name}_eq_zero_point"

@@ -107,7 +107,7 @@ def select_blocks(
         dropped = chosen.pop()  # the most sensitive block still in INT8
         log(f"fallback: {dropped} -> {cfg.fallback_precision} (combined PESQ {combined.mean_pesq:.2f})")
     parts = parts or {}
-    for block in sorted(set(blocks) - set(chosen), key=lambda b: alone[b].sensitivity):
+    for block in sorted(set(blocks) - set(chosen), key=lambda b: (alone[b].sensitivity, b)):
         for part in parts.get(block, []) if len(parts.get(block, [])) > 1 else []:
             combined = score({*chosen, part})
             history.append({"int8_blocks": len(chosen) + 1, "part": part, **asdict(combined), "passes": combined.passes(cfg)})
@@ -229,9 +229,11 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
     for node in nodes:
         by_part.setdefault(part_of(node), []).append(node)
     members = {**by_part, **by_block}
+    # Only resblock branches are parts: splitting e.g. the ALBERT into its 97 MatMuls would cost 97 scorings.
     parts = {
         b: sorted({part_of(n) for n in by_block[b]}, key=lambda p: (-sum(shares.get(n, 0.0) for n in by_part[p]), p))
         for b in candidates
+        if any(part_of(n) != n for n in by_block[b])
     }
 
     def score(blocks: set[str]) -> Quality:
@@ -252,7 +254,7 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
             "nodes": len(by_block[b]),
             "compute_share": round(block_share[b], 4),
             "int8": b in chosen,
-            **({"int8_parts": [p for p in chosen if p in parts.get(b, [])]} if b not in chosen and b in parts else {}),
+            **({"int8_parts": [p for p in chosen if p in parts[b]]} if b not in chosen and len(parts.get(b, [])) > 1 else {}),
             **(asdict(alone[b]) if b in alone else {"skipped": "below min_block_time_share"}),
         }
         for b in sorted(by_block)

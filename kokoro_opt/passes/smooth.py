@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import copy_runtime, stage_record
 from kokoro_opt.recipe import SmoothStage
 
@@ -168,6 +169,11 @@ def run_smooth(source: Artifact, cfg: SmoothStage, out: Path) -> dict[str, Any]:
     copy_runtime(source, out)
     model = onnx.load(str(source.model_file))
     tensors = [c["u"] for c in match_chains(model)]
+    if not tensors:
+        raise UserError(
+            "smooth found no AdaIN -> Snake -> Conv chain to rescale",
+            "put a `simplify` stage before it (Snake's 1/alpha must be folded into a constant) and run it before quantize",
+        )
     peaks = channel_peaks(source.model_file, tensors, calibration_feeds(source, cfg.calibration_sentences))
     rewritten = smooth_model(model, peaks, cfg.migration)
     onnx.checker.check_model(model)
