@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +51,21 @@ def stage_record(kind: str, cfg: Any, out: Path, started: float, **facts: Any) -
         "graph": graph_summary(out / "model.onnx"),
         "seconds": {kind: round(time.perf_counter() - started, 2)},
     }
+
+
+def intermediate_values(model: Any, tensors: list[str], feeds: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """For each feed, the values of the named intermediate tensors of `model` (an onnx.ModelProto,
+    left unchanged): a copy runs with them exposed as outputs; ORT's basic optimisation keeps names."""
+    if not tensors:
+        return
+    import onnx
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in tensors)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        yield dict(zip(tensors, session.run(tensors, feed), strict=True))

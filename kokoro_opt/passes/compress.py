@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.onnx_graph import GraphIndex
 from kokoro_opt.passes.common import copy_runtime, stage_record
 from kokoro_opt.recipe import CompressStage
 
@@ -134,16 +135,13 @@ def compress_model(model: Any, cfg: CompressStage, protected: Collection[str] = 
     Weights used by a `protected` node are stored exactly or left FP32, never rounded."""
     from onnx import TensorProto, numpy_helper
 
-    consumers: dict[str, list[tuple[Any, int]]] = {}
-    for node in model.graph.node:
-        for index, name in enumerate(node.input):
-            consumers.setdefault(name, []).append((node, index))
+    index = GraphIndex(model)
     graph_inputs = {i.name for i in model.graph.input}
     new_nodes: list[Any] = []
     kept, new_inits = [], []
     stats = {"exact": 0, "rounded": 0, "skipped_off_grid": 0, "mb_before": 0.0, "mb_after": 0.0, "max_relative_error": 0.0}
     for init in model.graph.initializer:
-        uses = consumers.get(init.name, [])
+        uses = index.uses(init.name)
         weight_use = (
             init.data_type == TensorProto.FLOAT
             and init.name not in graph_inputs

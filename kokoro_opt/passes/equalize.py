@@ -24,20 +24,20 @@ from typing import Any
 
 import numpy as np
 
+from kokoro_opt.onnx_graph import GraphIndex, drop_unused_initializers
+from kokoro_opt.passes.common import intermediate_values
+
 MAX_GAIN = 1000.0
 PERCENTILE = 99.999
 
 
-def conv_outputs(model: Any) -> list[tuple[Any, Any, list[Any]]]:
+def conv_outputs(index: GraphIndex) -> list[tuple[Any, Any, list[Any]]]:
     """(Conv, its output QuantizeLinear, the DequantizeLinears after it) for every conv whose
     requantized output is only read back as float (a DQ feeding another quantized op keeps its
     per-tensor scale, which that op's fusion needs)."""
-    consumers: dict[str, list[Any]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = index.consumers
     found = []
-    for conv in (n for n in model.graph.node if n.op_type == "Conv"):
+    for conv in (n for n in index.graph.node if n.op_type == "Conv"):
         users = consumers.get(conv.output[0], [])
         if len(users) != 1 or users[0].op_type != "QuantizeLinear":
             continue
@@ -55,18 +55,13 @@ def channel_ranges(model_file: Path, feeds: list[dict[str, np.ndarray]], cache: 
     if cache.exists():
         return
     import onnx
-    import onnxruntime as ort
 
     model = onnx.load(str(model_file))
     names = [n.output[0] for n in model.graph.node if n.op_type == "Conv"]
-    model.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in names)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     low: dict[str, np.ndarray] = {}
     high: dict[str, np.ndarray] = {}
-    for feed in feeds:
-        for name, value in zip(names, session.run(names, feed), strict=True):
+    for values in intermediate_values(model, names, feeds):
+        for name, value in values.items():
             per_channel = value[0].reshape(value.shape[1], -1)  # [C, T] of the batch of one
             lo, hi = np.percentile(per_channel, [100 - PERCENTILE, PERCENTILE], axis=1)
             low[name] = np.minimum(low[name], lo) if name in low else lo
@@ -89,8 +84,8 @@ def equalize_conv_outputs(model: Any, ranges: dict[str, list[list[float]]]) -> i
     """Rewrite `model` (a QDQ model) in place as the module docstring says; returns convs rewritten."""
     from onnx import helper, numpy_helper
 
-    initializers = {init.name: init for init in model.graph.initializer}
-    producer = {out: node for node in model.graph.node for out in node.output}
+    index = GraphIndex(model)
+    initializers, producer = index.initializers, index.producer
 
     def scale_initializer(name: str, gain: np.ndarray) -> None:
         init = initializers[name]
@@ -98,7 +93,7 @@ def equalize_conv_outputs(model: Any, ranges: dict[str, list[list[float]]]) -> i
         init.CopyFrom(numpy_helper.from_array(value.astype(np.float32), name))
 
     count = 0
-    for conv, quant, dequants in conv_outputs(model):
+    for conv, quant, dequants in conv_outputs(index):
         name = conv.output[0]
         weight_dq = producer.get(conv.input[1])
         bias_dq = producer.get(conv.input[2]) if len(conv.input) > 2 else None
@@ -148,8 +143,5 @@ def equalize_conv_outputs(model: Any, ranges: dict[str, list[list[float]]]) -> i
             del dq.attribute[:]
             dq.attribute.append(helper.make_attribute("axis", 1))
         count += 1
-    used = {name for node in model.graph.node for name in node.input}
-    kept = [init for init in model.graph.initializer if init.name in used]  # the replaced output scales
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
+    drop_unused_initializers(model)  # the replaced output scales
     return count

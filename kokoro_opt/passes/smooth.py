@@ -26,23 +26,19 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.passes.common import copy_runtime, stage_record
+from kokoro_opt.onnx_graph import GraphIndex, drop_unused_initializers
+from kokoro_opt.passes.common import copy_runtime, intermediate_values, stage_record
 from kokoro_opt.recipe import SmoothStage
 
 
-class _Graph:
-    """Producer/consumer lookups and initializer values over one ONNX graph."""
+class _Graph(GraphIndex):
+    """The index plus initializer values and the pattern lookups the chain matcher needs."""
 
     def __init__(self, model: Any) -> None:
         from onnx import numpy_helper
 
-        self.graph = model.graph
-        self.producer = {out: node for node in self.graph.node for out in node.output}
-        self.consumers: dict[str, list[Any]] = {}
-        for node in self.graph.node:
-            for name in node.input:
-                self.consumers.setdefault(name, []).append(node)
-        self.const = {init.name: numpy_helper.to_array(init) for init in self.graph.initializer}
+        super().__init__(model)
+        self.const = {name: numpy_helper.to_array(init) for name, init in self.initializers.items()}
 
     def sole(self, name: str, op_type: str) -> Any | None:
         users = self.consumers.get(name, [])
@@ -94,25 +90,18 @@ def _chain_at(g: _Graph, sin: Any) -> dict[str, Any] | None:
 def match_chains(model: Any) -> list[dict[str, Any]]:
     """Every AdaIN -> Snake -> Conv chain whose links are used nowhere else. alpha and 1/alpha must be
     initializers, as ONNX Runtime's constant folding leaves them: run after `simplify`."""
-    g = _Graph(model)
+    return _chains(_Graph(model))
+
+
+def _chains(g: _Graph) -> list[dict[str, Any]]:
     return [c for c in (_chain_at(g, n) for n in g.graph.node if n.op_type == "Sin") if c is not None]
 
 
-def channel_peaks(model_file: Path, tensors: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def channel_peaks(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """max |t[0, c, :]| over the feeds for each named [1, C, T] tensor of the fp32 model."""
-    if not tensors:
-        return {}
-    import onnx
-    import onnxruntime as ort
-
-    model = onnx.load(str(model_file))
-    model.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in tensors)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     peaks: dict[str, np.ndarray] = {}
-    for feed in feeds:
-        for name, value in zip(tensors, session.run(tensors, feed), strict=True):
+    for values in intermediate_values(model, tensors, feeds):
+        for name, value in values.items():
             peak = np.abs(value).max(axis=(0, 2))
             peaks[name] = np.maximum(peaks[name], peak) if name in peaks else peak
     return peaks
@@ -124,7 +113,7 @@ def smooth_model(model: Any, peaks: dict[str, np.ndarray], migration: float) -> 
 
     g = _Graph(model)
     before: dict[str, list[Any]] = {}  # node name -> new nodes to place just before it
-    chains = [c for c in match_chains(model) if c["u"] in peaks]
+    chains = [c for c in _chains(g) if c["u"] in peaks]
     for c in chains:
         conv = c["conv"]
         weight = g.const[conv.input[1]].astype(np.float64)
@@ -147,10 +136,7 @@ def smooth_model(model: Any, peaks: dict[str, np.ndarray], migration: float) -> 
     ordered = [item for node in g.graph.node for item in [*before.get(node.name, []), node]]
     del g.graph.node[:]
     g.graph.node.extend(ordered)
-    used = {i for n in g.graph.node for i in n.input}
-    kept = [i for i in g.graph.initializer if i.name in used]
-    del g.graph.initializer[:]
-    g.graph.initializer.extend(kept)
+    drop_unused_initializers(model)
     return len(chains)
 
 
@@ -174,7 +160,7 @@ def run_smooth(source: Artifact, cfg: SmoothStage, out: Path) -> dict[str, Any]:
             "smooth found no AdaIN -> Snake -> Conv chain to rescale",
             "put a `simplify` stage before it (Snake's 1/alpha must be folded into a constant) and run it before quantize",
         )
-    peaks = channel_peaks(source.model_file, tensors, calibration_feeds(source, cfg.calibration_sentences))
+    peaks = channel_peaks(model, tensors, calibration_feeds(source, cfg.calibration_sentences))
     rewritten = smooth_model(model, peaks, cfg.migration)
     onnx.checker.check_model(model)
     onnx.save(model, str(out / "model.onnx"))

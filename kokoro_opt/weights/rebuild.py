@@ -24,6 +24,7 @@ import torch
 from onnx import numpy_helper
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.onnx_graph import GraphIndex
 
 log = logging.getLogger(__name__)
 
@@ -132,16 +133,11 @@ def _check(cond: bool, msg: str) -> None:
         raise UserError(f"unexpected int8 graph: {msg}", _BAD_GRAPH_HINT)
 
 
-class _Graph:
+class _Graph(GraphIndex):
     def __init__(self, model: onnx.ModelProto) -> None:
-        g = model.graph
-        self.init: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-        self.nodes = list(g.node)
-        self.producer: dict[str, onnx.NodeProto] = {o: n for n in g.node for o in n.output}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in g.node:
-            for i in n.input:
-                self.consumers.setdefault(i, []).append(n)
+        super().__init__(model)
+        self.init: dict[str, np.ndarray] = {name: numpy_helper.to_array(t) for name, t in self.initializers.items()}
+        self.nodes = list(model.graph.node)
 
     def const(self, name: str, what: str) -> np.ndarray:
         _check(name in self.init, f"{what}: {name!r} is not an initializer")
