@@ -100,6 +100,11 @@ class QuantizeStage(Strict):
         0.01, ge=0.0, lt=1.0, description="mixed: blocks doing less of the Conv/MatMul work than this stay unquantized"
     )
     sensitivity_sentences: int = Field(3, ge=1, le=20, description="mixed: held-out sentences scored per variant")
+    input_clip_percentiles: list[Annotated[float, Field(gt=90.0, lt=100.0)]] = Field(
+        default_factory=list,
+        description="mixed: a block that falls back is scored alone with its input ranges cut at each of these "
+        "two-sided percentiles; the best of those and the plain ranges is kept for its branches",
+    )
     fallback_precision: Literal["fp32", "fp16"] = Field("fp32", description="fp32 for CPU; fp16 for FP16-native targets")
 
 

@@ -82,6 +82,30 @@ def test_mixed_writes_a_precision_map(tiny_recipe, artifacts_root) -> None:
     runs(result.artifact)
 
 
+def test_mixed_cuts_inputs_only_of_blocks_that_fall_back(tiny_recipe, artifacts_root) -> None:
+    """An unreachable budget: every block falls back, each resblock is scored with its inputs cut."""
+    stage = {
+        "kind": "quantize",
+        "mode": "mixed",
+        "op_types": ["Conv"],
+        "calibration_sentences": 2,
+        "sensitivity_sentences": 1,
+        "min_block_time_share": 0.05,
+        "quality_budget_pesq": 4.64,
+        "input_clip_percentiles": [99.9],
+    }
+    result = build_with(tiny_recipe, artifacts_root, "t-mixed-clip", [stage])
+    import json
+
+    precision = json.loads((result.artifact.path / "precision_map.json").read_text())
+    ranges = json.loads((result.artifact.path / "input_ranges.json").read_text())
+    resblock_inputs = [t for t in ranges if "/generator/resblocks." in t]
+    assert resblock_inputs and all(ranges[t]["99.9"][0] <= ranges[t]["99.9"][1] for t in resblock_inputs)
+    tried = [h["part"] for h in precision["fallback_history"] if "part" in h]
+    assert tried and all("/branch." in p for p in tried)
+    assert set(precision["input_clips"].values()) <= {99.9} and not (result.artifact.path / ".calibration-clipped.json").exists()
+
+
 def test_fp16_keeps_io_types_and_runs(tiny_recipe, artifacts_root) -> None:
     # as recipes/fp16.yaml: onnxsim first folds the If nodes whose FP16 typing ORT's converter gets wrong
     result = build_with(tiny_recipe, artifacts_root, "t-fp16", [{"kind": "simplify", "tool": "onnxsim"}, {"kind": "fp16"}])
@@ -164,9 +188,32 @@ def test_selector_falls_back_everything_when_nothing_passes() -> None:
     assert chosen == [] and history == []
 
 
-@pytest.mark.parametrize("bad", [{"quality_budget_pesq": 9}, {"mode": "fast"}, {"calibrate_method": "Magic"}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"quality_budget_pesq": 9}, {"mode": "fast"}, {"calibrate_method": "Magic"}, {"input_clip_percentiles": [100]}],
+)
 def test_quantize_config_is_validated(bad: dict) -> None:
     from kokoro_opt.errors import UserError
 
     with pytest.raises(UserError):
         parse_recipe({"name": "x", "stages": [{"kind": "quantize", "mode": "static", **bad}]})
+
+
+def test_selector_cuts_the_inputs_of_a_fallen_block_when_that_scores_better() -> None:
+    """`big` falls back; cut at 99.9 it scores better alone, and its branches then fit the budget."""
+    cfg = QuantizeStage(kind="quantize", mode="mixed")
+    drop = {"a": 0.3, "big": 0.7, "big@99.9": 0.5, "big@99": 0.6, "big/branch.0": 0.6, "big/branch.1": 0.6}
+    drop |= {"big/branch.0@99.9": 0.6, "big/branch.1@99.9": 0.3}
+
+    def score(units: set[str]) -> Quality:
+        pesq = 4.64 - sum(drop[u] for u in units)
+        return Quality(pesq, pesq, 0.0, 1.0, True)
+
+    parts = {"big": ["big/branch.0", "big/branch.1"]}
+    chosen, _, history = select_blocks(["a", "big"], score, cfg, log=lambda _: None, parts=parts, clip_percentiles=[99, 99.9])
+    assert chosen == ["a", "big/branch.1@99.9"]
+    assert [h.get("part") for h in history][-2:] == ["big/branch.0@99.9", "big/branch.1@99.9"]
+
+    drop |= {"big@99.9": 0.9, "big@99": 0.8}  # cutting hurts: the branches are tried with plain ranges
+    chosen, _, history = select_blocks(["a", "big"], score, cfg, log=lambda _: None, parts=parts, clip_percentiles=[99, 99.9])
+    assert chosen == ["a"] and [h.get("part") for h in history][-2:] == ["big/branch.0", "big/branch.1"]

@@ -18,6 +18,7 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
+from kokoro_opt.passes.clipping import clipped_calibration, input_ranges
 from kokoro_opt.passes.common import copy_runtime, graph_summary
 from kokoro_opt.paths import repo_file
 from kokoro_opt.recipe import QuantizeStage
@@ -94,8 +95,11 @@ def quantize_static_qdq(
     calibration_cache: Path,
     feeds: list[dict[str, np.ndarray]] | None,
     nodes_to_quantize: list[str] | None = None,
+    clips: dict[str, float] | None = None,
 ) -> None:
-    """Static QDQ INT8: per-channel int8 weights, uint8 activations (VNNI-friendly, no reduce_range)."""
+    """Static QDQ INT8: per-channel int8 weights, uint8 activations (VNNI-friendly, no reduce_range).
+
+    `clips` cuts the calibrated range of some tensors at a two-sided percentile (see passes.clipping)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     logging.getLogger("root").setLevel(logging.ERROR)  # ORT's "consider pre-processing" nag
@@ -112,7 +116,7 @@ def quantize_static_qdq(
         nodes_to_quantize=nodes_to_quantize,
         nodes_to_exclude=list(cfg.exclude_nodes) or None,
         calibrate_method=getattr(CalibrationMethod, cfg.calibrate_method),
-        calibration_cache_path=str(calibration_cache),
+        calibration_cache_path=str(clipped_calibration(calibration_cache, input_ranges_path(calibration_cache), clips or {})),
         # One feed per collect: utterances differ in length, so the histogram calibrators (Entropy,
         # Percentile) cannot stack them, and MinMax keeps far less in memory.
         extra_options={"ActivationSymmetric": False, "WeightSymmetric": True, "CalibStridedMinMax": 1},
@@ -128,6 +132,11 @@ def output_ranges_path(calibration_cache: Path) -> Path:
     return calibration_cache.with_name("output_ranges.json")
 
 
+def input_ranges_path(calibration_cache: Path) -> Path:
+    """Clip-candidate ranges of the quantized nodes' inputs, next to the calibration ranges too."""
+    return calibration_cache.with_name("input_ranges.json")
+
+
 def calibrate(source: Artifact, cfg: QuantizeStage, out: Path) -> Path:
     """Compute activation ranges once; later quantize calls read the cached JSON."""
     cache = out / "calibration.json"
@@ -135,6 +144,10 @@ def calibrate(source: Artifact, cfg: QuantizeStage, out: Path) -> Path:
         from kokoro_opt.passes.equalize import channel_ranges
 
         channel_ranges(source.model_file, calibration_feeds(source, cfg.calibration_sentences), output_ranges_path(cache))
+    if cfg.mode == "mixed" and cfg.input_clip_percentiles:
+        nodes = quantizable_nodes(source.model_file, cfg.op_types)
+        feeds = calibration_feeds(source, cfg.calibration_sentences)
+        input_ranges(source.model_file, nodes, feeds, cfg.input_clip_percentiles, input_ranges_path(cache))
     if not cache.exists():
         scratch = out / ".calibration-probe.onnx"
         quantize_static_qdq(source.model_file, scratch, cfg, cache, calibration_feeds(source, cfg.calibration_sentences))

@@ -6,7 +6,8 @@ fp32 on held-out sentences: PESQ-WB catches distortion, the 4-12 kHz energy rati
 static that a quantized conv_post/iSTFT path adds (which a log-mel distance missed elsewhere),
 and durations must stay identical. Then, like Intel Neural Compressor's fallback, every block that
 passed alone is quantized together and the most sensitive one falls back to higher precision until
-the whole model meets the recipe's quality budget.
+the whole model meets the recipe's quality budget. A block that still falls back is retried one
+resblock branch at a time, optionally with its input ranges cut tighter (see passes.clipping).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -87,11 +88,14 @@ def select_blocks(
     cfg: QuantizeStage,
     log: Callable[[str], None] = print,
     parts: dict[str, list[str]] | None = None,
+    clip_percentiles: list[float] | tuple[float, ...] = (),
 ) -> tuple[list[str], dict[str, Quality], list[dict[str, Any]]]:
     """Returns (blocks and parts kept in INT8, each block's quality alone, the fallback history).
 
     A block left in higher precision is then tried part by part (`parts`, most work first): each part
-    that keeps the whole model within the budget goes to INT8 too."""
+    that keeps the whole model within the budget goes to INT8 too. With `clip_percentiles`, the block
+    is first scored alone with its input ranges cut at each percentile (unit `block@99.95`); if one
+    beats the plain ranges, its parts are tried with that cut (`part@99.95`)."""
     alone: dict[str, Quality] = {}
     for block in blocks:
         alone[block] = score({block})
@@ -108,13 +112,35 @@ def select_blocks(
         log(f"fallback: {dropped} -> {cfg.fallback_precision} (combined PESQ {combined.mean_pesq:.2f})")
     parts = parts or {}
     for block in sorted(set(blocks) - set(chosen), key=lambda b: (alone[b].sensitivity, b)):
-        for part in parts.get(block, []) if len(parts.get(block, [])) > 1 else []:
+        block_parts = parts.get(block, []) if len(parts.get(block, [])) > 1 else []
+        suffix = _best_clip(block, alone[block], score, clip_percentiles, log) if block_parts else ""
+        for part in (p + suffix for p in block_parts):
             combined = score({*chosen, part})
             history.append({"int8_blocks": len(chosen) + 1, "part": part, **asdict(combined), "passes": combined.passes(cfg)})
             verdict = "int8" if combined.passes(cfg) else cfg.fallback_precision
             chosen += [part] if combined.passes(cfg) else []
             log(f"part {part}: {verdict} (combined PESQ {combined.mean_pesq:.2f})")
     return chosen, alone, history
+
+
+def _best_clip(
+    block: str, plain: Quality, score: Callable[[set[str]], Quality], percentiles: Any, log: Callable[[str], None]
+) -> str:
+    """'@p' for the input cut that scores best alone, '' when the plain ranges do."""
+    best, best_quality = "", plain
+    for percentile in percentiles:
+        unit = f"{block}@{percentile:g}"
+        quality = score({unit})
+        log(f"clip {unit}: PESQ {quality.mean_pesq:.2f}, high-band {quality.max_high_band_db:+.2f} dB alone")
+        if quality.sensitivity < best_quality.sensitivity:
+            best, best_quality = f"@{percentile:g}", quality
+    return best
+
+
+def split_clip(unit: str) -> tuple[str, float | None]:
+    """`decoder/generator/resblocks.5/branch.1@99.95` -> (the unit, 99.95); no suffix -> (unit, None)."""
+    name, _, percentile = unit.partition("@")
+    return name, float(percentile) if percentile else None
 
 
 class AudioScorer:
@@ -201,8 +227,10 @@ def node_cost_shares(model_file: Path, feeds: list[dict[str, np.ndarray]]) -> di
 
 def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache: Path) -> dict[str, Any]:
     """Write out/model.onnx with the chosen INT8 blocks and out/precision_map.json; return the summary."""
+    import onnx
     from rich.console import Console
 
+    from kokoro_opt.passes.clipping import activation_inputs
     from kokoro_opt.passes.quantize import quantizable_nodes, quantize_static_qdq
 
     console = Console(stderr=True)
@@ -236,37 +264,63 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
         if any(part_of(n) != n for n in by_block[b])
     }
 
-    def score(blocks: set[str]) -> Quality:
-        chosen_nodes = [n for b in sorted(blocks) for n in members[b]]
-        quantize_static_qdq(source.model_file, scratch, cfg, calibration_cache, None, nodes_to_quantize=chosen_nodes)
+    inputs_of = activation_inputs(onnx.load(str(source.model_file), load_external_data=False), set(nodes))
+
+    def nodes_and_clips(units: Iterable[str]) -> tuple[list[str], dict[str, float]]:
+        chosen_nodes, clips = [], {}
+        for unit in sorted(units):
+            name, percentile = split_clip(unit)
+            chosen_nodes += members[name]
+            clips.update({t: percentile for n in members[name] for t in inputs_of[n]} if percentile else {})
+        return chosen_nodes, clips
+
+    def score(units: set[str]) -> Quality:
+        chosen_nodes, clips = nodes_and_clips(units)
+        quantize_static_qdq(source.model_file, scratch, cfg, calibration_cache, None, nodes_to_quantize=chosen_nodes, clips=clips)
         return scorer(scratch)
 
-    chosen, alone, history = select_blocks(candidates, score, cfg, log=lambda m: console.print(m, highlight=False), parts=parts)
-    int8_nodes = [n for b in chosen for n in members[b]]
+    chosen, alone, history = select_blocks(
+        candidates,
+        score,
+        cfg,
+        log=lambda m: console.print(m, highlight=False),
+        parts=parts,
+        clip_percentiles=cfg.input_clip_percentiles,
+    )
+    int8_nodes, clips = nodes_and_clips(chosen)
     if int8_nodes:
-        quantize_static_qdq(source.model_file, out / "model.onnx", cfg, calibration_cache, None, nodes_to_quantize=int8_nodes)
+        quantize_static_qdq(
+            source.model_file, out / "model.onnx", cfg, calibration_cache, None, nodes_to_quantize=int8_nodes, clips=clips
+        )
     else:
         shutil.copy2(source.model_file, out / "model.onnx")
     scratch.unlink(missing_ok=True)
+    calibration_cache.with_name(".calibration-clipped.json").unlink(missing_ok=True)
     precision_map = {n: ("int8" if n in set(int8_nodes) else cfg.fallback_precision) for n in nodes}
     blocks_table = {
         b: {
             "nodes": len(by_block[b]),
             "compute_share": round(block_share[b], 4),
             "int8": b in chosen,
-            **({"int8_parts": [p for p in chosen if p in parts[b]]} if b not in chosen and len(parts.get(b, [])) > 1 else {}),
+            **(
+                {"int8_parts": [p for p in chosen if split_clip(p)[0] in parts[b]]}
+                if b not in chosen and len(parts.get(b, [])) > 1
+                else {}
+            ),
             **(asdict(alone[b]) if b in alone else {"skipped": "below min_block_time_share"}),
         }
         for b in sorted(by_block)
     }
     (out / "precision_map.json").write_text(
-        json.dumps({"nodes": precision_map, "blocks": blocks_table, "fallback_history": history}, indent=1), encoding="utf-8"
+        json.dumps({"nodes": precision_map, "blocks": blocks_table, "fallback_history": history, "input_clips": clips}, indent=1),
+        encoding="utf-8",
     )
     return {
         "int8_blocks": sorted(chosen),
         "fallback_blocks": sorted(set(by_block) - set(chosen)),
         "int8_nodes": len(int8_nodes),
         "fallback_nodes": len(nodes) - len(int8_nodes),
+        "clipped_inputs": len(clips),
         "final_quality": next((h for h in reversed(history) if h["passes"]), None),
         "sensitivity_seconds": round(time.perf_counter() - started, 1),
     }
