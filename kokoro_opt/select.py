@@ -3,8 +3,10 @@
 The rule for `best`, in order:
 1. a `tuned.json` written by `kokoro-opt tune` (the study's scalarised winner) — its artifact and
    its session/chunking settings;
-2. else, among artifacts evaluated in MLflow, the fastest (lowest RTF p50) whose quality passes the
-   budget (mean PESQ-WB >= 3.8 and no NaN/silent output vs fp32); fp32 itself always passes;
+2. else, among artifacts still on disk and evaluated in MLflow, the fastest whose quality passes the
+   budget (mean PESQ-WB >= 3.8 and no NaN/silent output vs fp32); fp32 itself always passes.
+   Fastest = the highest speedup over fp32 measured side by side in its newest evaluation, since
+   RTFs from different sessions are not comparable on a noisy machine;
 3. else the newest fp32 artifact, else the newest artifact of any recipe.
 """
 
@@ -56,7 +58,7 @@ def tuned_selection(root: Path) -> Selection | None:
 def evaluated_selection(root: Path, tracking_uri: str | None) -> Selection | None:
     from kokoro_opt.evaluate.tracking import best_evaluated
 
-    best = best_evaluated(tracking_uri, QUALITY_BUDGET_PESQ)
+    best = best_evaluated(tracking_uri, QUALITY_BUDGET_PESQ, available=lambda artifact_id: _by_id(root, artifact_id) is not None)
     if best is None:
         return None
     artifact = _by_id(root, best["artifact_id"])

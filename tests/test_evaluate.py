@@ -159,6 +159,8 @@ def test_best_evaluated_picks_a_passing_artifact(evaluated: EvalResult, store: s
     best = tracking.best_evaluated(store, min_pesq=3.8)
     assert best is not None and best["artifact_id"] == evaluated.artifact_id  # fp32 passes by definition
     assert "fp32 reference" in best["reason"]
+    # an artifact deleted since its evaluation is never picked
+    assert tracking.best_evaluated(store, min_pesq=3.8, available=lambda found: found != evaluated.artifact_id) is None
     empty = tmp_path / "none" / "mlflow.db"
     assert tracking.best_evaluated(f"sqlite:///{empty}", 3.8) is None and not empty.exists()
 
