@@ -140,17 +140,17 @@ def input_ranges_path(calibration_cache: Path) -> Path:
 def calibrate(source: Artifact, cfg: QuantizeStage, out: Path) -> Path:
     """Compute activation ranges once; later quantize calls read the cached JSON."""
     cache = out / "calibration.json"
+    feeds = calibration_feeds(source, cfg.calibration_sentences)
     if cfg.equalize_outputs:
         from kokoro_opt.passes.equalize import channel_ranges
 
-        channel_ranges(source.model_file, calibration_feeds(source, cfg.calibration_sentences), output_ranges_path(cache))
+        channel_ranges(source.model_file, feeds, output_ranges_path(cache))
     if cfg.mode == "mixed" and cfg.input_clip_percentiles:
         nodes = quantizable_nodes(source.model_file, cfg.op_types)
-        feeds = calibration_feeds(source, cfg.calibration_sentences)
         input_ranges(source.model_file, nodes, feeds, cfg.input_clip_percentiles, input_ranges_path(cache))
     if not cache.exists():
         scratch = out / ".calibration-probe.onnx"
-        quantize_static_qdq(source.model_file, scratch, cfg, cache, calibration_feeds(source, cfg.calibration_sentences))
+        quantize_static_qdq(source.model_file, scratch, cfg, cache, feeds)
         scratch.unlink(missing_ok=True)
     return cache
 

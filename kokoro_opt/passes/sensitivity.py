@@ -116,15 +116,15 @@ def select_blocks(
         suffix = _best_clip(block, alone[block], score, clip_percentiles, log) if block_parts else ""
         for part in (p + suffix for p in block_parts):
             combined = score({*chosen, part})
-            history.append({"int8_blocks": len(chosen) + 1, "part": part, **asdict(combined), "passes": combined.passes(cfg)})
-            verdict = "int8" if combined.passes(cfg) else cfg.fallback_precision
-            chosen += [part] if combined.passes(cfg) else []
-            log(f"part {part}: {verdict} (combined PESQ {combined.mean_pesq:.2f})")
+            fits = combined.passes(cfg)
+            history.append({"int8_blocks": len(chosen) + 1, "part": part, **asdict(combined), "passes": fits})
+            chosen += [part] if fits else []
+            log(f"part {part}: {'int8' if fits else cfg.fallback_precision} (combined PESQ {combined.mean_pesq:.2f})")
     return chosen, alone, history
 
 
 def _best_clip(
-    block: str, plain: Quality, score: Callable[[set[str]], Quality], percentiles: Any, log: Callable[[str], None]
+    block: str, plain: Quality, score: Callable[[set[str]], Quality], percentiles: Iterable[float], log: Callable[[str], None]
 ) -> str:
     """'@p' for the input cut that scores best alone, '' when the plain ranges do."""
     best, best_quality = "", plain
