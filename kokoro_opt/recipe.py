@@ -96,14 +96,17 @@ class QuantizeStage(Strict):
     quality_budget_pesq: float = Field(3.8, ge=1.0, le=4.64, description="mixed: mean PESQ-WB vs fp32 to keep")
     min_sentence_pesq: float = Field(3.0, ge=1.0, le=4.64, description="mixed: no held-out sentence below this")
     max_high_band_db: float = Field(1.5, gt=0.0, description="mixed: 4-12 kHz energy share vs fp32, dB; above = static/hiss")
+    min_durations_equal: float = Field(
+        1.0, ge=0.0, le=1.0, description="mixed: share of held-out sentences whose predicted durations must equal fp32's"
+    )
     min_block_time_share: float = Field(
         0.01, ge=0.0, lt=1.0, description="mixed: blocks doing less of the Conv/MatMul work than this stay unquantized"
     )
     sensitivity_sentences: int = Field(3, ge=1, le=20, description="mixed: held-out sentences scored per variant")
     input_clip_percentiles: list[Annotated[float, Field(gt=90.0, lt=100.0)]] = Field(
         default_factory=list,
-        description="mixed: a block that falls back is scored alone with its input ranges cut at each of these "
-        "two-sided percentiles; the best of those and the plain ranges is kept for its branches",
+        description="mixed: each block with branches (a resblock) is also scored alone with its input ranges cut "
+        "at each of these two-sided percentiles; the best of those and the plain ranges is kept",
     )
     fallback_precision: Literal["fp32", "fp16"] = Field("fp32", description="fp32 for CPU; fp16 for FP16-native targets")
 

@@ -82,8 +82,8 @@ def test_mixed_writes_a_precision_map(tiny_recipe, artifacts_root) -> None:
     runs(result.artifact)
 
 
-def test_mixed_cuts_inputs_only_of_blocks_that_fall_back(tiny_recipe, artifacts_root) -> None:
-    """An unreachable budget: every block falls back, each resblock is scored with its inputs cut."""
+def test_mixed_scores_resblocks_with_cut_inputs_and_retries_their_branches(tiny_recipe, artifacts_root) -> None:
+    """An unreachable budget: every block falls back and each resblock is retried branch by branch."""
     stage = {
         "kind": "quantize",
         "mode": "mixed",
@@ -167,6 +167,24 @@ def test_selector_takes_the_parts_of_a_fallen_block_that_fit_the_budget() -> Non
     assert [h["passes"] for h in history] == [False, True, False, True]
 
 
+def test_selector_drops_the_block_that_costs_most_quality_per_unit_of_compute() -> None:
+    """`small` hurts less alone than `big` but does a tenth of its work: it is the one to fall back."""
+    cfg = QuantizeStage(kind="quantize", mode="mixed")
+    drop = {"a": 0.2, "big": 0.5, "small": 0.4}
+
+    def score(units: set[str]) -> Quality:
+        pesq = 4.64 - sum(drop[u] for u in units)
+        return Quality(pesq, pesq, 0.0, 1.0, True)
+
+    shares = {"a": 0.3, "big": 0.6, "small": 0.06}
+    chosen, _, history = select_blocks(sorted(drop), score, cfg, log=lambda _: None, shares=shares)
+    assert sorted(chosen) == ["a", "big"]
+    assert history[0]["falls_back"] == "small" and history[-1]["passes"]
+    # Without shares the most sensitive block goes first, and the model keeps less of its work in INT8.
+    chosen, _, history = select_blocks(sorted(drop), score, cfg, log=lambda _: None)
+    assert sorted(chosen) == ["a", "small"] and history[0]["falls_back"] == "big"
+
+
 def test_parts_are_dilation_branches() -> None:
     assert part_of("/decoder/generator/resblocks.5/convs1.2/Conv") == "decoder/generator/resblocks.5/branch.2"
     assert part_of("/decoder/generator/resblocks.5/convs2.2/Conv") == "decoder/generator/resblocks.5/branch.2"
@@ -188,9 +206,28 @@ def test_selector_falls_back_everything_when_nothing_passes() -> None:
     assert chosen == [] and history == []
 
 
+def test_selector_rejects_a_block_that_changes_durations() -> None:
+    """Sounding fine is not enough: a block that changes a predicted duration stays in higher precision."""
+    cfg = QuantizeStage(kind="quantize", mode="mixed")
+    equal = {"a": 1.0, "front": 2 / 3}
+
+    def score(units: set[str]) -> Quality:
+        return Quality(4.5, 4.4, 0.0, min(equal[u] for u in units), True)
+
+    chosen, alone, _ = select_blocks(["a", "front"], score, cfg, log=lambda _: None)
+    assert chosen == ["a"] and not alone["front"].passes(cfg)
+    assert alone["front"].passes(cfg.model_copy(update={"min_durations_equal": 0.6}))
+
+
 @pytest.mark.parametrize(
     "bad",
-    [{"quality_budget_pesq": 9}, {"mode": "fast"}, {"calibrate_method": "Magic"}, {"input_clip_percentiles": [100]}],
+    [
+        {"quality_budget_pesq": 9},
+        {"mode": "fast"},
+        {"calibrate_method": "Magic"},
+        {"input_clip_percentiles": [100]},
+        {"min_durations_equal": 1.5},
+    ],
 )
 def test_quantize_config_is_validated(bad: dict) -> None:
     from kokoro_opt.errors import UserError
@@ -200,9 +237,9 @@ def test_quantize_config_is_validated(bad: dict) -> None:
 
 
 def test_selector_cuts_the_inputs_of_a_fallen_block_when_that_scores_better() -> None:
-    """`big` falls back; cut at 99.9 it scores better alone, and its branches then fit the budget."""
+    """Cut at 99.9, `big` scores better alone; it still falls back, and its branches get the cut."""
     cfg = QuantizeStage(kind="quantize", mode="mixed")
-    drop = {"a": 0.3, "big": 0.7, "big@99.9": 0.5, "big@99": 0.6, "big/branch.0": 0.6, "big/branch.1": 0.6}
+    drop = {"a": 0.3, "big": 0.7, "big@99.9": 0.55, "big@99": 0.6, "big/branch.0": 0.6, "big/branch.1": 0.6}
     drop |= {"big/branch.0@99.9": 0.6, "big/branch.1@99.9": 0.3}
 
     def score(units: set[str]) -> Quality:
@@ -212,7 +249,12 @@ def test_selector_cuts_the_inputs_of_a_fallen_block_when_that_scores_better() ->
     parts = {"big": ["big/branch.0", "big/branch.1"]}
     chosen, _, history = select_blocks(["a", "big"], score, cfg, log=lambda _: None, parts=parts, clip_percentiles=[99, 99.9])
     assert chosen == ["a", "big/branch.1@99.9"]
+    assert history[0]["falls_back"] == "big@99.9"
     assert [h.get("part") for h in history][-2:] == ["big/branch.0@99.9", "big/branch.1@99.9"]
+
+    drop["big@99.9"] = 0.45  # cut, the whole block now fits next to `a`
+    chosen, _, _ = select_blocks(["a", "big"], score, cfg, log=lambda _: None, parts=parts, clip_percentiles=[99, 99.9])
+    assert chosen == ["a", "big@99.9"]
 
     drop |= {"big@99.9": 0.9, "big@99": 0.8}  # cutting hurts: the branches are tried with plain ranges
     chosen, _, history = select_blocks(["a", "big"], score, cfg, log=lambda _: None, parts=parts, clip_percentiles=[99, 99.9])

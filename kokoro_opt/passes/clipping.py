@@ -6,8 +6,7 @@ The per-tensor uint8 input of a Conv spends its 256 levels on the calibrated ran
 cost the quiet samples their resolution. Cutting the range at a lower two-sided percentile clips
 those peaks instead, and measured by ear (PESQ) that is the better trade for that block (resblocks.5
 alone: 4.19 -> 4.39 at 99.95%), while for most blocks it is worse (quantization MSE prefers 99.999%
-almost everywhere). So the sensitivity analysis decides per block, by score, and only for blocks
-that would otherwise fall back.
+almost everywhere). So the sensitivity analysis decides per block, by score alone.
 """
 
 from __future__ import annotations

@@ -5,9 +5,12 @@ conv_post, the ALBERT, ...). Each block is quantized alone and scored in the aud
 fp32 on held-out sentences: PESQ-WB catches distortion, the 4-12 kHz energy ratio catches the
 static that a quantized conv_post/iSTFT path adds (which a log-mel distance missed elsewhere),
 and durations must stay identical. Then, like Intel Neural Compressor's fallback, every block that
-passed alone is quantized together and the most sensitive one falls back to higher precision until
-the whole model meets the recipe's quality budget. A block that still falls back is retried one
-resblock branch at a time, optionally with its input ranges cut tighter (see passes.clipping).
+passed alone is quantized together and blocks fall back to higher precision until the whole model
+meets the recipe's quality budget. The block that falls back first is the one that
+costs the most quality per unit of compute it would speed up: on Kokoro the small decoder.encode
+block hurts almost as much as the generator's last resblock while doing 1/25 of its work. A block
+that still falls back is retried one resblock branch at a time, optionally with its input ranges cut
+tighter (see passes.clipping).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Quality:
             and self.mean_pesq >= cfg.quality_budget_pesq
             and self.min_pesq >= cfg.min_sentence_pesq
             and self.max_high_band_db <= cfg.max_high_band_db
+            and self.durations_equal >= cfg.min_durations_equal
         )
 
     @property
@@ -89,31 +93,46 @@ def select_blocks(
     log: Callable[[str], None] = print,
     parts: dict[str, list[str]] | None = None,
     clip_percentiles: list[float] | tuple[float, ...] = (),
+    shares: dict[str, float] | None = None,
 ) -> tuple[list[str], dict[str, Quality], list[dict[str, Any]]]:
-    """Returns (blocks and parts kept in INT8, each block's quality alone, the fallback history).
+    """Returns (units kept in INT8, each block's quality alone, the fallback history).
 
-    A block left in higher precision is then tried part by part (`parts`, most work first): each part
-    that keeps the whole model within the budget goes to INT8 too. With `clip_percentiles`, the block
-    is first scored alone with its input ranges cut at each percentile (unit `block@99.95`); if one
-    beats the plain ranges, its parts are tried with that cut (`part@99.95`)."""
+    A unit is a block, a part (`parts`: a resblock's branches) or either with an input cut
+    (`block@99.95`). With `clip_percentiles`, a block with parts is also scored alone with the
+    ranges of its inputs cut at each percentile, and the best of those and the plain ranges is the
+    block's unit from then on. A block left in higher precision is then tried part by part (most
+    work first, with the block's cut): each part that keeps the whole model within the budget goes
+    to INT8 too.
+
+    With `shares` (each block's share of the compute), the block that falls back first is the one
+    with the most sensitivity per unit of share, so the speed kept under the budget is the largest;
+    without them, the most sensitive block falls back first."""
+    parts = parts or {}
     alone: dict[str, Quality] = {}
+    unit = {block: block for block in blocks}
     for block in blocks:
         alone[block] = score({block})
         log(f"sensitivity {block}: PESQ {alone[block].mean_pesq:.2f}, high-band {alone[block].max_high_band_db:+.2f} dB")
-    order = sorted(blocks, key=lambda b: alone[b].sensitivity)
-    chosen = [b for b in order if alone[b].passes(cfg)]
+        if len(parts.get(block, [])) > 1:
+            unit[block], alone[block] = _best_clip(block, alone[block], score, clip_percentiles, log)
+
+    def cost(block: str) -> tuple[float, str]:
+        per_share = alone[block].sensitivity / max(shares[block], 1e-9) if shares else alone[block].sensitivity
+        return per_share, block
+
+    chosen = [unit[b] for b in sorted(blocks, key=cost) if alone[b].passes(cfg)]
     history: list[dict[str, Any]] = []
     while chosen:
         combined = score(set(chosen))
         history.append({"int8_blocks": len(chosen), **asdict(combined), "passes": combined.passes(cfg)})
         if combined.passes(cfg):
             break
-        dropped = chosen.pop()  # the most sensitive block still in INT8
+        dropped = chosen.pop()  # the costliest block still in INT8
+        history[-1]["falls_back"] = dropped
         log(f"fallback: {dropped} -> {cfg.fallback_precision} (combined PESQ {combined.mean_pesq:.2f})")
-    parts = parts or {}
-    for block in sorted(set(blocks) - set(chosen), key=lambda b: (alone[b].sensitivity, b)):
+    for block in sorted((b for b in blocks if unit[b] not in chosen), key=cost):
         block_parts = parts.get(block, []) if len(parts.get(block, [])) > 1 else []
-        suffix = _best_clip(block, alone[block], score, clip_percentiles, log) if block_parts else ""
+        suffix = unit[block][len(block) :]
         for part in (p + suffix for p in block_parts):
             combined = score({*chosen, part})
             fits = combined.passes(cfg)
@@ -125,16 +144,16 @@ def select_blocks(
 
 def _best_clip(
     block: str, plain: Quality, score: Callable[[set[str]], Quality], percentiles: Iterable[float], log: Callable[[str], None]
-) -> str:
-    """'@p' for the input cut that scores best alone, '' when the plain ranges do."""
-    best, best_quality = "", plain
+) -> tuple[str, Quality]:
+    """The block's unit with the input cut that scores best alone (`block@99.95`), or the block itself."""
+    best, best_quality = block, plain
     for percentile in percentiles:
-        unit = f"{block}@{percentile:g}"
-        quality = score({unit})
-        log(f"clip {unit}: PESQ {quality.mean_pesq:.2f}, high-band {quality.max_high_band_db:+.2f} dB alone")
+        candidate = f"{block}@{percentile:g}"
+        quality = score({candidate})
+        log(f"clip {candidate}: PESQ {quality.mean_pesq:.2f}, high-band {quality.max_high_band_db:+.2f} dB alone")
         if quality.sensitivity < best_quality.sensitivity:
-            best, best_quality = f"@{percentile:g}", quality
-    return best
+            best, best_quality = candidate, quality
+    return best, best_quality
 
 
 def split_clip(unit: str) -> tuple[str, float | None]:
@@ -192,10 +211,12 @@ def _macs(args: dict[str, Any]) -> float:
     """Multiply-accumulates of one Conv/MatMul run, from the shapes an ORT profile records."""
     inputs = [next(iter(t.values())) for t in args.get("input_type_shape", [])]
     outputs = [next(iter(t.values())) for t in args.get("output_type_shape", [])]
-    if len(inputs) < 2 or not outputs:
+    if not inputs or not outputs:
         return 0.0
-    per_output = np.prod(inputs[1][1:]) if args.get("op_name") == "Conv" else inputs[1][0]
-    return float(np.prod(outputs[0]) * per_output)
+    if args.get("op_name") == "Conv":
+        return float(np.prod(outputs[0]) * np.prod(inputs[1][1:])) if len(inputs) > 1 else 0.0
+    # MatMul: the profile leaves out initializer operands, but A's last axis is the inner dimension.
+    return float(np.prod(outputs[0]) * inputs[0][-1])
 
 
 def node_cost_shares(model_file: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
@@ -286,6 +307,7 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
         log=lambda m: console.print(m, highlight=False),
         parts=parts,
         clip_percentiles=cfg.input_clip_percentiles,
+        shares=block_share,
     )
     int8_nodes, clips = nodes_and_clips(chosen)
     if int8_nodes:
@@ -297,14 +319,15 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
     scratch.unlink(missing_ok=True)
     calibration_cache.with_name(".calibration-clipped.json").unlink(missing_ok=True)
     precision_map = {n: ("int8" if n in set(int8_nodes) else cfg.fallback_precision) for n in nodes}
+    whole = {split_clip(u)[0] for u in chosen}  # blocks in INT8 as a whole, cut or not
     blocks_table = {
         b: {
             "nodes": len(by_block[b]),
             "compute_share": round(block_share[b], 4),
-            "int8": b in chosen,
+            "int8": b in whole,
             **(
                 {"int8_parts": [p for p in chosen if split_clip(p)[0] in parts[b]]}
-                if b not in chosen and len(parts.get(b, [])) > 1
+                if b not in whole and len(parts.get(b, [])) > 1
                 else {}
             ),
             **(asdict(alone[b]) if b in alone else {"skipped": "below min_block_time_share"}),
@@ -317,7 +340,7 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
     )
     return {
         "int8_blocks": sorted(chosen),
-        "fallback_blocks": sorted(set(by_block) - set(chosen)),
+        "fallback_blocks": sorted(set(by_block) - whole),
         "int8_nodes": len(int8_nodes),
         "fallback_nodes": len(nodes) - len(int8_nodes),
         "clipped_inputs": len(clips),
