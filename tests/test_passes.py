@@ -78,7 +78,8 @@ def test_mixed_writes_a_precision_map(tiny_recipe, artifacts_root) -> None:
     precision = json.loads((result.artifact.path / "precision_map.json").read_text())
     assert set(precision["nodes"].values()) <= {"int8", "fp32"}
     assert mixed["int8_nodes"] + mixed["fallback_nodes"] == len(precision["nodes"])
-    assert "bert" in precision["blocks"]
+    # ORT's profile leaves out a MatMul's weight operand: the ALBERT's work is still counted
+    assert precision["blocks"]["bert"]["compute_share"] > 0
     runs(result.artifact)
 
 
