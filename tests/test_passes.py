@@ -186,6 +186,19 @@ def test_selector_drops_the_block_that_costs_most_quality_per_unit_of_compute() 
     assert sorted(chosen) == ["a", "small"] and history[0]["falls_back"] == "big"
 
 
+def test_selector_keeps_plain_ranges_when_the_cut_fails_the_gate() -> None:
+    """Cut, `big` scores better on average but one sentence drops below 3.0: the plain ranges stay."""
+    cfg = QuantizeStage(kind="quantize", mode="mixed")
+
+    def score(units: set[str]) -> Quality:
+        return Quality(4.54, 2.9, 0.0, 1.0, True) if "big@99.9" in units else Quality(4.34, 4.3, 0.0, 1.0, True)
+
+    parts = {"big": ["big/branch.0", "big/branch.1"]}
+    chosen, alone, _ = select_blocks(["big"], score, cfg, log=lambda _: None, parts=parts, clip_percentiles=[99.9])
+    assert chosen == ["big"]
+    assert alone["big@99.9"].sensitivity < alone["big"].sensitivity and not alone["big@99.9"].passes(cfg)
+
+
 def test_parts_are_dilation_branches() -> None:
     assert part_of("/decoder/generator/resblocks.5/convs1.2/Conv") == "decoder/generator/resblocks.5/branch.2"
     assert part_of("/decoder/generator/resblocks.5/convs2.2/Conv") == "decoder/generator/resblocks.5/branch.2"

@@ -1,12 +1,13 @@
-"""Tighter activation ranges for the inputs of a block that fails the quality gate.
+"""Tighter activation ranges for the inputs of a sensitive block.
 
 The per-tensor uint8 input of a Conv spends its 256 levels on the calibrated range. ORT's
 `Percentile` calibration keeps 99.999% of |x|, which in the generator's last resblock means
 +-49 for a Snake output whose channels have a median standard deviation of 0.95: the rare peaks
 cost the quiet samples their resolution. Cutting the range at a lower two-sided percentile clips
-those peaks instead, and measured by ear (PESQ) that is the better trade for that block (resblocks.5
-alone: 4.19 -> 4.39 at 99.95%), while for most blocks it is worse (quantization MSE prefers 99.999%
-almost everywhere). So the sensitivity analysis decides per block, by score alone.
+those peaks instead, and measured by ear (PESQ) that is the better trade for that block
+(resblocks.5 alone: 4.09 with ORT's ranges, 4.39 cut at 99.95%), while for most blocks it is
+worse (quantization MSE prefers 99.999% almost everywhere). So the sensitivity analysis decides
+per block, by its score alone.
 """
 
 from __future__ import annotations

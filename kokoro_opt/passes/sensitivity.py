@@ -95,14 +95,14 @@ def select_blocks(
     clip_percentiles: list[float] | tuple[float, ...] = (),
     shares: dict[str, float] | None = None,
 ) -> tuple[list[str], dict[str, Quality], list[dict[str, Any]]]:
-    """Returns (units kept in INT8, each block's quality alone, the fallback history).
+    """Returns (units kept in INT8, each block's and each cut variant's quality alone, the fallback history).
 
     A unit is a block, a part (`parts`: a resblock's branches) or either with an input cut
     (`block@99.95`). With `clip_percentiles`, a block with parts is also scored alone with the
-    ranges of its inputs cut at each percentile, and the best of those and the plain ranges is the
-    block's unit from then on. A block left in higher precision is then tried part by part (most
-    work first, with the block's cut): each part that keeps the whole model within the budget goes
-    to INT8 too.
+    ranges of its inputs cut at each percentile, and the best of those and the plain ranges (one
+    that passes the gate before one that does not) is the block's unit from then on. A block left
+    in higher precision is then tried part by part (most work first, with the block's cut): each
+    part that keeps the whole model within the budget goes to INT8 too.
 
     With `shares` (each block's share of the compute), the block that falls back first is the one
     with the most sensitivity per unit of share, so the speed kept under the budget is the largest;
@@ -114,13 +114,13 @@ def select_blocks(
         alone[block] = score({block})
         log(f"sensitivity {block}: PESQ {alone[block].mean_pesq:.2f}, high-band {alone[block].max_high_band_db:+.2f} dB")
         if len(parts.get(block, [])) > 1:
-            unit[block], alone[block] = _best_clip(block, alone[block], score, clip_percentiles, log)
+            unit[block] = _best_clip(block, alone, score, clip_percentiles, cfg, log)
 
     def cost(block: str) -> tuple[float, str]:
-        per_share = alone[block].sensitivity / max(shares[block], 1e-9) if shares else alone[block].sensitivity
-        return per_share, block
+        sensitivity = alone[unit[block]].sensitivity
+        return (sensitivity / max(shares.get(block, 0.0), 1e-9) if shares else sensitivity), block
 
-    chosen = [unit[b] for b in sorted(blocks, key=cost) if alone[b].passes(cfg)]
+    chosen = [unit[b] for b in sorted(blocks, key=cost) if alone[unit[b]].passes(cfg)]
     history: list[dict[str, Any]] = []
     while chosen:
         combined = score(set(chosen))
@@ -143,17 +143,21 @@ def select_blocks(
 
 
 def _best_clip(
-    block: str, plain: Quality, score: Callable[[set[str]], Quality], percentiles: Iterable[float], log: Callable[[str], None]
-) -> tuple[str, Quality]:
-    """The block's unit with the input cut that scores best alone (`block@99.95`), or the block itself."""
-    best, best_quality = block, plain
+    block: str,
+    alone: dict[str, Quality],
+    score: Callable[[set[str]], Quality],
+    percentiles: Iterable[float],
+    cfg: QuantizeStage,
+    log: Callable[[str], None],
+) -> str:
+    """Scores `block@p` alone for each percentile into `alone`; returns the best unit, the block itself
+    included. A variant that passes the gate beats one that does not, then the lower sensitivity wins."""
+    variants = [block]
     for percentile in percentiles:
-        candidate = f"{block}@{percentile:g}"
-        quality = score({candidate})
+        variants.append(candidate := f"{block}@{percentile:g}")
+        alone[candidate] = quality = score({candidate})
         log(f"clip {candidate}: PESQ {quality.mean_pesq:.2f}, high-band {quality.max_high_band_db:+.2f} dB alone")
-        if quality.sensitivity < best_quality.sensitivity:
-            best, best_quality = candidate, quality
-    return best, best_quality
+    return min(variants, key=lambda u: (not alone[u].passes(cfg), alone[u].sensitivity))
 
 
 def split_clip(unit: str) -> tuple[str, float | None]:
@@ -215,7 +219,7 @@ def _macs(args: dict[str, Any]) -> float:
         return 0.0
     if args.get("op_name") == "Conv":
         return float(np.prod(outputs[0]) * np.prod(inputs[1][1:])) if len(inputs) > 1 else 0.0
-    # MatMul: the profile leaves out initializer operands, but A's last axis is the inner dimension.
+    # MatMul: the profile leaves out a weight ORT has pre-packed and released; A's last axis is the inner dimension.
     return float(np.prod(outputs[0]) * inputs[0][-1])
 
 
@@ -331,6 +335,7 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
                 else {}
             ),
             **(asdict(alone[b]) if b in alone else {"skipped": "below min_block_time_share"}),
+            **({"cut": cuts} if (cuts := {u: asdict(q) for u, q in alone.items() if u.startswith(f"{b}@")}) else {}),
         }
         for b in sorted(by_block)
     }
