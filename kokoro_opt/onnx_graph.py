@@ -23,6 +23,31 @@ class GraphIndex:
         return [(node, i) for node in nodes for i, x in enumerate(node.input) if x == name]
 
 
+class PatternIndex(GraphIndex):
+    """The index plus initializer values and the lookups a pattern matcher needs."""
+
+    def __init__(self, model: Any) -> None:
+        from onnx import numpy_helper
+
+        super().__init__(model)
+        self.const = {name: numpy_helper.to_array(init) for name, init in self.initializers.items()}
+
+    def sole(self, name: str, op_type: str) -> Any | None:
+        """The only reader of `name` if it is an `op_type` node, else None."""
+        users = self.consumers.get(name, [])
+        return users[0] if len(users) == 1 and users[0].op_type == op_type else None
+
+    def made_by(self, names: Any, op_type: str) -> Any | None:
+        return next((self.producer[i] for i in names if i in self.producer and self.producer[i].op_type == op_type), None)
+
+    def const_operand(self, node: Any) -> tuple[str, str] | None:
+        """(initializer input, other input) of a binary node with exactly one initializer input."""
+        a, b = node.input
+        if (a in self.const) == (b in self.const):
+            return None
+        return (a, b) if a in self.const else (b, a)
+
+
 def drop_unused_initializers(model: Any) -> None:
     """Remove initializers no top-level node reads any more (left behind by a rewrite)."""
     used = {name for node in model.graph.node for name in node.input}

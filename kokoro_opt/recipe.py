@@ -81,6 +81,16 @@ class SmoothStage(Strict):
     calibration_sentences: int = Field(4, ge=1, le=200, description="calibration/ sentences whose ranges set the factors")
 
 
+class SnakeStage(Strict):
+    """The AdaIN -> Snake chains in fewer, cheaper passes of stock ONNX ops (see passes/snake.py)."""
+
+    kind: Literal["snake"]
+    polynomial_degree: int | None = Field(
+        4, ge=2, le=8, description="sin^2 as an even polynomial of this degree after range reduction; null keeps Sin"
+    )
+    fold_adain: bool = Field(True, description="AdaIN's gain and shift become InstanceNormalization's scale and bias (exact)")
+
+
 class QuantizeStage(Strict):
     kind: Literal["quantize"]
     mode: Literal["dynamic", "static", "mixed"]
@@ -140,7 +150,7 @@ class CoreMLStage(Strict):
 
 
 Stage = Annotated[
-    SimplifyStage | SmoothStage | QuantizeStage | CompressStage | Fp16Stage | OrtFormatStage | CoreMLStage,
+    SimplifyStage | SmoothStage | SnakeStage | QuantizeStage | CompressStage | Fp16Stage | OrtFormatStage | CoreMLStage,
     Field(discriminator="kind"),
 ]
 
@@ -163,6 +173,13 @@ class Recipe(Strict):
     export: ExportConfig = Field(default_factory=ExportConfig)
     stages: list[Stage] = Field(default_factory=list)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+
+    @model_validator(mode="after")
+    def _stage_order(self) -> Recipe:
+        kinds = [stage.kind for stage in self.stages]
+        if "snake" in kinds and "smooth" in kinds[kinds.index("snake") :]:
+            raise ValueError("stage 'smooth' must come before stage 'snake': it rescales the Snake that snake rewrites")
+        return self
 
     def config_hash(self) -> str:
         """Hash of everything that shapes the artifact (not the name or description)."""
@@ -215,6 +232,9 @@ def _explain(error: dict[str, Any]) -> str:
         return f"unknown field '{where}': remove it or check its spelling"
     if kind == "missing":
         return f"missing field '{where}': add it to the recipe"
+    if kind == "value_error":  # our own validators: the message says it all, the input is the whole section
+        message = error["msg"].removeprefix("Value error, ")
+        return f"field '{where}': {message}" if error["loc"] else message
     if kind in ("literal_error", "union_tag_invalid"):
         return f"field '{where}': {error['msg']}"
     return f"field '{where}': {error['msg']} (got {error.get('input')!r})"

@@ -17,6 +17,7 @@ from kokoro_opt.passes.ort_format import run_ort_format
 from kokoro_opt.passes.quantize import run_quantize
 from kokoro_opt.passes.simplify import run_simplify
 from kokoro_opt.passes.smooth import run_smooth
+from kokoro_opt.passes.snake import run_snake
 
 
 def _run_coreml(source: Artifact, cfg: Any, out: Path) -> dict[str, Any]:
@@ -28,6 +29,7 @@ def _run_coreml(source: Artifact, cfg: Any, out: Path) -> dict[str, Any]:
 RUNNERS: dict[str, Callable[[Artifact, Any, Path], dict[str, Any]]] = {
     "simplify": run_simplify,
     "smooth": run_smooth,
+    "snake": run_snake,
     "quantize": run_quantize,
     "compress": run_compress,
     "fp16": run_fp16,

@@ -26,49 +26,21 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.onnx_graph import GraphIndex, drop_unused_initializers
+from kokoro_opt.onnx_graph import PatternIndex, drop_unused_initializers
 from kokoro_opt.passes.common import copy_runtime, intermediate_values, stage_record
+from kokoro_opt.passes.snake import snake_at
 from kokoro_opt.recipe import SmoothStage
 
 
-class _Graph(GraphIndex):
-    """The index plus initializer values and the pattern lookups the chain matcher needs."""
-
-    def __init__(self, model: Any) -> None:
-        from onnx import numpy_helper
-
-        super().__init__(model)
-        self.const = {name: numpy_helper.to_array(init) for name, init in self.initializers.items()}
-
-    def sole(self, name: str, op_type: str) -> Any | None:
-        users = self.consumers.get(name, [])
-        return users[0] if len(users) == 1 and users[0].op_type == op_type else None
-
-    def made_by(self, names: Any, op_type: str) -> Any | None:
-        return next((self.producer[i] for i in names if i in self.producer and self.producer[i].op_type == op_type), None)
-
-    def const_operand(self, node: Any) -> tuple[str, str] | None:
-        """(initializer input, other input) of a binary node with exactly one initializer input."""
-        a, b = node.input
-        if (a in self.const) == (b in self.const):
-            return None
-        return (a, b) if a in self.const else (b, a)
-
-
-def _chain_at(g: _Graph, sin: Any) -> dict[str, Any] | None:
-    scale_mul = g.producer.get(sin.input[0])
-    power = g.sole(sin.output[0], "Pow")
-    if scale_mul is None or scale_mul.op_type != "Mul" or power is None or g.sole(scale_mul.output[0], "Sin") is not sin:
+def _chain_at(g: PatternIndex, sin: Any) -> dict[str, Any] | None:
+    snake = snake_at(g, sin)
+    if snake is None:
         return None
-    split, inv_mul = g.const_operand(scale_mul), g.sole(power.output[0], "Mul")
-    if split is None or inv_mul is None or g.const_operand(inv_mul) is None:
+    scale_mul, snake_add, xt = snake["scale_mul"], snake["add"], snake["xt"]
+    conv = g.sole(snake_add.output[0], "Conv")
+    if conv is None or conv.input[0] != snake_add.output[0] or conv.input[1] not in g.const:
         return None
-    alpha, xt = split
-    snake_add = g.sole(inv_mul.output[0], "Add")
-    conv = g.sole(snake_add.output[0], "Conv") if snake_add is not None else None
-    if conv is None or xt not in snake_add.input or conv.input[0] != snake_add.output[0] or conv.input[1] not in g.const:
-        return None
-    if any(a.name == "group" and a.i != 1 for a in conv.attribute) or g.const[alpha].ndim != 3:
+    if any(a.name == "group" and a.i != 1 for a in conv.attribute):
         return None
     if {n.name for n in g.consumers.get(xt, [])} != {scale_mul.name, snake_add.name}:
         return None
@@ -82,18 +54,18 @@ def _chain_at(g: _Graph, sin: Any) -> dict[str, Any] | None:
     return {
         "gain_mul": gain_mul, "gain": next(i for i in gain_mul.input if i != norm.output[0]),
         "beta_add": beta_add, "beta": next(i for i in beta_add.input if i != gain_mul.output[0]),
-        "scale_mul": scale_mul, "alpha": alpha, "inv_mul": inv_mul,
-        "inv_alpha": g.const_operand(inv_mul)[0], "u": snake_add.output[0], "conv": conv,  # type: ignore[index]
+        "scale_mul": scale_mul, "alpha": snake["alpha"], "inv_mul": snake["inv_mul"],
+        "inv_alpha": snake["inv_alpha"], "u": snake_add.output[0], "conv": conv,
     }  # fmt: skip
 
 
 def match_chains(model: Any) -> list[dict[str, Any]]:
     """Every AdaIN -> Snake -> Conv chain whose links are used nowhere else. alpha and 1/alpha must be
     initializers, as ONNX Runtime's constant folding leaves them: run after `simplify`."""
-    return _chains(_Graph(model))
+    return _chains(PatternIndex(model))
 
 
-def _chains(g: _Graph) -> list[dict[str, Any]]:
+def _chains(g: PatternIndex) -> list[dict[str, Any]]:
     return [c for c in (_chain_at(g, n) for n in g.graph.node if n.op_type == "Sin") if c is not None]
 
 
@@ -111,7 +83,7 @@ def smooth_model(model: Any, peaks: dict[str, np.ndarray], migration: float) -> 
     """Apply the per-channel factors in place (see the module docstring); returns chains rewritten."""
     from onnx import helper, numpy_helper
 
-    g = _Graph(model)
+    g = PatternIndex(model)
     before: dict[str, list[Any]] = {}  # node name -> new nodes to place just before it
     chains = [c for c in _chains(g) if c["u"] in peaks]
     for c in chains:
