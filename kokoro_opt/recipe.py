@@ -86,7 +86,7 @@ class SnakeStage(Strict):
 
     kind: Literal["snake"]
     polynomial_degree: int | None = Field(
-        4, ge=2, le=8, description="sin^2 as an even polynomial of this degree after range reduction; null keeps Sin"
+        4, ge=2, le=8, description="sin^2 as a polynomial of this degree in r^2 after range reduction; null keeps Sin"
     )
     fold_adain: bool = Field(True, description="AdaIN's gain and shift become InstanceNormalization's scale and bias (exact)")
 
@@ -177,8 +177,11 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _stage_order(self) -> Recipe:
         kinds = [stage.kind for stage in self.stages]
-        if "snake" in kinds and "smooth" in kinds[kinds.index("snake") :]:
+        after_snake = kinds[kinds.index("snake") :] if "snake" in kinds else []
+        if "smooth" in after_snake:
             raise ValueError("stage 'smooth' must come before stage 'snake': it rescales the Snake that snake rewrites")
+        if "fp16" in after_snake:  # per-channel 1/alpha coefficients reach 1e5 > FP16's 65504; y loses r above 1024
+            raise ValueError("stage 'fp16' cannot follow stage 'snake': the polynomial needs FP32; drop one of them")
         return self
 
     def config_hash(self) -> str:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.passes.snake import sin2_coefficients
+from kokoro_opt.passes.snake import fold_adain, polynomial_snakes, sin2_coefficients
 from kokoro_opt.recipe import parse_recipe
 from tests.test_passes import build_with, ops, runs
 
@@ -26,6 +26,80 @@ def test_the_polynomial_tracks_sin2_relatively_over_every_period() -> None:
     assert np.all(np.abs(fitted - exact) <= worst * exact + 1e-9)
 
 
+def _model(nodes: list, inputs: dict[str, list], initializers: dict[str, np.ndarray]):
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in inputs.items()],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in initializers.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["out"], feeds)[0]
+
+
+def _snake_model(alpha: np.ndarray, exponent: float = 2.0, extra_sin_reader: bool = False):
+    from onnx import helper
+
+    nodes = [
+        helper.make_node("Mul", ["x", "alpha"], ["ax"], name="snake/Mul"),
+        helper.make_node("Sin", ["ax"], ["s"], name="snake/Sin"),
+        helper.make_node("Pow", ["s", "two"], ["s2"], name="snake/Pow"),
+        helper.make_node("Mul", ["inv_alpha", "s2"], ["term"], name="snake/Mul_1"),
+        helper.make_node("Add", ["x", "term"], ["u"], name="snake/Add"),
+        helper.make_node("Add", ["u", "s"] if extra_sin_reader else ["u", "zero"], ["out"], name="after"),
+    ]
+    consts = {"alpha": alpha, "inv_alpha": (1 / alpha).astype(np.float32), "two": np.float32(exponent), "zero": np.float32(0)}
+    return _model(nodes, {"x": [1, alpha.size, None]}, {k: np.asarray(v, np.float32) for k, v in consts.items()})
+
+
+@pytest.mark.parametrize("degree", [3, 4])
+def test_polynomial_snake_in_onnx_runtime_matches_snake_for_any_alpha(degree: int) -> None:
+    """Per-channel alpha from 1e-4 to 50, both signs, |x| up to 100: 1/alpha is folded per channel."""
+    rng = np.random.default_rng(degree)
+    alpha = (10 ** rng.uniform(-4, np.log10(50), 16) * rng.choice([-1, 1], 16)).astype(np.float32).reshape(1, -1, 1)
+    x = (rng.standard_normal((1, 16, 4000)) * np.array([0.1, 1, 10, 100])[rng.integers(0, 4, (1, 16, 1))]).astype(np.float32)
+    model = _snake_model(alpha)
+    assert polynomial_snakes(model, degree) == 1 and {n.op_type for n in model.graph.node} == {"Mul", "Round", "Sub", "Add"}
+    got = _run(model, {"x": x}).astype(np.float64)
+    a, x64 = alpha.astype(np.float64), x.astype(np.float64)
+    term = np.sin(a * x64) ** 2 / a
+    y = np.abs(a * x64 / np.pi)
+    tolerance = sin2_coefficients(degree)[1] * np.abs(term) + np.pi * y * 2.4e-7 / np.abs(a) + 1e-6 * (np.abs(x64) + 1)
+    assert np.all(np.abs(got - (x64 + term)) <= tolerance)
+
+
+@pytest.mark.parametrize("variant", [{"exponent": 3.0}, {"extra_sin_reader": True}])
+def test_polynomial_snake_leaves_other_patterns_alone(variant: dict) -> None:
+    model = _snake_model(np.full((1, 4, 1), 0.5, np.float32), **variant)
+    assert polynomial_snakes(model, 3) == 0 and "Sin" in {n.op_type for n in model.graph.node}
+
+
+@pytest.mark.parametrize(("gain_shape", "folds"), [([1, 8, 1], 1), ([1, 1, 50], 0)])
+def test_adain_folds_only_per_channel_vectors(gain_shape: list, folds: int) -> None:
+    """A [1, C, 1] gain becomes InstanceNormalization's scale; a [1, 1, T] one (a mask) must stay a Mul."""
+    from onnx import helper
+
+    nodes = [
+        helper.make_node("InstanceNormalization", ["x", "ones", "zeros"], ["n"], name="norm"),
+        helper.make_node("Mul", ["n", "gain"], ["scaled"], name="gain_mul"),
+        helper.make_node("Add", ["scaled", "shift"], ["out"], name="shift_add"),
+    ]
+    consts = {"ones": np.ones(8, np.float32), "zeros": np.zeros(8, np.float32)}
+    model = _model(nodes, {"x": [1, 8, 50], "gain": gain_shape, "shift": gain_shape}, consts)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((1, 8, 50)), "gain": rng.uniform(0.5, 2, gain_shape)}
+    feeds = {k: v.astype(np.float32) for k, v in (feeds | {"shift": rng.standard_normal(gain_shape)}).items()}
+    before = _run(model, feeds)
+    assert fold_adain(model) == folds
+    np.testing.assert_allclose(_run(model, feeds), before, rtol=1e-5, atol=1e-5)
+
+
 def test_snake_stage_keeps_the_output_and_drops_the_generator_sin(tiny_recipe, artifacts_root) -> None:
     smoothed = build_with(tiny_recipe, artifacts_root, "t-smooth", [SIMPLIFY, SMOOTH])
     result = build_with(tiny_recipe, artifacts_root, "t-snake", [SIMPLIFY, SMOOTH, {"kind": "snake"}])
@@ -43,7 +117,8 @@ def test_folding_adain_alone_changes_only_float_rounding(tiny_recipe, artifacts_
     before, record = plain.artifact.manifest["stages"][-1], result.artifact.manifest["stages"][-1]
     assert "snakes" not in record and ops(record)["Sin"] == ops(before)["Sin"]
     assert ops(record)["InstanceNormalization"] == ops(before)["InstanceNormalization"]
-    assert ops(record)["Mul"] < ops(before)["Mul"] - record["adain_folded"] // 2
+    for op, change in (("Mul", -1), ("Add", -1), ("Reshape", 2)):  # per fold: gain Mul and shift Add out, 2 Reshapes in
+        assert ops(record).get(op, 0) == ops(before).get(op, 0) + change * record["adain_folded"]
     np.testing.assert_allclose(runs(result.artifact), runs(plain.artifact), rtol=0, atol=1e-4)  # float rounding only
 
 
@@ -64,6 +139,7 @@ def test_snake_without_simplify_says_what_to_put_first(tiny_recipe, artifacts_ro
     ("stages", "message"),
     [
         ([SIMPLIFY, {"kind": "snake"}, SMOOTH], "'smooth' must come before stage 'snake'"),
+        ([SIMPLIFY, {"kind": "snake"}, {"kind": "fp16"}], "'fp16' cannot follow stage 'snake'"),
         ([{"kind": "snake", "polynomial_degree": 1}], "polynomial_degree"),
         ([{"kind": "snake", "fold": True}], "unknown field 'stages.0.snake.fold'"),
     ],
