@@ -54,3 +54,14 @@ def drop_unused_initializers(model: Any) -> None:
     kept = [init for init in model.graph.initializer if init.name in used]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
+
+
+def replace_nodes(model: Any, replaced: dict[str, list[Any]]) -> None:
+    """Each node whose first output is a key of `replaced` gives way to its list, in place (keyed by
+    output: node names may be empty); then initializers nothing reads any more are dropped. A
+    pattern's replacement goes where its last node was, so everything the pattern read is computed
+    by then."""
+    ordered = [new for node in model.graph.node for new in replaced.get(node.output[0], [node])]
+    del model.graph.node[:]
+    model.graph.node.extend(ordered)
+    drop_unused_initializers(model)

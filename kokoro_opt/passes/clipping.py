@@ -50,6 +50,11 @@ def input_ranges(
     cache.write_text(json.dumps(ranges), encoding="utf-8")
 
 
+def clipped_calibration_path(calibration_cache: Path) -> Path:
+    """Where `clipped_calibration` writes its variant: beside ORT's calibration ranges."""
+    return calibration_cache.with_name(".calibration-clipped.json")
+
+
 def clipped_calibration(calibration_cache: Path, ranges_cache: Path, clips: dict[str, float]) -> Path:
     """A copy of ORT's calibration cache with the inputs of `clips`' tensors cut at their percentile.
 
@@ -63,7 +68,7 @@ def clipped_calibration(calibration_cache: Path, ranges_cache: Path, clips: dict
         if entry is None or tensor not in ranges:
             continue  # not an input ORT quantizes
         entry["lowest"], entry["highest"] = ranges[tensor][_key(percentile)]
-    variant = calibration_cache.with_name(".calibration-clipped.json")
+    variant = clipped_calibration_path(calibration_cache)
     variant.write_text(json.dumps(calibration), encoding="utf-8")
     return variant
 

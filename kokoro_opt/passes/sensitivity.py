@@ -107,13 +107,13 @@ def select_blocks(
     With `shares` (each block's share of the compute), the block that falls back first is the one
     with the most sensitivity per unit of share, so the speed kept under the budget is the largest;
     without them, the most sensitive block falls back first."""
-    parts = parts or {}
+    branches = {b: p for b, p in (parts or {}).items() if len(p) > 1}  # a single part is the block itself
     alone: dict[str, Quality] = {}
     unit = {block: block for block in blocks}
     for block in blocks:
         alone[block] = score({block})
         log(f"sensitivity {block}: PESQ {alone[block].mean_pesq:.2f}, high-band {alone[block].max_high_band_db:+.2f} dB")
-        if len(parts.get(block, [])) > 1:
+        if block in branches:
             unit[block] = _best_clip(block, alone, score, clip_percentiles, cfg, log)
 
     def cost(block: str) -> tuple[float, str]:
@@ -131,9 +131,8 @@ def select_blocks(
         history[-1]["falls_back"] = dropped
         log(f"fallback: {dropped} -> {cfg.fallback_precision} (combined PESQ {combined.mean_pesq:.2f})")
     for block in sorted((b for b in blocks if unit[b] not in chosen), key=cost):
-        block_parts = parts.get(block, []) if len(parts.get(block, [])) > 1 else []
         suffix = unit[block][len(block) :]
-        for part in (p + suffix for p in block_parts):
+        for part in (p + suffix for p in branches.get(block, [])):
             combined = score({*chosen, part})
             fits = combined.passes(cfg)
             history.append({"int8_blocks": len(chosen) + 1, "part": part, **asdict(combined), "passes": fits})
@@ -255,7 +254,7 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
     import onnx
     from rich.console import Console
 
-    from kokoro_opt.passes.clipping import activation_inputs
+    from kokoro_opt.passes.clipping import activation_inputs, clipped_calibration_path
     from kokoro_opt.passes.quantize import quantizable_nodes, quantize_static_qdq
 
     console = Console(stderr=True)
@@ -321,7 +320,7 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
     else:
         shutil.copy2(source.model_file, out / "model.onnx")
     scratch.unlink(missing_ok=True)
-    calibration_cache.with_name(".calibration-clipped.json").unlink(missing_ok=True)
+    clipped_calibration_path(calibration_cache).unlink(missing_ok=True)
     precision_map = {n: ("int8" if n in set(int8_nodes) else cfg.fallback_precision) for n in nodes}
     whole = {split_clip(u)[0] for u in chosen}  # blocks in INT8 as a whole, cut or not
     blocks_table = {

@@ -26,7 +26,7 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.onnx_graph import PatternIndex, drop_unused_initializers
+from kokoro_opt.onnx_graph import PatternIndex, replace_nodes
 from kokoro_opt.passes.common import copy_runtime, intermediate_values, stage_record
 from kokoro_opt.passes.snake import snake_at
 from kokoro_opt.recipe import SmoothStage
@@ -84,7 +84,7 @@ def smooth_model(model: Any, peaks: dict[str, np.ndarray], migration: float) -> 
     from onnx import helper, numpy_helper
 
     g = PatternIndex(model)
-    before: dict[str, list[Any]] = {}  # node name -> new nodes to place just before it
+    replaced: dict[str, list[Any]] = {}  # a consumer's output -> [its [1, C, 1] vector Mul, itself]
     chains = [c for c in _chains(g) if c["u"] in peaks]
     for c in chains:
         conv = c["conv"]
@@ -100,15 +100,12 @@ def smooth_model(model: Any, peaks: dict[str, np.ndarray], migration: float) -> 
         model.graph.initializer.extend(numpy_helper.from_array(v.astype(np.float32), f"{prefix}/{k}") for k, v in new.items())
         for key, consumer in (("gain", c["gain_mul"]), ("beta", c["beta_add"])):  # [1, C, 1] vectors: cheap
             vector = helper.make_node("Mul", [c[key], f"{prefix}/inv_s"], [f"{prefix}/{key}"], name=f"{prefix}/{key}")
-            before[consumer.name] = [vector]
+            replaced[consumer.output[0]] = [vector, consumer]
             _swap_input(consumer, c[key], f"{prefix}/{key}")
         _swap_input(c["scale_mul"], c["alpha"], f"{prefix}/alpha")
         _swap_input(c["inv_mul"], c["inv_alpha"], f"{prefix}/inv_alpha")
         _swap_input(conv, conv.input[1], f"{prefix}/weight")
-    ordered = [item for node in g.graph.node for item in [*before.get(node.name, []), node]]
-    del g.graph.node[:]
-    g.graph.node.extend(ordered)
-    drop_unused_initializers(model)
+    replace_nodes(model, replaced)
     return len(chains)
 
 

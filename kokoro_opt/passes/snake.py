@@ -36,7 +36,7 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.onnx_graph import PatternIndex, drop_unused_initializers
+from kokoro_opt.onnx_graph import PatternIndex, replace_nodes
 from kokoro_opt.passes.common import copy_runtime, stage_record
 from kokoro_opt.recipe import SnakeStage
 
@@ -119,7 +119,7 @@ def polynomial_snakes(model: Any, degree: int) -> int:
         model.graph.initializer.extend(numpy_helper.from_array(v.astype(np.float32), k) for k, v in consts.items())
         replaced.update({snake[k].output[0]: [] for k in ("scale_mul", "sin", "power", "inv_mul")})
         replaced[snake["add"].output[0]] = nodes
-    _replace_nodes(model, replaced)
+    replace_nodes(model, replaced)
     return len(snakes)
 
 
@@ -182,18 +182,8 @@ def fold_adain(model: Any) -> int:
             helper.make_node("Reshape", [shift, flat], [bias], name=bias),
             fused,
         ]
-    _replace_nodes(model, replaced)
+    replace_nodes(model, replaced)
     return sum(1 for nodes in replaced.values() if nodes)
-
-
-def _replace_nodes(model: Any, replaced: dict[str, list[Any]]) -> None:
-    """Each node whose first output is a key of `replaced` gives way to its list, in place (keyed by
-    output: node names may be empty). A pattern's replacement goes where its last node was, so
-    everything the pattern read is computed by then."""
-    ordered = [new for node in model.graph.node for new in replaced.get(node.output[0], [node])]
-    del model.graph.node[:]
-    model.graph.node.extend(ordered)
-    drop_unused_initializers(model)
 
 
 def run_snake(source: Artifact, cfg: SnakeStage, out: Path) -> dict[str, Any]:
