@@ -180,7 +180,7 @@ class Recipe(Strict):
         after_snake = kinds[kinds.index("snake") :] if "snake" in kinds else []
         if "smooth" in after_snake:
             raise ValueError("stage 'smooth' must come before stage 'snake': it rescales the Snake that snake rewrites")
-        if "fp16" in after_snake:  # per-channel 1/alpha coefficients reach 1e5 > FP16's 65504; y loses r above 1024
+        if "fp16" in after_snake:  # per-channel pi/|alpha| (or 1/alpha in p) reaches 1e5 > FP16's 65504; y loses r above 1024
             raise ValueError("stage 'fp16' cannot follow stage 'snake': the polynomial needs FP32; drop one of them")
         return self
 

@@ -125,6 +125,9 @@ def quantize_static_qdq(
         from kokoro_opt.passes.equalize import equalize_file
 
         equalize_file(target, output_ranges_path(calibration_cache))
+    from kokoro_opt.passes.snake import fold_scale_into_quantize_file
+
+    fold_scale_into_quantize_file(target)  # the snake stage's last per-channel Mul, where an INT8 Conv reads it
 
 
 def output_ranges_path(calibration_cache: Path) -> Path:
