@@ -118,21 +118,28 @@ def test_polynomial_snake_in_onnx_runtime_matches_snake_for_any_alpha(degree: in
     assert np.all(np.abs(got - (xt + term)) <= tolerance)
 
 
-@pytest.mark.parametrize(("factor", "other_reader", "folds"), [(1, False, 1), (-1, False, 0), (1, True, 0)])
-def test_a_positive_channel_factor_moves_into_the_quantize_that_reads_it(factor: int, other_reader: bool, folds: int) -> None:
-    """x * v -> QuantizeLinear becomes a per-channel QuantizeLinear: the same uint8 codes, one pass fewer.
-    A negative factor (a quantization scale must be positive) or a second reader of x * v stays."""
+SNAKE_FACTOR = "snake/pi_over_abs_alpha"
+
+
+@pytest.mark.parametrize(
+    ("factor", "other_reader", "name", "folds"),
+    [(1, False, SNAKE_FACTOR, 1), (-1, False, SNAKE_FACTOR, 0), (1, True, SNAKE_FACTOR, 0), (1, False, "mask", 0)],
+)
+def test_the_snake_factor_moves_into_the_quantize_that_reads_it(factor: int, other_reader: bool, name: str, folds: int) -> None:
+    """u * (pi / |alpha|) -> QuantizeLinear becomes a per-channel QuantizeLinear: the same uint8 codes, one pass
+    fewer. A negative factor (a quantization scale must be positive), a second reader of the product, or a
+    Mul that is not a Snake's (its [1, C, 1] need not mean channels on axis 1) stays."""
     from onnx import TensorProto, helper
 
     v = np.geomspace(1e-2, 1e3, 8, dtype=np.float32).reshape(1, -1, 1)
     v[0, 0, 0] *= factor
     nodes = [
-        helper.make_node("Mul", ["x", "v"], ["xv"], name="scale"),
+        helper.make_node("Mul", ["x", name], ["xv"], name="scale"),
         helper.make_node("QuantizeLinear", ["xv", "s", "z"], ["q"], name="quant"),
         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["dq"], name="dequant"),
         helper.make_node("Add", ["dq", "xv" if other_reader else "zero"], ["out"], name="after"),
     ]
-    model = _model(nodes, {"x": [1, 8, None]}, {"v": v, "s": np.float32(0.05), "zero": np.float32(0)})
+    model = _model(nodes, {"x": [1, 8, None]}, {name: v, "s": np.float32(0.05), "zero": np.float32(0)})
     model.graph.initializer.append(helper.make_tensor("z", TensorProto.UINT8, [], [128]))
     x = (np.random.default_rng(0).standard_normal((1, 8, 3000)) * (3 / np.abs(v))).astype(np.float32)
     before = _run(model, {"x": x})

@@ -92,6 +92,7 @@ def _node(op: str, inputs: list[str], output: str) -> Any:
 
 
 ROUND_MAGIC = 1.5 * 2.0**23  # y + this lands where float32's spacing is 1: rounds y to nearest even for |y| < 2^22
+CHANNEL_SCALE = "/pi_over_abs_alpha"  # the Snake's last factor, which fold_scale_into_quantize moves
 
 
 def _reduce(p: str, y: str) -> list[Any]:
@@ -142,6 +143,8 @@ def _absorbing_producer(g: PatternIndex, snake: dict[str, Any], shapes: dict[str
     xt, producer = snake["xt"], g.producer.get(snake["xt"])
     if producer is None or {id(n) for n in g.consumers.get(xt, [])} != {id(snake["scale_mul"]), id(snake["add"])}:
         return None
+    if any(out.name == xt for out in g.graph.output):
+        return None
     if producer.op_type == "InstanceNormalization":
         return {"nodes": [producer], "norm": producer}
     gain_mul = g.made_by(producer.input, "Mul") if producer.op_type == "Add" else None
@@ -171,7 +174,7 @@ def _absorbed_nodes(
     alpha = g.const[snake["alpha"]]
     p, k = _scope(snake), np.abs(alpha) / np.pi
     sign = np.sign(alpha) if np.any(alpha < 0) else np.ones(())  # a scalar broadcasts faster
-    consts = {f"{p}/abs_alpha_over_pi": k, f"{p}/pi_over_abs_alpha": 1 / k, f"{p}/round_magic": np.asarray(ROUND_MAGIC)}
+    consts = {f"{p}/abs_alpha_over_pi": k, f"{p}{CHANNEL_SCALE}": 1 / k, f"{p}/round_magic": np.asarray(ROUND_MAGIC)}
     consts |= {f"{p}/c{i + 1}": coefficients[i] / np.pi * sign for i in range(degree)}
     if "norm" in producer:  # scale and bias are [C]
         norm = producer["norm"]
@@ -194,7 +197,7 @@ def _absorbed_nodes(
         *_reduce(p, f"{p}/y"),
         *_horner(p, degree, f"{p}/t"),
         _node("Add", [f"{p}/y", f"{p}/sin2"], f"{p}/u"),
-        helper.make_node("Mul", [f"{p}/u", f"{p}/pi_over_abs_alpha"], list(snake["add"].output), name=snake["add"].name),
+        helper.make_node("Mul", [f"{p}/u", f"{p}{CHANNEL_SCALE}"], list(snake["add"].output), name=snake["add"].name),
     ]
     return nodes, consts
 
@@ -226,10 +229,12 @@ def polynomial_snakes(model: Any, degree: int) -> tuple[int, int]:
 
 
 def fold_scale_into_quantize(model: Any) -> int:
-    """x * v -> QuantizeLinear(s, z) becomes QuantizeLinear(x, s / v, z) per channel (axis 1), in place,
-    for a constant positive [1, C, 1] v read only there: the same uint8 codes without the Mul pass.
-    The scale only changes how the codes are made; the DequantizeLinear that reads them, and so the
-    Conv that ONNX Runtime fuses into `QLinearConv`, keep their single scale. Returns how many."""
+    """A Snake's last u * (pi / |alpha|) -> QuantizeLinear(s, z) becomes QuantizeLinear(u, s |alpha| / pi, z)
+    per channel (axis 1), in place, where the product is read only there: the same uint8 codes
+    without the Mul pass. The scale only changes how the codes are made; the DequantizeLinear that
+    reads them, and so the Conv that ONNX Runtime fuses into `QLinearConv`, keep their single scale.
+    Only the Snake's own factor qualifies: a [1, C, 1] vector means channels on axis 1 only for its
+    [1, C, T] activations. Returns how many."""
     from onnx import helper, numpy_helper
 
     g = PatternIndex(model)
@@ -237,7 +242,9 @@ def fold_scale_into_quantize(model: Any) -> int:
     for quant in [n for n in g.graph.node if n.op_type == "QuantizeLinear" and len(n.input) == 3]:
         mul, scale, zero = g.producer.get(quant.input[0]), g.const.get(quant.input[1]), g.const.get(quant.input[2])
         split = g.const_operand(mul) if mul is not None and mul.op_type == "Mul" else None
-        if split is None or scale is None or zero is None or scale.size != 1 or zero.size != 1:
+        if split is None or not split[0].endswith(CHANNEL_SCALE) or scale is None or zero is None:
+            continue
+        if scale.size != 1 or zero.size != 1:  # already per channel
             continue
         factor = g.const[split[0]]
         if factor.ndim != 3 or factor.shape[0] != 1 or factor.shape[2] != 1 or np.any(factor <= 0):
