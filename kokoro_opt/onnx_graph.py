@@ -37,6 +37,10 @@ class PatternIndex(GraphIndex):
         users = self.consumers.get(name, [])
         return users[0] if len(users) == 1 and users[0].op_type == op_type else None
 
+    def read_only_by(self, name: str, *nodes: Any) -> bool:
+        """Whether `nodes`, and nothing else, read `name` (node names may be empty: compared by identity)."""
+        return {id(n) for n in self.consumers.get(name, [])} == {id(n) for n in nodes}
+
     def made_by(self, names: Any, op_type: str) -> Any | None:
         return next((self.producer[i] for i in names if i in self.producer and self.producer[i].op_type == op_type), None)
 

@@ -70,16 +70,6 @@ def channel_ranges(model_file: Path, feeds: list[dict[str, np.ndarray]], cache: 
     cache.write_text(json.dumps(ranges), encoding="utf-8")
 
 
-def equalize_file(model_file: Path, ranges_cache: Path) -> int:
-    """`equalize_conv_outputs` on a saved QDQ model, written back in place."""
-    import onnx
-
-    model = onnx.load(str(model_file))
-    count = equalize_conv_outputs(model, json.loads(ranges_cache.read_text(encoding="utf-8")))
-    onnx.save(model, str(model_file))
-    return count
-
-
 def equalize_conv_outputs(model: Any, ranges: dict[str, list[list[float]]]) -> int:
     """Rewrite `model` (a QDQ model) in place as the module docstring says; returns convs rewritten."""
     from onnx import helper, numpy_helper

@@ -121,13 +121,26 @@ def quantize_static_qdq(
         # Percentile) cannot stack them, and MinMax keeps far less in memory.
         extra_options={"ActivationSymmetric": False, "WeightSymmetric": True, "CalibStridedMinMax": 1},
     )
-    if cfg.equalize_outputs:
-        from kokoro_opt.passes.equalize import equalize_file
+    _finish_qdq(target, output_ranges_path(calibration_cache) if cfg.equalize_outputs else None)
 
-        equalize_file(target, output_ranges_path(calibration_cache))
-    from kokoro_opt.passes.snake import fold_scale_into_quantize_file
 
-    fold_scale_into_quantize_file(target)  # the snake stage's last per-channel Mul, where an INT8 Conv reads it
+def _finish_qdq(model_file: Path, equalize_ranges: Path | None) -> None:
+    """The rewrites of a fresh QDQ model, in one load and at most one save (the analysis makes dozens):
+    Conv output equalization, then the snake stage's last per-channel Mul into the QuantizeLinear
+    an INT8 Conv reads."""
+    import json
+
+    import onnx
+
+    from kokoro_opt.passes.equalize import equalize_conv_outputs
+    from kokoro_opt.passes.snake import fold_scale_into_quantize
+
+    model = onnx.load(str(model_file))
+    ranges = json.loads(equalize_ranges.read_text(encoding="utf-8")) if equalize_ranges is not None else None
+    changed = equalize_conv_outputs(model, ranges) if ranges is not None else 0
+    changed += fold_scale_into_quantize(model)
+    if changed:
+        onnx.save(model, str(model_file))
 
 
 def output_ranges_path(calibration_cache: Path) -> Path:

@@ -42,7 +42,7 @@ def _chain_at(g: PatternIndex, sin: Any) -> dict[str, Any] | None:
         return None
     if any(a.name == "group" and a.i != 1 for a in conv.attribute):
         return None
-    if {n.name for n in g.consumers.get(xt, [])} != {scale_mul.name, snake_add.name}:
+    if not g.read_only_by(xt, scale_mul, snake_add):
         return None
     beta_add = g.producer.get(xt)
     gain_mul = g.made_by(beta_add.input, "Mul") if beta_add is not None and beta_add.op_type == "Add" else None

@@ -141,7 +141,7 @@ def _absorbing_producer(g: PatternIndex, snake: dict[str, Any], shapes: dict[str
     InstanceNormalization (through its scale and bias), or by an AdaIN's gain Mul and shift Add of
     [1, C, 1] vectors (where one InstanceNormalization is shared). None if xt is read outside the Snake."""
     xt, producer = snake["xt"], g.producer.get(snake["xt"])
-    if producer is None or {id(n) for n in g.consumers.get(xt, [])} != {id(snake["scale_mul"]), id(snake["add"])}:
+    if producer is None or not g.read_only_by(xt, snake["scale_mul"], snake["add"]):
         return None
     if any(out.name == xt for out in g.graph.output):
         return None
@@ -263,16 +263,6 @@ def fold_scale_into_quantize(model: Any) -> int:
         replaced.update({mul.output[0]: [], quant.output[0]: [folded]})
     replace_nodes(model, replaced)
     return len(replaced) // 2
-
-
-def fold_scale_into_quantize_file(model_file: Path) -> int:
-    import onnx
-
-    model = onnx.load(str(model_file))
-    folded = fold_scale_into_quantize(model)
-    if folded:
-        onnx.save(model, str(model_file))
-    return folded
 
 
 def _inferred_shapes(model: Any) -> dict[str, list[int | None]]:
