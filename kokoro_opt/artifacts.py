@@ -1,14 +1,13 @@
-"""The artifact store: folders addressed by a hash of (stage, config, input), written atomically.
+"""An artifact folder, and how one is written: atomically, under a lock, with file hashes.
 
 An artifact folder is self-contained: the model file, `voices.npz`, `kokoro.json` (vocab, sample
-rate, weights provenance) and `manifest.json`. Stage outputs live under `artifacts/_cache/`; a
-recipe's result is linked into `artifacts/<recipe>/<content-id>/`.
+rate, weights provenance) and `manifest.json`. Where folders live is the store's business
+(store.py); this module knows one folder at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -23,19 +22,13 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.hashing import file_sha256
 
 MANIFEST = "manifest.json"
 MODEL_FILES = ("model.onnx", "model.ort", "model.mlpackage")
 
 
-def content_key(*parts: Any) -> str:
-    payload = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
 def file_hashes(folder: Path) -> dict[str, str]:
-    from kokoro_opt.weights.sources import file_sha256
-
     return {str(p.relative_to(folder)): file_sha256(p) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
@@ -151,9 +144,3 @@ def open_artifact(path: str | Path) -> Artifact:
         raise UserError(f"no artifact at {path}", "build one first: kokoro-opt build recipes/fp32.yaml")
     manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     return Artifact(folder, manifest)
-
-
-def list_artifacts(root: Path) -> list[Artifact]:
-    """Every recipe artifact under `root` (not the stage cache), newest last."""
-    found = [open_artifact(p.parent) for p in root.glob("*/*/" + MANIFEST) if not p.parent.parent.name.startswith(("_", "."))]
-    return sorted(found, key=lambda a: a.path.stat().st_mtime)

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kokoro_opt.errors import UserError
@@ -33,7 +34,9 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except UserError as exc:
-            err.print(f"[bold red]error:[/] {exc.message}" + (f" — {exc.hint}" if exc.hint else ""), highlight=False)
+            # escaped: messages carry paths and pip extras like kokoro-opt[coreml], which are not markup
+            text = escape(exc.message + (f" — {exc.hint}" if exc.hint else ""))
+            err.print(f"[bold red]error:[/] {text}", highlight=False)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted: completed stages stay cached; rerun the same command to resume")
@@ -49,13 +52,20 @@ def build(
     artifacts: ArtifactsRoot = Path("artifacts"),
     evaluate: Annotated[bool, typer.Option(help="evaluate the artifact and log it to MLflow")] = True,
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default: SQLite in experiments/)")] = None,
+    reanalyze: Annotated[
+        bool, typer.Option(help="measure the sensitivity decisions again instead of applying the recipe's lock, and rewrite it")
+    ] = False,
 ) -> None:
-    """Build a recipe: weights, export, optimisation stages; every stage cached by content hash."""
+    """Build a recipe: weights, export, optimisation stages; every stage cached by content hash.
+
+    Measured decisions are applied from the lock beside the recipe (recipes/<name>.lock.json) when
+    its inputs match, and written there when they were measured."""
     from kokoro_opt.build import build as run_build
+    from kokoro_opt.locks import lock_path
     from kokoro_opt.recipe import load_recipe
 
     parsed = load_recipe(recipe)
-    result = run_build(parsed, artifacts, console=err)
+    result = run_build(parsed, artifacts, console=err, lock=lock_path(recipe), reanalyze=reanalyze)
     table = Table(title=f"{parsed.name} -> {result.artifact.path}")
     for column in ("stage", "key", "cached", "seconds"):
         table.add_column(column)
@@ -83,7 +93,7 @@ def say(
 ) -> None:
     """Speak text with an artifact and write a 24 kHz WAV."""
     from kokoro_opt.audio import write_wav
-    from kokoro_opt.synth import synthesize
+    from kokoro_opt.runtime import synthesize
 
     result = synthesize(artifact, text, voice=voice, speed=speed)
     write_wav(output, result.audio, result.sample_rate)
@@ -183,6 +193,8 @@ def _peers(all_peers: bool, chosen: list[str] | None) -> tuple[str, ...]:
     from kokoro_opt.evaluate.runners import PEERS
 
     return PEERS if all_peers else tuple(chosen or ())
+
+
 AsJson = Annotated[bool, typer.Option("--json", help="print the results as JSON on stdout")]
 
 
@@ -196,17 +208,20 @@ def _evaluate_config(manifest: dict[str, Any], **overrides: Any) -> Any:
 
 
 def _evaluation_targets(targets: list[str], root: Path) -> list[Any]:
-    from kokoro_opt.artifacts import list_artifacts, open_artifact
+    from kokoro_opt.artifacts import open_artifact
+    from kokoro_opt.store import Store
 
     found = []
     for target in targets:
         if target == "all":
-            found.extend(list_artifacts(root))
+            found.extend(Store(root).artifacts())
         elif target.endswith((".yaml", ".yml")):
             from kokoro_opt.build import build as run_build
+            from kokoro_opt.locks import lock_path
             from kokoro_opt.recipe import load_recipe
 
-            found.append(run_build(load_recipe(target), root, console=err).artifact)  # every stage cached: cheap when built
+            # every stage cached: cheap when built
+            found.append(run_build(load_recipe(target), root, console=err, lock=lock_path(Path(target))).artifact)
         else:
             found.append(open_artifact(target))
     if not found:
@@ -239,8 +254,13 @@ def evaluate(
     for i, artifact in enumerate(_evaluation_targets(targets, artifacts)):
         config = _evaluate_config(artifact.manifest, **overrides)
         results += evaluate_artifacts(
-            [artifact], config, tracking_uri=tracking_uri, console=err, peers=_peers(peers, peer) if i == 0 else (),
-            force=force, root=artifacts,
+            [artifact],
+            config,
+            tracking_uri=tracking_uri,
+            console=err,
+            peers=_peers(peers, peer) if i == 0 else (),
+            force=force,
+            root=artifacts,
         )
     if as_json:
         typer.echo(results_json(results))
@@ -266,20 +286,26 @@ def compare(
     as_json: AsJson = False,
 ) -> None:
     """One table across artifacts (and peers), all measured side by side in one interleaved session."""
-    from kokoro_opt.artifacts import list_artifacts, open_artifact
-    from kokoro_opt.evaluate.report import DETAIL_COLUMNS, print_table, results_json, results_table
+    from kokoro_opt.artifacts import open_artifact
+    from kokoro_opt.evaluate.report import DETAIL_COLUMNS, print_machine, print_table, results_json, results_table
     from kokoro_opt.evaluate.run import compare_artifacts
+    from kokoro_opt.machine import fingerprint
+    from kokoro_opt.store import Store
 
-    chosen = [open_artifact(f) for f in folders] if folders else list_artifacts(artifacts)
-    config = _evaluate_config(chosen[0].manifest if chosen else {}, runs=runs, warmup=warmup, threads=threads,
-                              sentences=sentences, asr=asr)
-    results, png = compare_artifacts(chosen, config, tracking_uri, console=err, peers=_peers(peers, peer), plot=plot,
-                                     log=log, root=artifacts)
+    chosen = [open_artifact(f) for f in folders] if folders else Store(artifacts).artifacts()
+    config = _evaluate_config(
+        chosen[0].manifest if chosen else {}, runs=runs, warmup=warmup, threads=threads, sentences=sentences, asr=asr
+    )
+    results, png = compare_artifacts(
+        chosen, config, tracking_uri, console=err, peers=_peers(peers, peer), plot=plot, log=log, root=artifacts
+    )
     if as_json:
-        typer.echo(results_json(results, {"settings": config.model_dump(mode="json"), "plot": str(png) if png else None}))
+        extra = {"settings": config.model_dump(mode="json"), "plot": str(png) if png else None, "machine": fingerprint()}
+        typer.echo(results_json(results, extra))
         return
     n = int(results[0].metric("utterances")) if results else 0
     title = f"compare: {n} utterances x {config.runs} runs, {config.threads} threads, interleaved"
+    print_machine(console)
     print_table(console, results_table(results, title))
     print_table(console, results_table(results, "details (latency in seconds per utterance)", DETAIL_COLUMNS))
     for r in results:
@@ -288,7 +314,6 @@ def compare(
     console.print(f"Pareto plot: {png}" if png else "Pareto plot: nothing to plot (no PESQ measured)")
     if log and results and results[0].run_id:
         console.print(f"logged to MLflow run {results[0].run_id} (experiment kokoro-opt-compare)")
-
 
 
 @app.command()

@@ -45,17 +45,21 @@ class WeightsConfig(Strict):
 
 
 class ValidationConfig(Strict):
-    """Sample-level agreement of the export with PyTorch.
+    """The export gate: ONNX vs PyTorch on what float32 noise cannot move (kokoro_opt/validation.py).
 
-    Sentences of Harvard length (2-4 s): on longer utterances float32 differences in the predicted
-    F0 integrate into SineGen's phase, and sample-level SNR drifts below 30 dB while the
-    spectrogram still matches (see docs/stages.md).
+    Durations and audio length must be identical; the frame-by-frame log-mel distance must stay
+    under `max_mel_db`. Sample-level SNR is recorded, not gated: SineGen's phase drifts with 1e-7
+    F0 differences, so it moves 1-2 dB between CPUs on a correct export (docs/stages.md).
     """
 
     sentences: list[str] = Field(default_factory=lambda: list(DEFAULT_SENTENCES), min_length=1)
     voice: str = "jf_alpha"
-    min_correlation: float = Field(0.999, ge=0.0, le=1.0)
-    min_snr_db: float = 30.0
+    speeds: list[Annotated[float, Field(ge=0.5, le=2.0)]] = Field(
+        default_factory=lambda: [1.0, 1.25], min_length=1, description="sentence i is spoken at speeds[i mod len]"
+    )
+    max_mel_db: float = Field(
+        1.0, gt=0.0, le=20.0, description="largest mean |log-mel difference| of any sentence, dB"
+    )
 
 
 class ExportConfig(Strict):

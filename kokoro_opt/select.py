@@ -7,7 +7,10 @@ The rule for `best`, in order:
    budget (mean PESQ-WB >= 3.8 and no NaN/silent output vs fp32); fp32 itself always passes.
    Fastest = the highest speedup over fp32 measured side by side in its newest evaluation, since
    RTFs from different sessions are not comparable on a noisy machine;
-3. else the newest fp32 artifact, else the newest artifact of any recipe.
+3. else the newest fp32 artifact, else the newest artifact of any recipe that runs here.
+
+Whatever the rule picks must run on this machine: a Core ML artifact off macOS is refused here with
+the reason and the ONNX artifact to serve instead, before any server starts.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kokoro_opt.artifacts import Artifact, list_artifacts, open_artifact
+from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.synth import SessionSettings
+from kokoro_opt.store import Store
+from kokoro_opt.synth import SessionSettings, runtime_problem
 
 QUALITY_BUDGET_PESQ = 3.8
 TUNED_FILE = "tuned.json"
@@ -34,7 +38,7 @@ class Selection:
 
 
 def _by_id(root: Path, artifact_id: str) -> Artifact | None:
-    matches = [a for a in list_artifacts(root) if a.id.startswith(artifact_id)]
+    matches = [a for a in Store(root).artifacts() if a.id.startswith(artifact_id)]
     return matches[-1] if matches else None
 
 
@@ -68,7 +72,15 @@ def evaluated_selection(root: Path, tracking_uri: str | None) -> Selection | Non
 
 
 def resolve_artifact(spec: str, root: Path = Path("artifacts"), tracking_uri: str | None = None) -> Selection:
-    """`best`, a folder, or an artifact id (prefix) -> what to serve, and why."""
+    """`best`, a folder, or an artifact id (prefix) -> what to serve, and why; UserError if it cannot run here."""
+    selection = _resolve(spec, root, tracking_uri)
+    problem = runtime_problem(selection.artifact)
+    if problem is not None:
+        raise problem
+    return selection
+
+
+def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
     if spec != "best":
         if Path(spec).exists():
             return Selection(open_artifact(spec), reason=f"given as a path: {spec}")
@@ -79,9 +91,10 @@ def resolve_artifact(spec: str, root: Path = Path("artifacts"), tracking_uri: st
     for pick in (tuned_selection(root), evaluated_selection(root, tracking_uri)):
         if pick is not None:
             return pick
-    every = list_artifacts(root)
+    every = Store(root).artifacts()
     if not every:
         raise UserError(f"no artifacts under {root}", "build one first: kokoro-opt build recipes/fp32.yaml")
     fp32 = [a for a in every if a.name == "fp32"]
-    chosen = (fp32 or every)[-1]
+    runnable = [a for a in every if runtime_problem(a) is None]
+    chosen = (fp32 or runnable or every)[-1]
     return Selection(chosen, reason=f"no tuning or evaluation records yet: newest {chosen.name} artifact")

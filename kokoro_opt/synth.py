@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.errors import UserError
+from kokoro_opt.feeds import model_feeds
 from kokoro_opt.voices import SAMPLE_RATE, blend_voice, style_for
 
 
@@ -65,39 +65,19 @@ class SynthesisResult:
         return len(self.audio) / self.sample_rate
 
 
-class Synthesizer:
-    """One loaded artifact: a session, its voices and vocab. Reuse it; loading takes ~1 s."""
+class Speaker:
+    """Text or phonemes -> audio over a subclass's `run_tokens`: one text path for every runtime."""
 
-    def __init__(
-        self, artifact: Artifact | str | Path, settings: SessionSettings = SessionSettings(), model_file: Path | None = None
-    ) -> None:
-        """`model_file` runs another graph (a candidate variant) with this artifact's voices and vocab."""
-        self.artifact = artifact if isinstance(artifact, Artifact) else open_artifact(artifact)
-        meta = self.artifact.kokoro
-        self.vocab: dict[str, int] = meta["vocab"]
-        self.sample_rate = int(meta.get("sample_rate", SAMPLE_RATE))
-        self.audio_gain = float(meta.get("audio_gain", 1.0))
-        self.packs = self.artifact.voice_packs()
-        self.settings = settings
-        self.session = make_session(model_file or self.artifact.model_file, settings)
-        self._inputs = [i.name for i in self.session.get_inputs()]
+    vocab: dict[str, int]
+    packs: dict[str, np.ndarray]
+    sample_rate: int
 
     @property
     def voices(self) -> list[str]:
         return sorted(self.packs)
 
     def run_tokens(self, token_ids: list[int], voice: str | np.ndarray, speed: float = 1.0) -> SynthesisResult:
-        if not token_ids:
-            raise UserError("nothing to say: the text has no pronounceable characters", "pass words, not only punctuation")
-        pack = blend_voice(voice, self.packs) if isinstance(voice, str) else voice
-        style = style_for(pack, len(token_ids))
-        tokens = np.array([[0, *token_ids, 0]], dtype=np.int64)
-        feeds = dict(zip(self._inputs, (tokens, style, np.array([speed], dtype=np.float32)), strict=True))
-        outputs = self.session.run(None, feeds)
-        audio = np.asarray(outputs[0], dtype=np.float32).reshape(-1) / self.audio_gain
-        # kokoro-onnx's own graph has no durations output
-        durations = np.asarray(outputs[1]).reshape(-1) if len(outputs) > 1 else np.zeros(0, dtype=np.int64)
-        return SynthesisResult(audio, self.sample_rate, durations)
+        raise NotImplementedError
 
     def synthesize(
         self, text: str | None = None, *, phonemes: str | None = None, voice: str = "jf_alpha", speed: float = 1.0
@@ -121,16 +101,44 @@ class Synthesizer:
         )
 
 
-def synthesize(
-    artifact: Artifact | str | Path,
-    text: str | None = None,
-    *,
-    phonemes: str | None = None,
-    voice: str = "jf_alpha",
-    speed: float = 1.0,
-) -> SynthesisResult:
-    """One-shot convenience: load the artifact, synthesize, return (audio, sample_rate, durations)."""
-    threads = int(os.environ.get("KOKORO_OPT_THREADS", "0"))
-    return Synthesizer(artifact, SessionSettings(intra_op_num_threads=threads)).synthesize(
-        text, phonemes=phonemes, voice=voice, speed=speed
-    )
+class Synthesizer(Speaker):
+    """One loaded artifact: a session, its voices and vocab. Reuse it; loading takes ~1 s."""
+
+    def __init__(
+        self, artifact: Artifact | str | Path, settings: SessionSettings = SessionSettings(), model_file: Path | None = None
+    ) -> None:
+        """`model_file` runs another graph (a candidate variant) with this artifact's voices and vocab."""
+        self.artifact = artifact if isinstance(artifact, Artifact) else open_artifact(artifact)
+        meta = self.artifact.kokoro
+        self.vocab: dict[str, int] = meta["vocab"]
+        self.sample_rate = int(meta.get("sample_rate", SAMPLE_RATE))
+        self.audio_gain = float(meta.get("audio_gain", 1.0))
+        self.packs = self.artifact.voice_packs()
+        self.settings = settings
+        model = model_file or self.artifact.model_file
+        if model.suffix == ".mlpackage":  # ORT would fail with INVALID_PROTOBUF, naming neither the cause nor the fix
+            raise runtime_problem(self.artifact) or UserError(
+                f"{model} is a Core ML model, not an ONNX Runtime one", "load it with kokoro_opt.runtime.open_synthesizer"
+            )
+        self.session = make_session(model, settings)
+        self._inputs = [i.name for i in self.session.get_inputs()]
+
+    def run_tokens(self, token_ids: list[int], voice: str | np.ndarray, speed: float = 1.0) -> SynthesisResult:
+        if not token_ids:
+            raise UserError("nothing to say: the text has no pronounceable characters", "pass words, not only punctuation")
+        pack = blend_voice(voice, self.packs) if isinstance(voice, str) else voice
+        feeds = model_feeds(token_ids, style_for(pack, len(token_ids)), speed, names=self._inputs)
+        outputs = self.session.run(None, feeds)
+        audio = np.asarray(outputs[0], dtype=np.float32).reshape(-1) / self.audio_gain
+        # kokoro-onnx's own graph has no durations output
+        durations = np.asarray(outputs[1]).reshape(-1) if len(outputs) > 1 else np.zeros(0, dtype=np.int64)
+        return SynthesisResult(audio, self.sample_rate, durations)
+
+
+def runtime_problem(artifact: Artifact) -> UserError | None:
+    """Why `artifact` cannot run on this machine (a Core ML artifact off macOS), or None.
+
+    Serve and evaluate ask before loading anything: serve refuses to start, evaluate skips it."""
+    from kokoro_opt.coreml_support import coreml_problem
+
+    return coreml_problem(artifact)

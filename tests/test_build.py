@@ -53,18 +53,22 @@ def test_ort_matches_torch_and_is_deterministic(tiny_artifact) -> None:
     assert len(a.audio) == int(a.durations.sum()) * 600
 
 
-def test_rebuild_is_a_cache_hit_and_a_changed_stage_rebuilds_only_itself(tiny_recipe, artifacts_root, tiny_artifact) -> None:
+def test_rebuild_is_a_cache_hit_and_a_changed_stage_rebuilds_only_itself(
+    tiny_recipe, artifacts_root, tiny_artifact, tmp_path
+) -> None:
     again = build(tiny_recipe, artifacts_root)
     assert again.artifact.path == tiny_artifact.path
     assert [s["cached"] for s in again.stages] == [True]
 
-    quantized = tiny_recipe.model_copy(
-        update={"name": "tiny-dyn", "stages": [load_recipe(ROOT / "recipes" / "int8-dynamic.yaml").stages[0]]}
-    )
-    first = build(quantized, artifacts_root)
-    assert [(s["kind"], s["cached"]) for s in first.stages] == [("export", True), ("quantize", False)]
-    second = build(quantized, artifacts_root)
+    stage = load_recipe(ROOT / "recipes" / "int8-dynamic.yaml").stages[0]
+    quantized = tiny_recipe.model_copy(update={"name": "tiny-dyn", "stages": [stage]})
+    first = build(quantized, tmp_path)  # an empty store: nothing another test built is reused
+    assert [(s["kind"], s["cached"]) for s in first.stages] == [("export", False), ("quantize", False)]
+    second = build(quantized, tmp_path)
     assert all(s["cached"] for s in second.stages)
+    changed = quantized.model_copy(update={"stages": [stage.model_copy(update={"exclude_nodes": ["/bert/Gather"]})]})
+    third = build(changed, tmp_path)
+    assert [(s["kind"], s["cached"]) for s in third.stages] == [("export", True), ("quantize", False)]
 
 
 def test_build_folder_is_atomic(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import onnx
 from onnx import numpy_helper
 
 from kokoro_opt.passes.clipping import input_ranges
-from kokoro_opt.passes.quantize import input_ranges_path, quantize_static_qdq
+from kokoro_opt.passes.qdq import CalibrationFiles, quantize_static_qdq
 from kokoro_opt.recipe import QuantizeStage
 from tests.test_equalize import conv_then_residual
 
@@ -38,14 +38,14 @@ def test_clipped_input_range_trades_the_peaks_for_resolution(tmp_path: Path) -> 
     source = conv_then_residual(tmp_path / "fp32.onnx")
     feeds = peaky_feeds(3)
     cfg = QuantizeStage(kind="quantize", mode="mixed", op_types=["Conv"], calibrate_method="MinMax")
-    cache = tmp_path / "calibration.json"
-    quantize_static_qdq(source, tmp_path / "plain.onnx", cfg, cache, feeds)
-    input_ranges(source, ["/block/convs2.0/Conv"], feeds, [99.9], input_ranges_path(cache))
-    quantize_static_qdq(source, tmp_path / "clipped.onnx", cfg, cache, None, clips={"x": 99.9})
+    files = CalibrationFiles(tmp_path)
+    quantize_static_qdq(source, tmp_path / "plain.onnx", cfg, files, feeds)
+    input_ranges(source, ["/block/convs2.0/Conv"], feeds, [99.9], files.input_ranges)
+    quantize_static_qdq(source, tmp_path / "clipped.onnx", cfg, files, None, clips={"x": 99.9})
 
-    low, high = json.loads(input_ranges_path(cache).read_text())["x"]["99.9"]
+    low, high = json.loads(files.input_ranges.read_text())["x"]["99.9"]
     assert -5 < low < -2 and 2 < high < 5  # the peaks are outside the cut
     assert input_scale(tmp_path / "clipped.onnx") == np.float32((high - low) / 255)
     assert input_scale(tmp_path / "plain.onnx") > 10 * input_scale(tmp_path / "clipped.onnx")
-    lowest = json.loads(cache.read_text())["data"]["x"]["lowest"]
+    lowest = json.loads(files.ranges.read_text())["data"]["x"]["lowest"]
     assert np.min(lowest["data"] if isinstance(lowest, dict) else lowest) <= -50  # the shared cache keeps the full range

@@ -1,16 +1,21 @@
-"""dvc.yaml: a real `dvc repro` of the tiny stage rebuilds only when its inputs change."""
+"""dvc.yaml: a real `dvc repro` of the tiny stage, in a git checkout as users run it, rebuilds only when
+its inputs change and leaves exactly one new file for git: dvc.lock."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).parent.parent
+BIN = Path(sys.executable).parent
+# What the tiny stage reads, plus the files that make the folder a DVC project inside git.
+PROJECT_FILES = ["dvc.yaml", ".gitignore", ".dvcignore", ".dvc/config", ".dvc/.gitignore", "recipes/tiny.yaml"]
 
 
 def test_every_recipe_has_a_dvc_stage() -> None:
@@ -22,27 +27,61 @@ def test_every_recipe_has_a_dvc_stage() -> None:
         assert f"recipes/{name}.yaml" in stage["deps"]
 
 
-def test_dvc_repro_runs_skips_and_reruns(tmp_path: Path) -> None:
-    dvc = shutil.which("dvc") or str(Path(os.sys.executable).parent / "dvc")
-    if not Path(dvc).exists():
-        pytest.skip("dvc is not installed (pip install 'kokoro-opt[dev]')")
-    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["tiny"]
-    stage["deps"] = ["recipes/tiny.yaml"]  # the package source is not copied into the scratch project
-    (tmp_path / "recipes").mkdir()
-    shutil.copy2(ROOT / "recipes" / "tiny.yaml", tmp_path / "recipes" / "tiny.yaml")
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"tiny": stage}}))
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"}
+def _tool(name: str) -> str:
+    found = shutil.which(name) or (str(BIN / name) if (BIN / name).exists() else None)
+    if found is None:
+        pytest.skip(f"{name} is not installed" + (" (pip install 'kokoro-opt[dev]')" if name == "dvc" else ""))
+    return found
 
-    def dvc_run(*args: str) -> str:
-        done = subprocess.run([dvc, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
 
-    dvc_run("init", "--no-scm", "-q")
-    first = dvc_run("repro", "tiny")
+def _checkout(dest: Path, git: str, env: dict[str, str]) -> None:
+    """A git repository holding the project files the tiny stage needs, committed, as in a fresh clone.
+
+    Copied from the working tree rather than cloned, so that uncommitted changes are what is tested."""
+    for rel in PROJECT_FILES:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    shutil.copytree(ROOT / "kokoro_opt", dest / "kokoro_opt", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "commit.gpgsign=false", "commit", "-q", "-m", "project"]):
+        subprocess.run([git, *args], cwd=dest, env=env, check=True, capture_output=True, timeout=60)
+
+
+def test_dvc_repro_in_a_git_checkout(tmp_path: Path) -> None:
+    dvc, git = _tool("dvc"), _tool("git")
+    env = {
+        **os.environ,
+        "DVC_NO_ANALYTICS": "1",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # the stage's `kokoro-opt`
+        "GIT_AUTHOR_NAME": "test",
+        "GIT_AUTHOR_EMAIL": "test@example.invalid",
+        "GIT_COMMITTER_NAME": "test",
+        "GIT_COMMITTER_EMAIL": "test@example.invalid",
+    }
+    _checkout(tmp_path, git, env)
+
+    def run(*args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode in ok, f"{args}: exit {done.returncode}\n{done.stdout}{done.stderr}"
+        return done
+
+    first = run(dvc, "repro", "tiny").stdout
     assert "Running stage 'tiny'" in first
     assert list((tmp_path / "artifacts" / "tiny").glob("*/manifest.json"))
-    assert "didn't change" in dvc_run("repro", "tiny")
+    lock = yaml.safe_load((tmp_path / "dvc.lock").read_text())
+    assert "tiny" in lock["stages"]
+    # dvc.lock belongs in git; the stage's outputs do not (cache: false outs must stay git-ignored).
+    assert run(git, "check-ignore", "-q", "dvc.lock", ok=(1,)).returncode == 1
+    assert run(git, "status", "--porcelain", "--untracked-files=all").stdout.splitlines() == ["?? dvc.lock"]
+
+    # Bytecode beside the source is .dvcignore'd: it does not change the kokoro_opt dependency.
+    (tmp_path / "kokoro_opt" / "__pycache__").mkdir(exist_ok=True)
+    (tmp_path / "kokoro_opt" / "__pycache__" / "stray.cpython-311.pyc").write_bytes(b"\0")
+    assert "didn't change" in run(dvc, "repro", "tiny").stdout
+    run(git, "add", "dvc.lock")
+    run(git, "-c", "commit.gpgsign=false", "commit", "-q", "-m", "dvc.lock")
+    assert run(git, "status", "--porcelain", "--untracked-files=all").stdout == ""
+
     recipe = tmp_path / "recipes" / "tiny.yaml"
     recipe.write_text(recipe.read_text() + "\n# touched\n")
-    assert "Running stage 'tiny'" in dvc_run("repro", "tiny")
+    assert "Running stage 'tiny'" in run(dvc, "repro", "tiny").stdout
+    assert run(git, "status", "--porcelain").stdout.splitlines() == [" M dvc.lock", " M recipes/tiny.yaml"]

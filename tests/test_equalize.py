@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from kokoro_opt.passes.equalize import channel_ranges
-from kokoro_opt.passes.quantize import output_ranges_path, quantize_static_qdq
+from kokoro_opt.passes.qdq import CalibrationFiles, quantize_static_qdq
 from kokoro_opt.recipe import QuantizeStage
 from tests.test_passes import build_with, runs
 
@@ -38,10 +38,11 @@ def conv_then_residual(path: Path) -> Path:
 
 def quantize(source: Path, out: Path, equalize: bool, feeds: list[dict[str, np.ndarray]], activation: str) -> Path:
     cfg = QuantizeStage(kind="quantize", mode="static", op_types=["Conv"], equalize_outputs=equalize, activation_type=activation)
-    cache = out.parent / f"calibration-{equalize}.json"
+    files = CalibrationFiles(out.parent / f"calibration-{equalize}")
+    files.folder.mkdir(exist_ok=True)
     if equalize:
-        channel_ranges(source, feeds, output_ranges_path(cache))
-    quantize_static_qdq(source, out, cfg, cache, feeds)
+        channel_ranges(source, feeds, files.output_ranges)
+    quantize_static_qdq(source, out, cfg, files, feeds)
     return out
 
 

@@ -23,6 +23,7 @@ from kokoro_opt.evaluate.corpus import KINDS, load_corpus
 from kokoro_opt.evaluate.report import EvalResult, pareto_front, pareto_png
 from kokoro_opt.evaluate.run import compare_artifacts, evaluate_artifacts, evaluation_settings
 from kokoro_opt.evaluate.runners import PEERS
+from kokoro_opt.machine import describe, fingerprint
 from kokoro_opt.recipe import DEFAULT_SENTENCES, EvaluateConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,8 +132,15 @@ def test_the_run_is_found_with_metrics_params_tags_and_files(evaluated: EvalResu
     assert run.data.params["machine.cores"] and "machine.avx512_vnni" in run.data.params
     assert run.data.params["ort.intra_op_num_threads"] == "2" and "version.onnxruntime" in run.data.params
     assert run.data.tags["weights_source"] == "tiny" and run.data.tags["corpus_sha256"] == load_corpus().sha256
+    here = fingerprint()  # the machine is part of the record: tags, params, the result's JSON and machine.json
+    assert evaluated.machine == here and evaluated.to_json()["machine"]["id"] == here["id"]
+    assert run.data.tags["machine.id"] == here["id"] and run.data.tags["machine.cores"] == str(here["cores"])
+    assert run.data.tags["machine.cpu"] == here["cpu"] and run.data.tags["machine.arch"] == here["arch"]
+    assert run.data.params["machine.id"] == here["id"] and run.data.params["eval.machine_id"] == here["id"]
     files = tracking.artifact_files(store, run.info.run_id)
-    assert {"manifest.json", "metrics.json", "plots/ops.png"} <= set(files)
+    assert {"manifest.json", "metrics.json", "machine.json", "plots/ops.png"} <= set(files)
+    logged = json.loads(Path(MlflowClient(store).download_artifacts(run.info.run_id, "machine.json")).read_text())
+    assert logged == here
     assert any(f.startswith("samples/") and f.endswith(".wav") for f in files)
 
 
@@ -143,7 +151,7 @@ def test_a_second_evaluation_reuses_the_run(
 
     started = time.perf_counter()
     [again] = evaluate_artifacts([tiny_artifact], fast, tracking_uri=store)
-    assert again.skipped and again.run_id == evaluated.run_id
+    assert again.skipped and again.run_id == evaluated.run_id and again.machine["id"] == fingerprint()["id"]
     assert again.metrics["rtf_p50"] == pytest.approx(evaluated.metrics["rtf_p50"])
     assert time.perf_counter() - started < 15  # found, not measured again
     client = MlflowClient(store)
@@ -254,10 +262,19 @@ def test_compare_cli_prints_one_table_as_json_and_logs_it(
     assert rows["kokoro-onnx-int8"]["external"] and rows["kokoro-onnx-int8"]["metrics"]["rtf_p50"] > 0
     assert rows["kokoro-onnx-int8"]["metrics"].get("pesq_mean") is None  # no real-weights fp32 export here
     assert rows["tiny"]["metrics"]["speedup_vs_reference"] == 1.0
+    here = fingerprint()
+    assert json.loads(done.stdout)["machine"] == here and rows["tiny"]["machine"]["id"] == here["id"]
     client = MlflowClient(store)
     [run] = client.search_runs([client.get_experiment_by_name("kokoro-opt-compare").experiment_id])
-    assert "compare.json" in tracking.artifact_files(store, run.info.run_id)
-    assert run.data.metrics["kokoro-onnx-int8.rtf_p50"] > 0
+    assert {"compare.json", "machine.json"} <= set(tracking.artifact_files(store, run.info.run_id))
+    assert run.data.metrics["kokoro-onnx-int8.rtf_p50"] > 0 and run.data.tags["machine.id"] == here["id"]
+
+    # the tables: the machine line above them, whole although stdout is no terminal (rich assumes 80 columns)
+    tables = CliRunner().invoke(app, [*args[: args.index("--peer")], *args[args.index("--sentences") : -1], "--no-log"])
+    assert tables.exit_code == 0, tables.output
+    lines = tables.stdout.splitlines()
+    assert len(describe(here)) > 80 and describe(here) in lines
+    assert lines.index(describe(here)) < next(i for i, line in enumerate(lines) if line.startswith("compare:"))
 
 
 def test_evaluate_cli_skips_what_is_already_logged(evaluated: EvalResult, tiny_artifact: Artifact, store: str) -> None:
@@ -283,6 +300,10 @@ def test_evaluate_cli_skips_what_is_already_logged(evaluated: EvalResult, tiny_a
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 0, done.output
     assert f"already evaluated with these settings (MLflow run {evaluated.run_id})" in " ".join(done.output.split())
+    lines = done.stdout.splitlines()
+    table = next(i for i, line in enumerate(lines) if line.strip() == "evaluation")  # the table's title
+    assert describe(fingerprint()) in lines and lines.index(describe(fingerprint())) < table
+    assert "another machine" not in done.output
 
 
 def test_pareto_plot_and_front(tmp_path: Path) -> None:

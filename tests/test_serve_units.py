@@ -141,6 +141,31 @@ def test_scheduler_first_chunks_then_earliest_deadline() -> None:
     assert third[0] == -1  # still the tightest deadline
 
 
+def test_first_audio_is_what_a_streaming_request_sends_first(tiny_artifact: Any) -> None:
+    """kokoro-opt tune times `Engine.first_audio`: it must be the worker's own first job, synthesis and joining."""
+    from kokoro_opt.select import resolve_artifact
+
+    text = "Hi there, friend. This second sentence is long enough to be a piece of its own, after the first."
+    engine = Engine(resolve_artifact(str(tiny_artifact.path)), ServeConfig(first_chunk_tokens=10, chunk_tokens=40))
+    engine.start()
+    try:
+        assert engine.ready.wait(120) and engine.synth is not None, engine.error
+        pack = engine.synth.packs[engine.synth.voices[0]]
+        assert len(engine.plan(text)) > 2
+
+        async def first_bytes() -> Any:
+            stream = engine.submit(engine.plan(text), pack, 1.0, make_encoder("pcm", engine.sample_rate, True), True)
+            first = await asyncio.wait_for(stream.queue.get(), 60)
+            engine.cancel(stream)
+            return first
+
+        served = asyncio.run(first_bytes())
+    finally:
+        engine.stop()
+    measured = engine.first_audio(text, pack)  # on this thread, the worker stopped: the same session, same steps
+    assert isinstance(served, bytes) and served == make_encoder("pcm", engine.sample_rate, True).encode(measured)
+
+
 def test_config_validation_and_tuned_chunking(tiny_artifact: Any) -> None:
     with pytest.raises(UserError):
         ServeConfig(first_chunk_tokens=300, chunk_tokens=200)

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from kokoro_opt.artifacts import MANIFEST, link_or_copy, write_json_atomic
 from kokoro_opt.errors import UserError
+from kokoro_opt.machine import fingerprint
 from kokoro_opt.tune import SessionCache, load_tune_recipe, parse_tune_recipe, run_tuning
 from kokoro_opt.tuning.config import SamplerConfig, SpaceConfig
 from kokoro_opt.tuning.records import StudyRecords
@@ -209,6 +210,9 @@ def test_tune_writes_tuned_json_resumes_without_duplicates_and_serve_uses_it(tun
     )
     assert {p.name for p in first.plots} == {"pareto.png", "history.png", "importances.png"}
     assert _trial_runs(env, "e2e") == [0, 1]
+    here = fingerprint()  # the machine is part of every record: each trial and tuned.json
+    assert tuned["machine"] == here
+    assert [(t.user_attrs["machine_id"], t.user_attrs["machine"]) for t in first.study.trials] == [(here["id"], here)] * 2
 
     # a worker killed mid-trial leaves a RUNNING trial: it is not counted, the budget continues
     killed = optuna.load_study(study_name="e2e", storage=f"sqlite:///{env['base']}/optuna.db").ask()
@@ -219,6 +223,7 @@ def test_tune_writes_tuned_json_resumes_without_duplicates_and_serve_uses_it(tun
     third = _run(env, recipe, trials=3)
     assert third.ran == 0 and _trial_runs(env, "e2e") == [0, 1, 3]
     records = StudyRecords(env["uri"], f"sqlite:///{env['base']}/optuna.db", third.study)
+    assert {r.data.tags["machine.id"] for r in records._find("tags.kokoro_opt_kind = 'tuning-trial'")} == {here["id"]}
     parent = records.client.get_run(records.parent())
     assert parent.info.status == "FINISHED" and parent.data.metrics["trials_finished"] == 3
     logged = {a.path for a in records.client.list_artifacts(parent.info.run_id, "plots")}

@@ -30,6 +30,7 @@ class EvalResult:
     run_id: str | None = None
     skipped: bool = False  # found already logged with the same settings: not measured again
     samples: dict[str, Any] = field(default_factory=dict, repr=False)  # a few clips for WAVs and plots; not in JSON
+    machine: dict[str, Any] = field(default_factory=dict)  # kokoro_opt.machine.fingerprint() of where it was measured
 
     def metric(self, name: str) -> float:
         value = self.metrics.get(name, math.nan)
@@ -37,10 +38,19 @@ class EvalResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "label": self.label, "artifact_id": self.artifact_id, "kind": self.kind, "external": self.external,
-            "reference_id": self.reference_id, "is_reference": self.is_reference, "run_id": self.run_id,
-            "skipped": self.skipped, "metrics": {k: _finite(v) for k, v in sorted(self.metrics.items())},
-            "op_times": self.op_times, "notes": self.notes, "utterances": self.utterances,
+            "label": self.label,
+            "artifact_id": self.artifact_id,
+            "kind": self.kind,
+            "external": self.external,
+            "reference_id": self.reference_id,
+            "is_reference": self.is_reference,
+            "run_id": self.run_id,
+            "skipped": self.skipped,
+            "metrics": {k: _finite(v) for k, v in sorted(self.metrics.items())},
+            "op_times": self.op_times,
+            "notes": self.notes,
+            "utterances": self.utterances,
+            "machine": self.machine,
         }
 
 
@@ -114,11 +124,22 @@ def print_table(console: Console, table: Table) -> None:
         Console(file=console.file, width=TABLE_WIDTH, no_color=console.no_color, highlight=False).print(table)
 
 
+def print_machine(console: Console, fp: dict[str, Any] | None = None) -> None:
+    """The one-line machine description (default: this machine), whole even in a pipe or a file."""
+    from kokoro_opt.machine import describe, fingerprint
+
+    console.print(describe(fp or fingerprint()), soft_wrap=True, markup=False, highlight=False)
+
+
 def print_results(results: list[EvalResult], console: Console) -> None:
-    """The evaluation tables, then what was skipped or could not be measured, and where it was logged."""
+    """This machine, the evaluation tables, then what was skipped or could not be measured, and where it was logged."""
+    from kokoro_opt.machine import fingerprint, same_machine
+
     if not results:
         console.print("nothing evaluated")
         return
+    here = fingerprint()
+    print_machine(console, here)
     print_table(console, results_table(results, "evaluation"))
     print_table(console, results_table(results, "details (latency in seconds per utterance)", DETAIL_COLUMNS))
     for r in results:
@@ -126,6 +147,8 @@ def print_results(results: list[EvalResult], console: Console) -> None:
             console.print(f"{r.label}: already evaluated with these settings (MLflow run {r.run_id}); not measured again")
         elif r.run_id:
             console.print(f"{r.label}: logged to MLflow run {r.run_id}")
+        if r.machine.get("id") and not same_machine(r.machine, here):
+            console.print(f"{r.label}: measured on another machine (id {r.machine['id']}, {r.machine.get('cpu', '?')})")
         for note in r.notes:
             console.print(f"{r.label}: {note}", highlight=False)
 

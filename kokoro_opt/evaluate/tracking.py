@@ -94,15 +94,34 @@ def find_evaluation(tracking_uri: str | None, key: str) -> EvalResult | None:
     return None if found is None else _result_from_run(found)
 
 
+def machine_tags(fp: dict[str, Any]) -> dict[str, str]:
+    """MLflow tags of a kokoro_opt.machine fingerprint: searchable (tags.`machine.id` = '...'), shown in lists."""
+    return {f"machine.{k}": str(fp.get(k, "")) for k in ("id", "cpu", "arch", "cores")}
+
+
+def _machine_from_tags(tags: dict[str, str]) -> dict[str, Any]:
+    """The fingerprint's headline of a logged run (the whole one is its machine.json); {} for older runs."""
+    found: dict[str, Any] = {k: tags[f"machine.{k}"] for k in ("id", "cpu", "arch", "cores") if f"machine.{k}" in tags}
+    if str(found.get("cores", "")).isdigit():
+        found["cores"] = int(found["cores"])
+    return found
+
+
 def _result_from_run(run: Any) -> EvalResult:
     tags, metrics = run.data.tags, dict(run.data.metrics)
     ops = {k.split(".", 1)[1]: v for k, v in metrics.items() if k.startswith("op_seconds.")}
     return EvalResult(
-        label=tags.get("artifact_name", "?"), artifact_id=tags.get("artifact_id", "?"), kind=tags.get("runtime", "onnx"),
-        external=tags.get("external") == "true", reference_id=tags.get("reference_id") or None,
-        is_reference=tags.get("is_reference") == "true", run_id=run.info.run_id, skipped=True,
+        label=tags.get("artifact_name", "?"),
+        artifact_id=tags.get("artifact_id", "?"),
+        kind=tags.get("runtime", "onnx"),
+        external=tags.get("external") == "true",
+        reference_id=tags.get("reference_id") or None,
+        is_reference=tags.get("is_reference") == "true",
+        run_id=run.info.run_id,
+        skipped=True,
         metrics={k: v for k, v in metrics.items() if not k.startswith(("op_seconds.", "op_share."))},
         op_times=dict(sorted(ops.items(), key=lambda kv: -kv[1])),
+        machine=_machine_from_tags(tags),
     )
 
 
@@ -115,13 +134,11 @@ def _flat(prefix: str, value: Any, out: dict[str, str]) -> None:
         out[prefix] = text[:_PARAM_CHARS]
 
 
-def _params(manifest: dict[str, Any], settings: dict[str, Any], threads: int) -> dict[str, str]:
+def _params(manifest: dict[str, Any], settings: dict[str, Any], threads: int, machine: dict[str, Any]) -> dict[str, str]:
     from kokoro_opt.artifacts import versions
-    from kokoro_opt.build import machine_info
     from kokoro_opt.synth import SessionSettings
 
     recipe = manifest.get("recipe", {})
-    machine = machine_info()
     out: dict[str, str] = {}
     _flat("recipe", {"name": recipe.get("name", "?"), "hash": manifest.get("recipe_hash", "")}, out)
     _flat("export", recipe.get("export", {}), out)
@@ -130,7 +147,9 @@ def _params(manifest: dict[str, Any], settings: dict[str, Any], threads: int) ->
     _flat("ort", asdict(SessionSettings(intra_op_num_threads=threads)), out)
     _flat("version", versions(), out)
     _flat("built_with", manifest.get("versions", {}), out)
-    _flat("machine", {**machine, "isa": ",".join(machine["isa"]), "avx512_vnni": "avx512_vnni" in machine["isa"]}, out)
+    isa = machine.get("isa", [])
+    shown = {k: v for k, v in machine.items() if k != "versions"}  # the versions are the version.* params
+    _flat("machine", {**shown, "isa": ",".join(isa), "avx512_vnni": "avx512_vnni" in isa}, out)
     _flat("eval", settings, out)
     return out
 
@@ -168,9 +187,11 @@ def log_evaluation(tracking_uri: str | None, result: EvalResult, runner: Any, se
     """One run for this (artifact, settings): params, metrics, tags and files (manifest, metrics JSON,
     sample WAVs, plots). An earlier run with the same key (a forced re-evaluation) is replaced."""
     from kokoro_opt.audio import write_wav
+    from kokoro_opt.machine import fingerprint
 
     uri = resolve_tracking_uri(tracking_uri)
     client = _client(uri)
+    machine = result.machine or fingerprint()
     for old in _runs_with_key(client, key):
         client.delete_run(old.info.run_id)
     manifest = runner.manifest
@@ -178,20 +199,29 @@ def log_evaluation(tracking_uri: str | None, result: EvalResult, runner: Any, se
     experiment = _experiment(client, uri, EXPERIMENT_PREFIX + family)
     weights = manifest.get("weights", {})
     tags = {
-        KEY_TAG: key, KIND_TAG: "evaluation", "artifact_id": result.artifact_id, "artifact_name": result.label,
-        "runtime": result.kind, "external": str(result.external).lower(), "is_reference": str(result.is_reference).lower(),
-        "reference_id": result.reference_id or "", "weights_source": str(weights.get("source", "")),
-        "weights_sha256": str(weights.get("sha256", "")), "corpus_sha256": str(settings.get("corpus_sha256", "")),
+        KEY_TAG: key,
+        KIND_TAG: "evaluation",
+        "artifact_id": result.artifact_id,
+        "artifact_name": result.label,
+        "runtime": result.kind,
+        "external": str(result.external).lower(),
+        "is_reference": str(result.is_reference).lower(),
+        "reference_id": result.reference_id or "",
+        "weights_source": str(weights.get("source", "")),
+        "weights_sha256": str(weights.get("sha256", "")),
+        "corpus_sha256": str(settings.get("corpus_sha256", "")),
+        **machine_tags(machine),
     }
     if commit := _git_commit():
         tags["git_commit"] = commit
     run = client.create_run(experiment, tags=tags, run_name=f"{result.label}-{result.artifact_id[:8]}-{key[:6]}")
     run_id = str(run.info.run_id)
     try:
-        _log_batch(client, run_id, _metrics(result), _params(manifest, settings, int(settings.get("threads", 0))))
+        _log_batch(client, run_id, _metrics(result), _params(manifest, settings, int(settings.get("threads", 0)), machine))
         with tempfile.TemporaryDirectory(prefix="kokoro-opt-mlflow-") as tmp:
             folder = Path(tmp)
             (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
+            (folder / "machine.json").write_text(json.dumps(machine, indent=2, sort_keys=True), encoding="utf-8")
             (folder / "metrics.json").write_text(results_json([result], {"settings": settings}), encoding="utf-8")
             (folder / "samples").mkdir()
             (folder / "plots").mkdir()
@@ -217,15 +247,18 @@ COMPARE_COLUMNS = ("size_mb", "rtf_p50", "speedup_vs_reference", "ttfa_p50", "pe
 def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings: dict[str, Any], plot: Path | None) -> str:
     """A compare session as one run in `kokoro-opt-compare`, keyed by (artifact set, settings):
     comparing the same set again logs into the same run (latest values win)."""
+    from kokoro_opt.machine import fingerprint
+
     uri = resolve_tracking_uri(tracking_uri)
     client = _client(uri)
+    machine = next((r.machine for r in results if r.machine), None) or fingerprint()
     ids = sorted(r.artifact_id for r in results)
     key = evaluation_key("+".join(ids), settings)
     existing = _runs_with_key(client, key)
     if existing:
         run_id = str(existing[0].info.run_id)
     else:
-        tags = {KEY_TAG: key, KIND_TAG: "comparison", "artifacts": ",".join(ids)[:_PARAM_CHARS]}
+        tags = {KEY_TAG: key, KIND_TAG: "comparison", "artifacts": ",".join(ids)[:_PARAM_CHARS], **machine_tags(machine)}
         run_id = str(client.create_run(_experiment(client, uri, EXPERIMENT_PREFIX + "compare"), tags=tags).info.run_id)
         params: dict[str, str] = {}
         _flat("eval", settings, params)
@@ -237,6 +270,7 @@ def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings
     _log_batch(client, run_id, {k: v for k, v in metrics.items() if math.isfinite(v)}, {})
     with tempfile.TemporaryDirectory(prefix="kokoro-opt-mlflow-") as tmp:
         (Path(tmp) / "compare.json").write_text(results_json(results, {"settings": settings}), encoding="utf-8")
+        (Path(tmp) / "machine.json").write_text(json.dumps(machine, indent=2, sort_keys=True), encoding="utf-8")
         client.log_artifacts(run_id, tmp)
     if plot is not None and plot.is_file():
         client.log_artifact(run_id, str(plot))
@@ -288,7 +322,9 @@ def best_evaluated(
     quality = "the fp32 reference" if is_reference else f"PESQ {m.get('pesq_mean', math.nan):.2f} >= {min_pesq}"
     pace = f"{speedup(best):.2f}x fp32, " if speedup(best) and not is_reference else ""
     return {
-        "artifact_id": tags["artifact_id"], "run_id": best.info.run_id, "rtf_p50": m["rtf_p50"],
+        "artifact_id": tags["artifact_id"],
+        "run_id": best.info.run_id,
+        "rtf_p50": m["rtf_p50"],
         "pesq_mean": m.get("pesq_mean"),
         "reason": f"fastest evaluated artifact passing the quality budget: {tags.get('artifact_name', '?')} "
         f"{pace}RTF p50 {m['rtf_p50']:.3f}, {quality}, no NaN/silent output (MLflow run {best.info.run_id})",

@@ -46,32 +46,11 @@ def input_ranges(
     ranges = {}
     for name, parts in samples.items():
         values = np.concatenate(parts)
-        ranges[name] = {_key(p): [float(np.percentile(values, 100 - p)), float(np.percentile(values, p))] for p in percentiles}
+        ranges[name] = {
+            percentile_key(p): [float(np.percentile(values, 100 - p)), float(np.percentile(values, p))] for p in percentiles
+        }
     cache.write_text(json.dumps(ranges), encoding="utf-8")
 
 
-def clipped_calibration_path(calibration_cache: Path) -> Path:
-    """Where `clipped_calibration` writes its variant: beside ORT's calibration ranges."""
-    return calibration_cache.with_name(".calibration-clipped.json")
-
-
-def clipped_calibration(calibration_cache: Path, ranges_cache: Path, clips: dict[str, float]) -> Path:
-    """A copy of ORT's calibration cache with the inputs of `clips`' tensors cut at their percentile.
-
-    Written next to the original, so the output ranges that equalization reads beside it are found."""
-    if not clips:
-        return calibration_cache
-    calibration = json.loads(calibration_cache.read_text(encoding="utf-8"))
-    ranges = json.loads(ranges_cache.read_text(encoding="utf-8"))
-    for tensor, percentile in clips.items():
-        entry = calibration["data"].get(tensor)
-        if entry is None or tensor not in ranges:
-            continue  # not an input ORT quantizes
-        entry["lowest"], entry["highest"] = ranges[tensor][_key(percentile)]
-    variant = clipped_calibration_path(calibration_cache)
-    variant.write_text(json.dumps(calibration), encoding="utf-8")
-    return variant
-
-
-def _key(percentile: float) -> str:
+def percentile_key(percentile: float) -> str:
     return f"{percentile:g}"

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.contract import Pass
 from kokoro_opt.onnx_graph import GraphIndex
 from kokoro_opt.passes.common import copy_runtime, stage_record
 from kokoro_opt.recipe import CompressStage
@@ -180,13 +181,17 @@ def compress_model(model: Any, cfg: CompressStage, protected: Collection[str] = 
     return {k: round(v, 6) if isinstance(v, float) else v for k, v in stats.items()}
 
 
+# The quantize stage's record of what it chose travels on with the compressed model.
+CARRIED = ("precision_map.json", "calibration.json")
+
+
 def run_compress(source: Artifact, cfg: CompressStage, out: Path) -> dict[str, Any]:
     import onnx
 
     started = time.perf_counter()
     copy_runtime(source, out)
     protected: set[str] = set()
-    for extra in ("precision_map.json", "calibration.json"):
+    for extra in CARRIED:
         if (source.path / extra).exists():
             (out / extra).write_bytes((source.path / extra).read_bytes())
     if (out / "precision_map.json").exists():
@@ -195,3 +200,14 @@ def run_compress(source: Artifact, cfg: CompressStage, out: Path) -> dict[str, A
     stats = compress_model(model, cfg, protected)
     onnx.save(model, str(out / "model.onnx"))
     return stage_record("compress", cfg, out, started, weights=stats)
+
+
+PASS = Pass(
+    "compress",
+    CompressStage,
+    run_compress,
+    version="1",
+    libraries=("onnx",),
+    consumes=("precision_map.json",),  # its FP32 nodes are the ones whose weights may be rounded
+    produces=CARRIED,
+)

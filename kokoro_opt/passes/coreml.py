@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
+from kokoro_opt.feeds import model_feeds
 from kokoro_opt.model import deterministic_noise, load_kmodel, strip_weight_norm, style_for
 from kokoro_opt.passes.common import copy_runtime
 from kokoro_opt.recipe import CoreMLStage
@@ -259,6 +261,9 @@ def example_feeds(front_path: Path, tokens: list[int], style: np.ndarray, speed:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(front_path), providers=["CPUExecutionProvider"])
-    feeds = {"input_ids": np.array([[0, *tokens, 0]], dtype=np.int64), "style": style, "speed": np.array([speed], np.float32)}
+    feeds = model_feeds(tokens, style, speed)
     asr, f0, noise, durations = session.run(None, feeds)
     return {"asr": asr, "f0": f0, "noise": noise, "style": style, "durations": durations}
+
+
+PASS = Pass("coreml", CoreMLStage, run_coreml, version="2", libraries=("coremltools", "torch", "kokoro"))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import copy_runtime
 from kokoro_opt.recipe import OrtFormatStage
@@ -56,3 +57,6 @@ def run_ort_format(source: Artifact, cfg: OrtFormatStage, out: Path) -> dict[str
         "size_mb": round((out / "model.ort").stat().st_size / 1e6, 2),
         "seconds": {"ort": round(time.perf_counter() - started, 2)},
     }
+
+
+PASS = Pass("ort", OrtFormatStage, run_ort_format, version="1", libraries=("onnxruntime",))

@@ -28,17 +28,11 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.errors import UserError
+from kokoro_opt.passes.qdq import CalibrationFiles, calibration_feeds, quantizable_nodes, quantize_static_qdq, read_corpus
 from kokoro_opt.recipe import QuantizeStage
 
-# Held out: in neither calibration/ nor the evaluation corpus. Short, medium and long.
-SENSITIVITY_SENTENCES = [
-    "Good morning!",
-    "The library closes early on holidays, so return your books by three o'clock.",
-    "When the orchestra finally stopped tuning, the hall fell silent, and a single cello began a slow, "
-    "warm melody that drifted over the audience like evening light.",
-    "Would you like tea or coffee?",
-    "Forty-two people signed the petition before lunch.",
-]
+SENSITIVITY_CORPUS = "calibration/sensitivity.txt"
 PESQ_MAX = 4.64
 
 
@@ -159,6 +153,29 @@ def _best_clip(
     return min(variants, key=lambda u: (not alone[u].passes(cfg), alone[u].sensitivity))
 
 
+def _unscored(candidate: bool) -> dict[str, str]:
+    """A block row without scores: too little compute to try, or scored by the analysis in the lock.
+    compress protects a candidate left in higher precision either way (passes.compress.sensitive_nodes)."""
+    return (
+        {"locked": "scored by the analysis recorded in the recipe's lock"}
+        if candidate
+        else {"skipped": "below min_block_time_share"}
+    )
+
+
+def _locked_units(decisions: dict[str, Any], members: dict[str, list[str]]) -> list[str]:
+    units = decisions.get("int8_units")
+    if not isinstance(units, list):
+        raise UserError("the lock's quantize entry has no int8_units list", "rebuild with --reanalyze to rewrite the lock")
+    unknown = [u for u in units if split_clip(u)[0] not in members]
+    if unknown:
+        raise UserError(
+            f"the lock names INT8 units this graph does not have: {', '.join(unknown[:3])}",
+            "rebuild with --reanalyze to measure the choice for this graph",
+        )
+    return list(units)
+
+
 def split_clip(unit: str) -> tuple[str, float | None]:
     """`decoder/generator/resblocks.5/branch.1@99.95` -> (the unit, 99.95); no suffix -> (unit, None)."""
     name, _, percentile = unit.partition("@")
@@ -168,11 +185,12 @@ def split_clip(unit: str) -> tuple[str, float | None]:
 class AudioScorer:
     """Scores a quantized variant against fp32 audio on the held-out sentences."""
 
-    def __init__(self, source: Artifact, sentences: list[str]) -> None:
-        from kokoro_opt.synth import Synthesizer
+    def __init__(self, source: Artifact, sentences: list[str], threads: int = 0) -> None:
+        from kokoro_opt.synth import SessionSettings, Synthesizer
         from kokoro_opt.text import phonemize, tokenize
 
-        reference = Synthesizer(source)
+        self.settings = SessionSettings(intra_op_num_threads=threads)
+        reference = Synthesizer(source, self.settings)
         voices = sorted(reference.packs)
         self.source = source
         self.sample_rate = reference.sample_rate
@@ -188,7 +206,7 @@ class AudioScorer:
         from kokoro_opt.evaluate.metrics import high_band_ratio_db, pesq_wb
         from kokoro_opt.synth import Synthesizer
 
-        variant = Synthesizer(self.source, model_file=model_file)
+        variant = Synthesizer(self.source, self.settings, model_file=model_file)
         pesqs, ratios, equal, finite = [], [], 0, True
         for (tokens, pack), ref in zip(self.feeds, self.references, strict=True):
             result = variant.run_tokens(tokens, pack)
@@ -249,13 +267,17 @@ def node_cost_shares(model_file: Path, feeds: list[dict[str, np.ndarray]]) -> di
     return {name: m / total for name, m in macs.items()}
 
 
-def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache: Path) -> dict[str, Any]:
-    """Write out/model.onnx with the chosen INT8 blocks and out/precision_map.json; return the summary."""
+def run_mixed(
+    source: Artifact, cfg: QuantizeStage, out: Path, calibration: CalibrationFiles, decisions: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Write out/model.onnx with the chosen INT8 blocks and out/precision_map.json; return the summary.
+
+    With `decisions` (a lock's `int8_units`) the analysis is skipped: those units are quantized and
+    the result must still pass the quality gate on this machine, or the build stops."""
     import onnx
     from rich.console import Console
 
-    from kokoro_opt.passes.clipping import activation_inputs, clipped_calibration_path
-    from kokoro_opt.passes.quantize import quantizable_nodes, quantize_static_qdq
+    from kokoro_opt.passes.clipping import activation_inputs
 
     console = Console(stderr=True)
     started = time.perf_counter()
@@ -263,8 +285,6 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
     by_block: dict[str, list[str]] = {}
     for node in nodes:
         by_block.setdefault(block_of(node), []).append(node)
-    from kokoro_opt.passes.quantize import calibration_feeds
-
     shares = node_cost_shares(source.model_file, calibration_feeds(source, 1))
     block_share = {b: sum(shares.get(n, 0.0) for n in members) for b, members in by_block.items()}
     # A block with almost no compute buys no speed in INT8, only risk: it stays in higher precision.
@@ -274,7 +294,7 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
         f"{cfg.min_block_time_share:.2%} of the Conv/MatMul work each",
         highlight=False,
     )
-    scorer = AudioScorer(source, SENSITIVITY_SENTENCES[: cfg.sensitivity_sentences])
+    scorer = AudioScorer(source, read_corpus(SENSITIVITY_CORPUS)[: cfg.sensitivity_sentences])
     scratch = out / ".variant.onnx"
 
     by_part: dict[str, list[str]] = {}
@@ -300,27 +320,42 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
 
     def score(units: set[str]) -> Quality:
         chosen_nodes, clips = nodes_and_clips(units)
-        quantize_static_qdq(source.model_file, scratch, cfg, calibration_cache, None, nodes_to_quantize=chosen_nodes, clips=clips)
+        quantize_static_qdq(source.model_file, scratch, cfg, calibration, None, nodes_to_quantize=chosen_nodes, clips=clips)
         return scorer(scratch)
 
-    chosen, alone, history = select_blocks(
-        candidates,
-        score,
-        cfg,
-        log=lambda m: console.print(m, highlight=False),
-        parts=parts,
-        clip_percentiles=cfg.input_clip_percentiles,
-        shares=block_share,
-    )
+    if decisions is None:
+        chosen, alone, history = select_blocks(
+            candidates,
+            score,
+            cfg,
+            log=lambda m: console.print(m, highlight=False),
+            parts=parts,
+            clip_percentiles=cfg.input_clip_percentiles,
+            shares=block_share,
+        )
+    else:
+        chosen, alone, history = _locked_units(decisions, members), {}, []
     int8_nodes, clips = nodes_and_clips(chosen)
     if int8_nodes:
         quantize_static_qdq(
-            source.model_file, out / "model.onnx", cfg, calibration_cache, None, nodes_to_quantize=int8_nodes, clips=clips
+            source.model_file, out / "model.onnx", cfg, calibration, None, nodes_to_quantize=int8_nodes, clips=clips
         )
     else:
         shutil.copy2(source.model_file, out / "model.onnx")
     scratch.unlink(missing_ok=True)
-    clipped_calibration_path(calibration_cache).unlink(missing_ok=True)
+    calibration.clipped.unlink(missing_ok=True)
+    final_quality = next((h for h in reversed(history) if h["passes"]), None)
+    if decisions is not None:
+        gate = scorer(out / "model.onnx")
+        final_quality = {"int8_blocks": len(chosen), **asdict(gate), "passes": gate.passes(cfg)}
+        if not gate.passes(cfg):
+            raise UserError(
+                f"the locked INT8 choice no longer meets the quality budget on this machine: PESQ {gate.mean_pesq:.2f} "
+                f"(min {gate.min_pesq:.2f}), 4-12 kHz {gate.max_high_band_db:+.2f} dB, durations equal "
+                f"{gate.durations_equal:.0%} (budget: PESQ >= {cfg.quality_budget_pesq}, min >= {cfg.min_sentence_pesq}, "
+                f"<= {cfg.max_high_band_db} dB, durations >= {cfg.min_durations_equal:.0%})",
+                "rebuild with --reanalyze to measure the choice on this machine (and commit the new lock)",
+            )
     precision_map = {n: ("int8" if n in set(int8_nodes) else cfg.fallback_precision) for n in nodes}
     whole = {split_clip(u)[0] for u in chosen}  # blocks in INT8 as a whole, cut or not
     blocks_table = {
@@ -333,7 +368,7 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
                 if b not in whole and len(parts.get(b, [])) > 1
                 else {}
             ),
-            **(asdict(alone[b]) if b in alone else {"skipped": "below min_block_time_share"}),
+            **(asdict(alone[b]) if b in alone else _unscored(b in candidates)),
             **({"cut": cuts} if (cuts := {u: asdict(q) for u, q in alone.items() if u.startswith(f"{b}@")}) else {}),
         }
         for b in sorted(by_block)
@@ -348,6 +383,10 @@ def run_mixed(source: Artifact, cfg: QuantizeStage, out: Path, calibration_cache
         "int8_nodes": len(int8_nodes),
         "fallback_nodes": len(nodes) - len(int8_nodes),
         "clipped_inputs": len(clips),
-        "final_quality": next((h for h in reversed(history) if h["passes"]), None),
+        "final_quality": final_quality,
+        "decisions_from": "analysis" if decisions is None else "lock",
+        "alone_scores": {
+            u: {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(q).items()} for u, q in sorted(alone.items())
+        },
         "sensitivity_seconds": round(time.perf_counter() - started, 1),
     }

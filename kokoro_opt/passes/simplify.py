@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import copy_runtime, graph_summary
 from kokoro_opt.recipe import SimplifyStage
@@ -64,3 +65,6 @@ def run_simplify(source: Artifact, cfg: SimplifyStage, out: Path) -> dict[str, A
         "graph": graph_summary(out / "model.onnx"),
         "seconds": {"simplify": round(time.perf_counter() - started, 2)},
     }
+
+
+PASS = Pass("simplify", SimplifyStage, run_simplify, version="1", libraries=("onnx", "onnxruntime", "onnxsim", "onnxslim"))

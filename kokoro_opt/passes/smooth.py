@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.onnx_graph import PatternIndex, replace_nodes
 from kokoro_opt.passes.common import copy_runtime, intermediate_values, stage_record
@@ -118,7 +119,7 @@ def _swap_input(node: Any, old: str, new: str) -> None:
 def run_smooth(source: Artifact, cfg: SmoothStage, out: Path) -> dict[str, Any]:
     import onnx
 
-    from kokoro_opt.passes.quantize import calibration_feeds
+    from kokoro_opt.passes.qdq import calibration_feeds
 
     started = time.perf_counter()
     copy_runtime(source, out)
@@ -134,3 +135,13 @@ def run_smooth(source: Artifact, cfg: SmoothStage, out: Path) -> dict[str, Any]:
     onnx.checker.check_model(model)
     onnx.save(model, str(out / "model.onnx"))
     return stage_record("smooth", cfg, out, started, chains=rewritten)
+
+
+PASS = Pass(
+    "smooth",
+    SmoothStage,
+    run_smooth,
+    version="1",
+    reads=("calibration/sentences.txt",),
+    libraries=("onnx", "onnxruntime", "phonemizer-fork", "espeakng-loader"),
+)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.onnx_graph import PatternIndex, replace_nodes
 from kokoro_opt.passes.common import copy_runtime, stage_record
@@ -348,3 +349,6 @@ def run_snake(source: Artifact, cfg: SnakeStage, out: Path) -> dict[str, Any]:
             )
     onnx.save(model, str(out / "model.onnx"))
     return stage_record("snake", cfg, out, started, **facts)
+
+
+PASS = Pass("snake", SnakeStage, run_snake, version="2", libraries=("onnx",))

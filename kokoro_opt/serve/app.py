@@ -36,6 +36,7 @@ from kokoro_opt.serve.openai_compat import (
     validation_message,
     voice_entries,
 )
+from kokoro_opt.synth import runtime_problem
 from kokoro_opt.voices import blend_voice
 
 log = logging.getLogger("kokoro_opt.serve")
@@ -155,7 +156,11 @@ async def _until_disconnect(request: Request) -> None:
 
 
 def create_app(selection: Selection, config: ServeConfig | None = None, *, engine: Engine | None = None) -> FastAPI:
-    """The app serving `selection`; the engine loads and warms up when the app starts (lifespan)."""
+    """The app serving `selection`; the engine loads and warms up when the app starts (lifespan).
+    An artifact that cannot run here (Core ML off macOS) is refused now, before a server starts."""
+    problem = runtime_problem(selection.artifact)
+    if problem is not None:
+        raise problem
     config = config or ServeConfig.for_selection(selection)
     metrics = engine.metrics if engine and engine.metrics else Metrics()
     engine = engine or Engine(selection, config, metrics)

@@ -24,18 +24,21 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.feeds import model_feeds
+from kokoro_opt.runtime import open_synthesizer
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.encoders import Encoder
 from kokoro_opt.serve.join import PAUSES, Joiner, boundary
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.plan import CostModel, make_pieces, take_job
-from kokoro_opt.synth import Synthesizer
+from kokoro_opt.synth import Speaker, Synthesizer
 from kokoro_opt.text import CONTEXT_TOKENS
 from kokoro_opt.voices import style_for
 
 log = logging.getLogger("kokoro_opt.serve")
 
 SAFETY = 0.7  # a job may use this share of the tightest listener's buffered audio: estimates are rough
+FIRST_JOB_BUDGET = 0  # a streaming request's first job: its first piece alone (see `_budget`)
 _WARMUP_TEXT = "Warming up, so that the first listener never waits for a cold start."
 
 
@@ -112,7 +115,7 @@ class Engine:
         self.selection = selection
         self.config = config or ServeConfig.for_selection(selection)
         self.metrics = metrics
-        self.synth: Synthesizer | None = None
+        self.synth: Speaker | None = None  # a Synthesizer (ONNX Runtime) or, on macOS, a CoreMLSynthesizer
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.cost = CostModel()  # calibrated at warm-up, then follows the machine's load
@@ -155,13 +158,17 @@ class Engine:
         sel = self.selection
         log.info("serving artifact %s (%s) at %s: %s", sel.artifact.id, sel.artifact.name, sel.artifact.path, sel.reason)
         started = time.perf_counter()
-        self.synth = Synthesizer(sel.artifact, sel.settings)
-        self._inputs = [i.name for i in self.synth.session.get_inputs()]
-        self._space = self.synth.vocab.get(" ")
-        self._symbols = {i: symbol for symbol, i in self.synth.vocab.items()}
+        self.attach(open_synthesizer(sel.artifact, sel.settings))
         log.info("loaded in %.1f s (session settings: %s)", time.perf_counter() - started, sel.settings)
         if self.config.warmup:
             self._warm_up()
+
+    def attach(self, synth: Speaker) -> None:
+        """Synthesize with this loaded model (`start` loads the selection's; kokoro-opt tune passes its cached ones)."""
+        self.synth = synth
+        self._inputs = [i.name for i in synth.session.get_inputs()] if isinstance(synth, Synthesizer) else []
+        self._space = synth.vocab.get(" ")
+        self._symbols = {i: symbol for symbol, i in synth.vocab.items()}
 
     def _warm_up(self) -> None:
         """Load espeak, run both job sizes (the first run of a session is slow), fit the cost model."""
@@ -198,8 +205,7 @@ class Engine:
         return make_pieces(text, self.synth.vocab, self.config.first_chunk_tokens, self.config.pieces)
 
     def submit(self, pieces: list[list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool) -> Stream:
-        joiner = Joiner(self.sample_rate, self.config.crossfade_ms, self.config.trim_silence)
-        stream = Stream(pieces, pack, speed, encoder, streaming, joiner)
+        stream = Stream(pieces, pack, speed, encoder, streaming, self.new_joiner())
         with self._cond:
             self._streams.append(stream)
             self._cond.notify()
@@ -240,7 +246,7 @@ class Engine:
     def _budget(self, stream: Stream, now: float) -> int:
         """Tokens the next job may hold: what fits in the tightest streaming listener's buffered audio."""
         if stream.streaming and stream.jobs == 0:
-            return 0  # just the first piece: the first audio is what users wait for
+            return FIRST_JOB_BUDGET  # just the first piece: the first audio is what users wait for
         slack = [s.deadline() - now for s in self._streams if s.streaming and s.pieces]
         if not slack:
             return self.config.chunk_tokens  # nobody is listening live: biggest jobs, best throughput
@@ -251,8 +257,8 @@ class Engine:
         if not runnable:
             return None
         stream = min(runnable, key=lambda s: (not (s.streaming and s.jobs == 0), s.deadline(), s.id))
-        tokens = take_job(stream.pieces, self._budget(stream, time.monotonic()), self._space)
-        return stream, tokens, not stream.pieces
+        tokens, last = self.next_job(stream.pieces, self._budget(stream, time.monotonic()))
+        return stream, tokens, last
 
     def _serve(self) -> None:
         import onnxruntime as ort
@@ -267,14 +273,11 @@ class Engine:
                 stream, tokens, last = job
                 stream.run_options = ort.RunOptions()
                 self._running = stream
-            started = time.perf_counter()
             try:
-                audio = self._synthesize(tokens, stream.pack, stream.speed, stream.run_options)
-                compute = time.perf_counter() - started
-                self._account(tokens, compute, len(audio) / self.sample_rate, stream.speed)
+                audio, compute = self.run_job(tokens, stream.pack, stream.speed, stream.run_options)
                 log.debug("request %d: job of %d tokens in %.2f s (last=%s)", stream.id, len(tokens), compute, last)
                 if not stream.cancelled:
-                    self._emit(stream, audio, last, PAUSES[boundary(tokens, self._symbols)] / stream.speed)
+                    self._emit(stream, self.join(stream.joiner, tokens, audio, last, stream.speed), last)
             except Exception as exc:
                 if not stream.cancelled:  # a cancelled job fails by design (terminate flag)
                     log.exception("synthesis failed for request %d", stream.id)
@@ -284,17 +287,45 @@ class Engine:
                     self._running = None
                     stream.run_options = None
 
+    # ---- one job: the worker's steps, which `first_audio` also runs on the caller's thread ------------
+
+    def new_joiner(self) -> Joiner:
+        """A request's joiner: trims each job's edge silence to a natural pause and crossfades the seams."""
+        return Joiner(self.sample_rate, self.config.crossfade_ms, self.config.trim_silence)
+
+    def next_job(self, pieces: deque[list[int]], budget: int) -> tuple[list[int], bool]:
+        """Pop a request's next job (its next piece, merged with more within `budget` tokens): (tokens, last)."""
+        tokens = take_job(pieces, budget, self._space)
+        return tokens, not pieces
+
+    def run_job(self, tokens: list[int], pack: np.ndarray, speed: float, run_options: Any = None) -> tuple[np.ndarray, float]:
+        """Synthesize one job and account for it (cost model, metrics): (raw audio, compute seconds)."""
+        started = time.perf_counter()
+        audio = self._synthesize(tokens, pack, speed, run_options)
+        compute = time.perf_counter() - started
+        self._account(tokens, compute, len(audio) / self.sample_rate, speed)
+        return audio, compute
+
+    def join(self, joiner: Joiner, tokens: list[int], audio: np.ndarray, last: bool, speed: float) -> np.ndarray:
+        """A job's audio through its request's joiner, with the pause its final token calls for: what can be sent."""
+        return joiner.push(audio, last, PAUSES[boundary(tokens, self._symbols)] / speed)
+
+    def first_audio(self, text: str, pack: np.ndarray, speed: float = 1.0) -> np.ndarray:
+        """The audio a new streaming request for `text` sends first, made on the calling thread by the worker's
+        own steps: planning, the first job (`FIRST_JOB_BUDGET`), synthesis, the joiner. Not queued, not for
+        serving: it times first audio (kokoro-opt tune) on an engine whose worker thread is not started."""
+        pieces = deque(self.plan(text))
+        tokens, last = self.next_job(pieces, FIRST_JOB_BUDGET)
+        audio, _ = self.run_job(tokens, pack, speed)
+        return self.join(self.new_joiner(), tokens, audio, last, speed)
+
     def _synthesize(self, tokens: list[int], pack: np.ndarray, speed: float, run_options: Any) -> np.ndarray:
         # Synthesizer.run_tokens, plus run options: a cancelled request's job stops within one graph node.
         synth = self.synth
         assert synth is not None
-        feeds = dict(
-            zip(
-                self._inputs,
-                (np.array([[0, *tokens, 0]], dtype=np.int64), style_for(pack, len(tokens)), np.array([speed], dtype=np.float32)),
-                strict=True,
-            )
-        )
+        if not isinstance(synth, Synthesizer):  # Core ML has no run options: a cancelled job finishes its chunk
+            return synth.run_tokens(tokens, pack, speed).audio
+        feeds = model_feeds(tokens, style_for(pack, len(tokens)), speed, names=self._inputs)
         audio = synth.session.run(None, feeds, run_options)[0]
         return np.asarray(audio, dtype=np.float32).reshape(-1) / synth.audio_gain
 
@@ -303,8 +334,7 @@ class Engine:
         if self.metrics:
             self.metrics.observe_job(compute, audio_s)
 
-    def _emit(self, stream: Stream, audio: np.ndarray, last: bool, pause: float) -> None:
-        out = stream.joiner.push(audio, last, pause)
+    def _emit(self, stream: Stream, out: np.ndarray, last: bool) -> None:
         data = stream.encoder.encode(out) + (stream.encoder.finish() if last else b"")
         stream.jobs += 1
         if stream.first_out is None:

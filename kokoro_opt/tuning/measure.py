@@ -1,11 +1,11 @@
 """Timing one setting the way the server runs it: TTFA of a paragraph and RTF of a sentence or two.
 
-TTFA = request -> the first job's audio: the engine's own planning (`Engine.plan`: phonemize and cut
-the whole text), its first job (a streaming request's first job is its first piece alone, see
-`Engine._budget`), synthesis, and the joiner the engine pushes it through (trim, crossfade). RTF = synthesis seconds
-/ audio seconds for a short text cut and merged into jobs up to `chunk_tokens` (a listener ahead of
-playback, the server's steady state). Loaded sessions are cached per (model file, session settings):
-reloading a 325 MB model every trial would cost more than measuring it.
+Both go through the serve engine's own code, not a copy of it. TTFA = request -> the first job's
+audio: `Engine.first_audio` (planning, the first job as for a new streaming request, synthesis, the
+joiner). RTF = synthesis seconds / audio seconds for a short text cut by `Engine.plan` and merged by
+`Engine.next_job` into jobs up to `chunk_tokens` (a listener ahead of playback, the server's steady
+state), each run and timed by `Engine.run_job`. Loaded sessions are cached per (model file, session
+settings): reloading a 325 MB model every trial would cost more than measuring it.
 """
 
 from __future__ import annotations
@@ -19,14 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from kokoro_opt.artifacts import Artifact, list_artifacts
+from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
-from kokoro_opt.serve.engine import Engine, ServeConfig
-from kokoro_opt.serve.join import PAUSES, Joiner, boundary
-from kokoro_opt.serve.plan import take_job
+from kokoro_opt.serve.engine import FIRST_JOB_BUDGET, Engine, ServeConfig
+from kokoro_opt.store import Store
 from kokoro_opt.synth import SessionSettings, Synthesizer
 from kokoro_opt.tuning.config import MeasureConfig
 from kokoro_opt.tuning.space import TrialSettings
@@ -48,7 +45,7 @@ class SessionCache:
 
     def artifact(self, artifact_id: str) -> Artifact:
         if artifact_id not in self._artifacts:
-            found = [a for a in list_artifacts(self.root) if a.id == artifact_id]
+            found = [a for a in Store(self.root).artifacts() if a.id == artifact_id]
             if not found:
                 raise UserError(
                     f"artifact {artifact_id} of this study is not under {self.root}", "build it here, or pass --artifacts"
@@ -88,38 +85,29 @@ class Bench:
         self.config = ServeConfig(**settings.chunking, warmup=False)
         selection = Selection(synth.artifact, synth.settings, settings.chunking, "tuning")
         self.engine = Engine(selection, self.config)
-        self.engine.synth = synth  # the engine's planning on our cached session; its worker thread is not started
+        self.engine.attach(synth)  # the engine's own job path on our cached session; its worker thread is not started
         voice = measure.voice or synth.voices[0]
         if voice not in synth.packs:
             raise UserError(f"voice '{voice}' is not in artifact {synth.artifact.id}", f"use one of {', '.join(synth.voices)}")
         self.pack = synth.packs[voice]
-        self.space = synth.vocab.get(" ")
-        self.symbols = {i: symbol for symbol, i in synth.vocab.items()}
-
-    def _run(self, tokens: list[int]) -> np.ndarray:
-        return self.synth.run_tokens(tokens, self.pack, self.measure.speed).audio
 
     def ttfa(self) -> float:
         _cold_frontend()
         time.sleep(_SETTLE)
         started = time.perf_counter()
-        pieces = deque(self.engine.plan(self.measure.paragraph))
-        job = take_job(pieces, 0, self.space)  # budget 0: the first piece alone, as for a new streaming request
-        joiner = Joiner(self.synth.sample_rate, self.config.crossfade_ms, getattr(self.config, "trim_silence", True))
-        joiner.push(self._run(job), not pieces, PAUSES[boundary(job, self.symbols)] / self.measure.speed)
+        self.engine.first_audio(self.measure.paragraph, self.pack, self.measure.speed)
         return time.perf_counter() - started
 
     def rtf(self) -> float:
         pieces = deque(self.engine.plan(self.measure.rtf_text))
         time.sleep(_SETTLE)
         compute = audio = 0.0
-        first = True
+        budget = FIRST_JOB_BUDGET
         while pieces:
-            job = take_job(pieces, 0 if first else self.config.chunk_tokens, self.space)
-            first = False
-            started = time.perf_counter()
-            out = self._run(job)
-            compute += time.perf_counter() - started
+            tokens, _ = self.engine.next_job(pieces, budget)
+            budget = self.config.chunk_tokens
+            out, seconds = self.engine.run_job(tokens, self.pack, self.measure.speed)
+            compute += seconds
             audio += len(out) / self.synth.sample_rate
         return compute / max(audio, 1e-9)
 

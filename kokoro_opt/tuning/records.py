@@ -16,7 +16,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kokoro_opt.evaluate.tracking import KIND_TAG, _client, _experiment, _our_experiments, _sqlite_path, resolve_tracking_uri
+from kokoro_opt.evaluate.tracking import (
+    KIND_TAG,
+    _client,
+    _experiment,
+    _our_experiments,
+    _sqlite_path,
+    machine_tags,
+    resolve_tracking_uri,
+)
 
 EXPERIMENT = "kokoro-opt-tune"
 log = logging.getLogger("kokoro_opt.tune")
@@ -120,6 +128,8 @@ class StudyRecords:
             "mlflow.parentRunId": parent,
             "worker": str(trial.user_attrs.get("worker", "")),
         }
+        if machine := trial.user_attrs.get("machine"):
+            tags.update(machine_tags(machine))
         if reason := trial.user_attrs.get("pruned") or trial.user_attrs.get("error"):
             tags["reason"] = str(reason)[:500]
         run_id = str(client.create_run(self._experiment, tags=tags, run_name=f"{self.study}-trial-{trial.number}").info.run_id)

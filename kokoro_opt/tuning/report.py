@@ -51,7 +51,7 @@ def pick_best(study: Any, names: list[str], rule: BestConfig) -> tuple[Any | Non
 
 def tuned_json(study: Any, storage: str, trial: Any, settings: TrialSettings, names: list[str], metric: str,
                comparison: Comparison | None, score: float) -> dict[str, Any]:  # fmt: skip
-    from kokoro_opt.build import machine_info
+    from kokoro_opt.machine import fingerprint
 
     attrs = trial.user_attrs["settings"]
     data: dict[str, Any] = {
@@ -66,7 +66,7 @@ def tuned_json(study: Any, storage: str, trial: Any, settings: TrialSettings, na
         "objectives": dict(zip(names, trial.values, strict=True)),
         "quality_metric": metric,
         "score": score,
-        "machine": machine_info(),
+        "machine": fingerprint(),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     if comparison is not None:

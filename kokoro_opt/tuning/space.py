@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kokoro_opt.artifacts import Artifact, list_artifacts
+from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
+from kokoro_opt.store import Store
 from kokoro_opt.synth import SessionSettings
 from kokoro_opt.tuning.config import QualityConfig, SpaceConfig, TuneRecipe
 
@@ -90,7 +91,7 @@ class TrialSettings:
 
 
 def _select(specs: list[str], root: Path, say: Say) -> list[Artifact]:
-    every = list_artifacts(root)
+    every = Store(root).artifacts()
     chosen: dict[str, Artifact] = {}
     for spec in specs:
         if spec == "all":
@@ -157,8 +158,10 @@ def quality_of(
 
 def ort_source(artifact: Artifact) -> str | None:
     """The artifact an .ort artifact was converted from (the stage before its `ort` stage)."""
-    cache = artifact.manifest.get("stage_cache") or []
-    return str(cache[-2]["key"]) if len(cache) >= 2 and cache[-1].get("kind") == "ort" else None
+    from kokoro_opt.store import stage_chain
+
+    chain = stage_chain(artifact)
+    return chain[-2].key if len(chain) >= 2 and chain[-1].kind == "ort" else None
 
 
 def gather_candidates(recipe: TuneRecipe, root: Path, tracking_uri: str | None, say: Say) -> list[Candidate]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.machine import fingerprint
 from kokoro_opt.tuning.config import SamplerConfig, TuneRecipe, load_tune_recipe
 from kokoro_opt.tuning.measure import Bench, SessionCache
 from kokoro_opt.tuning.records import StudyRecords, best_effort
@@ -140,6 +141,9 @@ class Objective:
         from optuna import TrialPruned
 
         trial.set_user_attr("worker", self.worker)
+        machine = fingerprint()
+        trial.set_user_attr("machine_id", machine["id"])
+        trial.set_user_attr("machine", machine)
         try:
             return self._measure(trial)
         except TrialPruned:

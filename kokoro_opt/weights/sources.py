@@ -6,7 +6,6 @@ voices/<name>.pt), so nothing downstream cares which one was used.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import torch
 
 from kokoro_opt.artifacts import build_folder
 from kokoro_opt.errors import UserError
+from kokoro_opt.hashing import file_sha256
 from kokoro_opt.recipe import WeightsConfig
 
 MODEL_FILE = "kokoro-v1_0.pth"
@@ -45,18 +45,14 @@ class ResolvedWeights:
     def load_voices(self) -> dict[str, np.ndarray]:
         return {name: load_voice_pack(self.directory / "voices" / f"{name}.pt") for name in self.voices}
 
+    def voices_sha256(self) -> dict[str, str]:
+        """Content hash of each bundled voice pack: part of the export's cache key."""
+        return {name: file_sha256(self.directory / "voices" / f"{name}.pt") for name in self.voices}
+
 
 def cache_root() -> Path:
     """Rebuilt weights are kept per user, not per checkout: `KOKORO_OPT_CACHE` overrides."""
     return Path(os.environ.get("KOKORO_OPT_CACHE") or Path.home() / ".cache" / "kokoro-opt")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_voice_pack(path: Path) -> np.ndarray:

@@ -1,0 +1,137 @@
+"""The machine a number was measured on: CPU, the ISA flags that pick ORT's kernels, cores, OS, versions.
+
+Every record carries it (artifact manifests, evaluations, tuning trials, tuned.json): an RTF or a
+speedup means little without it. `id` is a short hash of what decides kernel paths and results (CPU
+model, ISA flags, architecture, OS, onnxruntime and torch versions), so records from alike machines
+share it. Host names are never recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+# ISA features that change which kernels ORT (MLAS) and torch pick, as Linux names them.
+X86_FLAGS = (
+    "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16",
+)  # fmt: skip
+ARM_FLAGS = ("neon", "asimd", "asimddp", "i8mm", "sve", "fphp", "asimdhp")
+ISA_FLAGS = X86_FLAGS + ARM_FLAGS
+PACKAGES = ("torch", "onnx", "onnxruntime", "numpy", "kokoro", "onnxslim", "coremltools", "kokoro-opt")
+ID_FIELDS = ("cpu", "isa", "arch", "os")  # plus the onnxruntime and torch versions
+ID_PACKAGES = ("onnxruntime", "torch")
+
+# macOS `sysctl hw.optional` names -> the Linux names above
+_DARWIN_FLAGS = {
+    "avx2_0": "avx2", "fma": "fma", "avx512f": "avx512f", "avx512vnni": "avx512_vnni", "neon": "asimd",
+    "arm.FEAT_DotProd": "asimddp", "arm.FEAT_I8MM": "i8mm", "arm.FEAT_FP16": "asimdhp", "neon_fp16": "asimdhp",
+}  # fmt: skip
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    """(CPU model, feature flags) from /proc/cpuinfo (Linux); ('', set()) elsewhere."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "", set()
+    fields: dict[str, str] = {}
+    for line in lines:
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())  # the first processor speaks for all
+    model = fields.get("model name") or fields.get("Model") or fields.get("Hardware") or ""
+    return model, set((fields.get("flags") or fields.get("Features") or "").split())
+
+
+def _sysctl(*args: str) -> str:
+    try:
+        done = subprocess.run(["sysctl", *args], capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _darwin() -> tuple[str, set[str]]:
+    flags = set()
+    for line in _sysctl("hw.optional").splitlines():
+        key, _, value = line.partition(":")
+        name = _DARWIN_FLAGS.get(key.strip().removeprefix("hw.optional."))
+        if name and value.strip() == "1":
+            flags.add(name)
+    return _sysctl("-n", "machdep.cpu.brand_string"), flags
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for package in PACKAGES:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def machine_id(fp: dict[str, Any]) -> str:
+    """12 hex digits from the fields that decide kernel paths and results (not cores, not the Python)."""
+    versions = fp.get("versions", {})
+    key = {**{k: fp.get(k) for k in ID_FIELDS}, **{k: versions.get(k) for k in ID_PACKAGES}}
+    key["isa"] = sorted(key["isa"] or [])
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@lru_cache(maxsize=1)
+def _fingerprint() -> dict[str, Any]:
+    system = platform.system()
+    model, flags = _darwin() if system == "Darwin" else _cpuinfo()
+    if hasattr(os, "sched_getaffinity"):
+        usable: int | None = len(os.sched_getaffinity(0))
+    else:
+        usable = os.cpu_count()
+    fp: dict[str, Any] = {
+        "cpu": model or platform.processor() or platform.machine(),
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "os": system,
+        "os_release": platform.release(),
+        "arch": platform.machine(),
+        "python": platform.python_version(),
+        "versions": _versions(),
+    }
+    fp["id"] = machine_id(fp)
+    return fp
+
+
+def fingerprint() -> dict[str, Any]:
+    """This machine: cpu, isa, cores (logical), usable_cores (this process may run on), os, os_release,
+    arch, python, versions (of the libraries that shape the numbers) and id. Read once per process."""
+    return copy.deepcopy(_fingerprint())
+
+
+def same_machine(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Alike for kernel choice and results: same CPU model, ISA flags, architecture, OS, onnxruntime, torch."""
+    return bool(a.get("id")) and a.get("id") == b.get("id")
+
+
+def describe(fp: dict[str, Any]) -> str:
+    """One line for the top of a results table."""
+    cores, usable = fp.get("cores"), fp.get("usable_cores")
+    shown = f"{usable} of {cores} cores" if usable and cores and usable != cores else f"{cores or usable or '?'} cores"
+    versions = fp.get("versions", {})
+    libraries = ", ".join(f"{k} {versions[k]}" for k in ID_PACKAGES if k in versions)
+    parts = [
+        fp.get("cpu") or "unknown CPU",
+        fp.get("arch") or "?",
+        shown,
+        " ".join(fp.get("isa") or []) or "no listed ISA extensions",
+        f"{fp.get('os', '?')} {fp.get('os_release', '')}".strip(),
+    ]
+    return "machine: " + " · ".join([*parts, *([libraries] if libraries else [])]) + f" (id {fp.get('id', '?')})"

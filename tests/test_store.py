@@ -1,0 +1,204 @@
+"""The store and pass contract: cache keys that cover every input, locks for measured decisions,
+one place for feeds, no import cycles."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kokoro_opt import paths
+from kokoro_opt.build import build
+from kokoro_opt.errors import UserError
+from kokoro_opt.locks import lock_path, read_lock
+from kokoro_opt.passes import PASSES
+from kokoro_opt.recipe import Stage, parse_recipe
+from kokoro_opt.store import Store, stage_chain
+from tests.test_passes import TINY_MIXED
+
+ROOT = Path(__file__).parent.parent
+PACKAGE = ROOT / "kokoro_opt"
+
+
+def recipe_with(tiny_recipe, name: str, stages: list[dict]):
+    data = tiny_recipe.model_dump(mode="json", by_alias=True)
+    data.update(name=name, stages=stages)
+    return parse_recipe(data)
+
+
+@pytest.fixture
+def project_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A checkout whose data files a test may edit: the package reads them relative to the project."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "calibration", project / "calibration")
+    monkeypatch.setattr(paths, "PROJECT_ROOT", project)
+    return project
+
+
+def cached(result) -> dict[str, bool]:
+    return {entry["kind"]: entry["cached"] for entry in result.stages}
+
+
+def test_editing_the_calibration_corpus_rebuilds_smooth_and_quantize_not_export(tiny_recipe, project_copy, tmp_path) -> None:
+    recipe = recipe_with(
+        tiny_recipe,
+        "t-keys",
+        [
+            {"kind": "simplify"},  # folds Snake's 1/alpha, which smooth needs
+            {"kind": "smooth", "calibration_sentences": 2},
+            {"kind": "quantize", "mode": "static", "calibration_sentences": 2},
+        ],
+    )
+    root = tmp_path / "artifacts"
+    first = build(recipe, root)
+    assert cached(build(recipe, root)) == {"export": True, "simplify": True, "smooth": True, "quantize": True}
+
+    corpus = project_copy / "calibration" / "sentences.txt"
+    lines = corpus.read_text(encoding="utf-8").splitlines()
+    first_sentence = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
+    lines[first_sentence] = "A different first calibration sentence, about seven purple kites."
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    edited = build(recipe, root)
+    assert cached(edited) == {"export": True, "simplify": True, "smooth": False, "quantize": False}
+    assert edited.artifact.id != first.artifact.id
+
+    # the sensitivity sentences are read by quantize only
+    sensitivity = project_copy / "calibration" / "sensitivity.txt"
+    sensitivity.write_text(sensitivity.read_text(encoding="utf-8") + "One more held-out sentence.\n", encoding="utf-8")
+    assert cached(build(recipe, root)) == {"export": True, "simplify": True, "smooth": True, "quantize": False}
+
+
+def test_data_files_are_found_relative_to_the_project_not_the_working_directory(tmp_path, monkeypatch) -> None:
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "sentences.txt").write_text("Not the project's corpus.\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    from kokoro_opt.passes.qdq import calibration_corpus
+
+    assert "Not the project's corpus." not in calibration_corpus()
+    assert len(calibration_corpus()) >= 12
+
+
+def test_every_stage_kind_declares_one_pass_with_its_inputs() -> None:
+    kinds = {t.model_fields["kind"].annotation.__args__[0] for t in Stage.__origin__.__args__}  # type: ignore[attr-defined]
+    assert kinds == set(PASSES)
+    for kind, p in PASSES.items():
+        assert p.kind == kind and p.version and p.libraries
+        for name in p.reads:
+            assert (ROOT / name).is_file(), f"{kind} reads {name}, which is not in the project"
+    produced = {name for p in PASSES.values() for name in p.produces}
+    for p in PASSES.values():
+        assert set(p.consumes) <= produced, f"{p.kind} consumes a side file no pass produces"
+    assert PASSES["quantize"].decides and "precision_map.json" in PASSES["quantize"].produces
+
+
+def test_manifest_records_chain_parent_reference_and_machine(tiny_recipe, artifacts_root, tiny_artifact) -> None:
+    result = build(recipe_with(tiny_recipe, "t-chain", [{"kind": "simplify"}]), artifacts_root)
+    manifest = result.artifact.manifest
+    chain = stage_chain(result.artifact)
+    assert [e.kind for e in chain] == ["export", "simplify"]
+    assert manifest["parent"] == chain[0].key == manifest["reference_export"] == tiny_artifact.id
+    store = Store(artifacts_root)
+    assert store.reference_export(result.artifact).id == tiny_artifact.id
+    assert store.parent(result.artifact).id == tiny_artifact.id
+    assert manifest["machine"]["id"] and manifest["machine"]["cores"] >= 1
+    assert not (result.artifact.path / "stage.log").exists() or (result.artifact.path / "stage.log").stat().st_size > 0
+
+
+def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tiny_recipe, tmp_path, capsys) -> None:
+    recipe = recipe_with(tiny_recipe, "t-lock", [TINY_MIXED])
+    lock = lock_path(tmp_path / "t-lock.yaml")
+    analysed = build(recipe, tmp_path / "a", lock=lock)
+    assert analysed.lock_written == lock
+    entry = read_lock(lock)["0:quantize"]
+    record = analysed.artifact.manifest["stages"][-1]
+    assert record["mixed"]["decisions_from"] == "analysis"
+    assert entry.decisions == record["decisions"] and entry.machine["id"]
+
+    # another machine: an empty artifact root, the committed lock
+    locked = build(recipe, tmp_path / "b", lock=lock)
+    record = locked.artifact.manifest["stages"][-1]
+    assert record["mixed"]["decisions_from"] == "lock" and record["mixed"]["final_quality"]["passes"]
+    assert locked.lock_written is None
+    same = (analysed.artifact.path / "model.onnx").read_bytes() == (locked.artifact.path / "model.onnx").read_bytes()
+    assert same, "the locked build must make the analysed model"
+
+    # --reanalyze measures again
+    again = build(recipe, tmp_path / "a", lock=lock, reanalyze=True)  # this machine's own analysis, cached
+    assert again.artifact.manifest["stages"][-1]["mixed"]["decisions_from"] == "analysis"
+
+    # a changed input makes the lock stale: analysed again and rewritten
+    changed = recipe_with(tiny_recipe, "t-lock", [{**TINY_MIXED, "min_block_time_share": 0.02}])
+    rebuilt = build(changed, tmp_path / "a", lock=lock)
+    assert rebuilt.artifact.manifest["stages"][-1]["mixed"]["decisions_from"] == "analysis"
+    assert read_lock(lock)["0:quantize"].decision_key != entry.decision_key
+
+
+def test_a_lock_that_no_longer_holds_fails_the_build_clearly(tiny_recipe, tmp_path) -> None:
+    strict = {**TINY_MIXED, "op_types": ["Conv", "MatMul"], "max_high_band_db": 0.02, "min_block_time_share": 0.05}
+    recipe = recipe_with(tiny_recipe, "t-lock-gate", [strict])
+    lock = lock_path(tmp_path / "t-lock-gate.yaml")
+    analysed = build(recipe, tmp_path / "a", lock=lock)
+    blocks = analysed.artifact.manifest["stages"][-1]["mixed"]
+    every_block = sorted(set(blocks["int8_blocks"]) | set(blocks["fallback_blocks"]))
+    data = json.loads(lock.read_text())
+    data["stages"]["0:quantize"]["decisions"]["int8_units"] = every_block  # what a stale analysis would say
+    lock.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="no longer meets the quality budget on this machine"):
+        build(recipe, tmp_path / "b", lock=lock)
+    assert not list((tmp_path / "b" / "t-lock-gate").glob("*/manifest.json"))
+
+    data["stages"]["0:quantize"]["decisions"]["int8_units"] = ["no/such/block"]
+    lock.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="this graph does not have"):
+        build(recipe, tmp_path / "b", lock=lock)
+
+
+def _imports(module: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kokoro_opt"):
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("kokoro_opt"))
+    return found
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    """Deferred imports inside functions count too: a cycle is a design knot wherever it is written."""
+    modules = {}
+    for file in PACKAGE.rglob("*.py"):
+        name = ".".join(file.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = file
+
+    def resolve(target: str) -> str | None:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    edges = {m: {t for i in _imports(f) if (t := resolve(i)) and t != m} for m, f in modules.items()}
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(edges[module]):
+            if state.get(target) == 1:
+                pytest.fail("import cycle: " + " -> ".join([*path[path.index(target) :], target]))
+            if target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(modules):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_model_feeds_are_built_in_one_place() -> None:
+    builders = [
+        str(f.relative_to(ROOT))
+        for f in PACKAGE.rglob("*.py")
+        if ("dtype=np.int64" in (text := f.read_text(encoding="utf-8")) and "[[0, *" in text) or '"input_ids": np.' in text
+    ]
+    assert builders == [], f"build feeds with kokoro_opt.feeds.model_feeds, not in {builders}"
