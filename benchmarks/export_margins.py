@@ -26,16 +26,14 @@ def worker(artifact_dir: Path, recipe_file: Path, mutations: bool) -> None:
     import onnx
 
     from kokoro_opt.artifacts import open_artifact
-    from kokoro_opt.model import load_kmodel, strip_weight_norm
     from kokoro_opt.mutations import MUTATIONS
     from kokoro_opt.recipe import load_recipe
     from kokoro_opt.validation import onnx_synthesize, torch_synthesizer, validate, validation_cases
     from kokoro_opt.voices import SAMPLE_RATE
+    from kokoro_opt.weights.sources import exported_kmodel
 
     artifact = open_artifact(artifact_dir)
-    weights_dir = Path(artifact.kokoro["weights"]["directory"])
-    config = json.loads((weights_dir / "config.json").read_text(encoding="utf-8"))
-    model = strip_weight_norm(load_kmodel(config, weights_dir / "kokoro-v1_0.pth", disable_complex=True))
+    model = exported_kmodel(artifact.kokoro["weights"])
     cfg = load_recipe(recipe_file).export.validation
     cases = validation_cases(cfg, artifact.kokoro["vocab"], artifact.voice_packs())
     reference = torch_synthesizer(model)

@@ -132,6 +132,7 @@ def build(
         key = export_key = EXPORT.cache_key(recipe.export, weights_key)
         export_extra = {"parent": None, "reference_export": export_key}
         current = _run_stage(store, "export", key, lambda out: EXPORT.run(weights, recipe.export, out), log, export_extra)
+        chain = [current.manifest["stage"]]
         progress.update(task, advance=1)
         for index, stage in enumerate(recipe.stages):
             progress.update(task, description=f"{recipe.name}: {stage.kind}")
@@ -150,12 +151,12 @@ def build(
             extra = {"parent": parent_key, "reference_export": export_key}
             current = _run_stage(store, stage.kind, key, lambda out, s=stage, a=source, r=runner: r(a, s, out), log, extra)
             record = current.manifest["stage"]
+            chain.append(record)
             if p.decides and decisions is None and "decisions" in record:
                 new_locks[slot] = new_entry(decision_key, record, machine)
             progress.update(task, advance=1)
 
         progress.update(task, description=f"{recipe.name}: package")
-        chain = [store.stage(entry["kind"], entry["key"]).manifest["stage"] for entry in log]  # type: ignore[union-attr]
         final, parent = current, (log[-2]["key"] if len(log) > 1 else None)
 
         def package(out: Path) -> dict[str, Any]:

@@ -81,13 +81,6 @@ class Store:
         ]
         return sorted(found, key=lambda a: a.path.stat().st_mtime)
 
-    def find(self, key: str) -> Artifact | None:
-        """A recipe artifact or a stage output with this key."""
-        for artifact in self.artifacts():
-            if artifact.id == key:
-                return artifact
-        return next((open_artifact(p.parent) for p in (self.root / STAGE_CACHE).glob(f"*-{key}/" + MANIFEST)), None)
-
     def reference_export(self, artifact: Artifact) -> Artifact | None:
         """The fp32 export an artifact was built from (itself for an fp32 recipe)."""
         chain = stage_chain(artifact)

@@ -35,7 +35,8 @@ GRAPH_LEVELS = {
 }
 
 
-def make_session(model_file: Path, settings: SessionSettings = SessionSettings()) -> Any:
+def make_session(model_file: Path | bytes, settings: SessionSettings = SessionSettings()) -> Any:
+    """A session over a model file, or a serialized model (a graph made in memory)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -51,7 +52,8 @@ def make_session(model_file: Path, settings: SessionSettings = SessionSettings()
     available = set(ort.get_available_providers())
     providers = [p for p in settings.providers if p in available] or ["CPUExecutionProvider"]
     provider_options = list(settings.provider_options) if len(settings.provider_options) == len(providers) else None
-    return ort.InferenceSession(str(model_file), options, providers=providers, provider_options=provider_options)
+    model = model_file if isinstance(model_file, bytes) else str(model_file)
+    return ort.InferenceSession(model, options, providers=providers, provider_options=provider_options)
 
 
 @dataclass

