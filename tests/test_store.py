@@ -15,7 +15,7 @@ from kokoro_opt.build import build
 from kokoro_opt.errors import UserError
 from kokoro_opt.locks import lock_path, read_lock
 from kokoro_opt.passes import PASSES
-from kokoro_opt.recipe import Stage, parse_recipe
+from kokoro_opt.recipe import Stage, load_recipe, parse_recipe
 from kokoro_opt.store import Store, stage_chain
 from tests.test_passes import TINY_MIXED
 
@@ -121,9 +121,19 @@ def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tin
     locked = build(recipe, tmp_path / "b", lock=lock)
     record = locked.artifact.manifest["stages"][-1]
     assert record["mixed"]["decisions_from"] == "lock" and record["mixed"]["final_quality"]["passes"]
+    assert record["mixed"]["calibration_from"] == "lock" and not record["seconds"]["calibration"]
     assert locked.lock_written is None
     same = (analysed.artifact.path / "model.onnx").read_bytes() == (locked.artifact.path / "model.onnx").read_bytes()
     assert same, "the locked build must make the analysed model"
+
+    # a lock without calibration ranges (written before they were pinned): measured here, lock completed
+    data = json.loads(lock.read_text())
+    del data["stages"]["0:quantize"]["decisions"]["calibration"]
+    lock.write_text(json.dumps(data))
+    completed = build(recipe, tmp_path / "c", lock=lock)
+    assert completed.lock_written == lock and read_lock(lock)["0:quantize"] == entry
+    assert completed.artifact.manifest["stages"][-1]["mixed"]["calibration_from"] == "measured"
+    assert (completed.artifact.path / "model.onnx").read_bytes() == (analysed.artifact.path / "model.onnx").read_bytes()
 
     # --reanalyze measures again
     again = build(recipe, tmp_path / "a", lock=lock, reanalyze=True)  # this machine's own analysis, cached
@@ -134,6 +144,23 @@ def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tin
     rebuilt = build(changed, tmp_path / "a", lock=lock)
     assert rebuilt.artifact.manifest["stages"][-1]["mixed"]["decisions_from"] == "analysis"
     assert read_lock(lock)["0:quantize"].decision_key != entry.decision_key
+
+
+def test_a_recipe_that_extends_a_locked_one_applies_its_lock(tiny_recipe, tmp_path) -> None:
+    """`int8-mixed-ort.yaml` appends a stage to `int8-mixed.yaml`: its quantize stage is the same, and so
+    are its decisions, taken from `int8-mixed.lock.json` instead of analysed again."""
+    import yaml
+
+    parent = recipe_with(tiny_recipe, "t-parent", [TINY_MIXED])
+    parent_file = tmp_path / "t-parent.yaml"
+    parent_file.write_text(yaml.safe_dump(parent.model_dump(mode="json", by_alias=True)))
+    build(parent, tmp_path / "a", lock=lock_path(parent_file))
+    child_file = tmp_path / "t-child.yaml"
+    child_file.write_text(yaml.safe_dump({"extends": "t-parent.yaml", "name": "t-child", "append_stages": [{"kind": "ort"}]}))
+    child = build(load_recipe(child_file), tmp_path / "b", lock=lock_path(child_file))
+    quantize = next(record for record in child.artifact.manifest["stages"] if record["stage"] == "quantize")
+    assert quantize["mixed"]["decisions_from"] == "lock" and quantize["mixed"]["calibration_from"] == "lock"
+    assert child.lock_written is None and not lock_path(child_file).exists()
 
 
 def test_a_lock_that_no_longer_holds_fails_the_build_clearly(tiny_recipe, tmp_path) -> None:

@@ -61,7 +61,8 @@ def measure(
     runners: list[Runner], config: EvaluateConfig, corpus: Corpus, console: Console | None = None, probe: int | None = None
 ) -> list[EvalResult]:
     """Time, probe and score loaded runners in one interleaved session: one EvalResult each.
-    `probe`: memory/profile-probe only the first N runners (the others are there as references)."""
+    `probe`: memory/profile-probe and edge-check only the first N runners (the others are there as
+    references: their timing and audio are what the first N are compared with)."""
     plans = {r.artifact_id: r.plan(corpus, config) for r in runners}
     n = min(len(p.utterances) for p in plans.values())
     asr, asr_note = None, ""
@@ -70,7 +71,7 @@ def measure(
 
         asr, asr_note = load_asr(config.threads)
     probed = runners[: len(runners) if probe is None else probe]
-    steps = len(runners) * (config.warmup + (n + 1) * config.runs + (n if asr else 0) + 1) + len(probed)
+    steps = len(runners) * (config.warmup + (n + 1) * config.runs + (n if asr else 0)) + 2 * len(probed)
     times: dict[str, list[list[float]]] = {r.artifact_id: [[] for _ in range(n)] for r in runners}
     outputs: dict[str, list[tuple[np.ndarray, np.ndarray | None]]] = {r.artifact_id: [] for r in runners}
     ttfa: dict[str, list[float]] = {r.artifact_id: [] for r in runners}
@@ -104,7 +105,7 @@ def measure(
         for r in probed:  # after timing and one at a time: a probe must not steal the timed cores
             probes[r.artifact_id] = _probe(r, plans[r.artifact_id], config)
             tick(f"memory/profile probe {r.label}")
-        for r in runners:
+        for r in probed:
             voice = plans[r.artifact_id].utterances[0].voice
             edge_inputs = edge_token_inputs(r.vocab, corpus.paragraph)
             edges[r.artifact_id] = check_edge_inputs(lambda t, r=r, v=voice: r.synth_tokens(t, v)[0], edge_inputs)
@@ -120,8 +121,9 @@ def measure(
         ref = by_id.get(r.reference_id or "")
         result = _score(r, ref, plans[r.artifact_id], times, outputs, ttfa[r.artifact_id], probes.get(r.artifact_id, {}), n)
         result.machine = fingerprint()
-        result.metrics["edge_inputs_ok"] = float(all(edges[r.artifact_id].values()))
-        result.notes += [f"edge input '{name}': NaN or silent output" for name, ok in edges[r.artifact_id].items() if not ok]
+        if r.artifact_id in edges:
+            result.metrics["edge_inputs_ok"] = float(all(edges[r.artifact_id].values()))
+            result.notes += [f"edge input '{name}': NaN or silent output" for name, ok in edges[r.artifact_id].items() if not ok]
         if asr is not None:
             _score_wer(result, r, ref, plans[r.artifact_id], heard, n)
         elif config.asr:

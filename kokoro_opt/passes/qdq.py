@@ -2,11 +2,14 @@
 
 Calibration runs once per quantize stage. Its side files live in the stage's output folder and
 are named in one place, `CalibrationFiles`, so the sensitivity analysis can re-quantize dozens of
-variants from them without calibrating again.
+variants from them without calibrating again. The ranges the chosen INT8 nodes use are part of a
+recipe's lock (`calibration_for_lock`): a locked build restores them instead of measuring, so it
+makes the same bytes on every machine and skips the calibration passes.
 """
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import time
@@ -206,4 +209,77 @@ def calibrate(source: Artifact, cfg: QuantizeStage, out: Path, seconds: dict[str
         quantize_static_qdq(source.model_file, scratch, cfg, files, feeds)
         scratch.unlink(missing_ok=True)
         seconds["ranges"] = round(time.perf_counter() - began, 1)
+    return files
+
+
+# ---- the calibration a lock pins ----------------------------------------------------------------
+
+
+def _node_tensors(model_file: Path, nodes: list[str]) -> tuple[set[str], set[str]]:
+    """(activation inputs and outputs of `nodes`, the outputs of those that are Conv)."""
+    import onnx
+
+    model = onnx.load(str(model_file), load_external_data=False)
+    initializers = {init.name for init in model.graph.initializer}
+    wanted = set(nodes)
+    tensors, conv_outputs = set(), set()
+    for node in model.graph.node:
+        if node.name in wanted:
+            tensors |= {t for t in [*node.input, *node.output] if t and t not in initializers}
+            conv_outputs |= {node.output[0]} if node.op_type == "Conv" else set()
+    return tensors, conv_outputs
+
+
+def _f64_text(values: list[float]) -> str:
+    return base64.b64encode(np.asarray(values, "<f8").tobytes()).decode("ascii")
+
+
+def _f64_values(text: str) -> list[float]:
+    return np.frombuffer(base64.b64decode(text), "<f8").tolist()
+
+
+def calibration_for_lock(files: CalibrationFiles, model_file: Path, nodes: list[str], clips: dict[str, float]) -> dict:
+    """The part of the calibration that quantizing `nodes` (clipped as `clips`) reads, for a lock.
+
+    Per-channel output ranges are stored as base64 of their float64 bytes (as JSON numbers they would
+    make the lock twice as large), exact: a 1e-6 change of the ranges moves the lock gate's PESQ by up
+    to 0.1 (docs/reproducibility.md), so they are kept to the last bit."""
+    tensors, conv_outputs = _node_tensors(model_file, nodes)
+    ort_ranges = json.loads(files.ranges.read_text(encoding="utf-8"))
+    locked: dict = {
+        "ranges": {**ort_ranges, "data": {t: e for t, e in sorted(ort_ranges["data"].items()) if t in tensors}},
+        "input_ranges": {},
+        "output_ranges": {},
+    }
+    if files.output_ranges.exists():
+        outputs = json.loads(files.output_ranges.read_text(encoding="utf-8"))
+        locked["output_ranges"] = {
+            t: [_f64_text(lo), _f64_text(hi)] for t, (lo, hi) in sorted(outputs.items()) if t in conv_outputs
+        }
+    if clips:
+        inputs = json.loads(files.input_ranges.read_text(encoding="utf-8"))
+        locked["input_ranges"] = {t: {percentile_key(p): inputs[t][percentile_key(p)]} for t, p in sorted(clips.items())}
+    return locked
+
+
+def restore_calibration(
+    folder: Path, locked: dict | None, model_file: Path, nodes: list[str], clips: dict[str, float], cfg: QuantizeStage
+) -> CalibrationFiles | None:
+    """Write a lock's calibration into `folder`; None when the lock holds none or lacks a range the
+    quantization of `nodes` reads (a hand-edited or older lock): then the stage calibrates."""
+    if not locked:
+        return None
+    tensors, conv_outputs = _node_tensors(model_file, nodes)
+    covered = (
+        tensors <= set(locked["ranges"]["data"])
+        and (not cfg.equalize_outputs or conv_outputs <= set(locked["output_ranges"]))
+        and all(percentile_key(p) in locked["input_ranges"].get(t, {}) for t, p in clips.items())
+    )
+    if not covered:
+        return None
+    files = CalibrationFiles(folder)
+    files.ranges.write_text(json.dumps(locked["ranges"]), encoding="utf-8")
+    outputs = {t: [_f64_values(lo), _f64_values(hi)] for t, (lo, hi) in locked["output_ranges"].items()}
+    files.output_ranges.write_text(json.dumps(outputs), encoding="utf-8")
+    files.input_ranges.write_text(json.dumps(locked["input_ranges"]), encoding="utf-8")
     return files

@@ -19,7 +19,8 @@ from kokoro_opt.recipe import QuantizeStage
 
 
 def run_quantize(source: Artifact, cfg: QuantizeStage, out: Path, decisions: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`decisions`: mixed mode's locked choice of INT8 units (locks.py), applied instead of analysed."""
+    """`decisions`: mixed mode's locked choice of INT8 units and their ranges (locks.py), applied
+    instead of measured."""
     started = time.perf_counter()
     copy_runtime(source, out)
     record: dict[str, Any] = {"stage": "quantize", "config": cfg.model_dump(mode="json")}
@@ -38,9 +39,10 @@ def run_quantize(source: Artifact, cfg: QuantizeStage, out: Path, decisions: dic
     elif cfg.mode == "static":
         quantize_static_qdq(source.model_file, out / "model.onnx", cfg, calibrate(source, cfg, out, seconds=timings), None)
     else:
-        calibration = calibrate(source, cfg, out, seconds=timings)
-        record["mixed"] = run_mixed(source, cfg, out, calibration, decisions)
-        record["decisions"] = {"int8_units": record["mixed"]["int8_blocks"]}
+        mixed = run_mixed(source, cfg, out, lambda: calibrate(source, cfg, out, seconds=timings), decisions)
+        calibration = mixed.pop("calibration")
+        record["mixed"] = {**mixed, "calibration_from": "measured" if timings else "lock"}
+        record["decisions"] = {"int8_units": mixed["int8_blocks"], "calibration": calibration}
         record["decision_scores"] = {"final_quality": record["mixed"]["final_quality"], "alone": record["mixed"]["alone_scores"]}
     record["graph"] = graph_summary(out / "model.onnx")
     record["seconds"] = {"quantize": round(time.perf_counter() - started, 2), "calibration": timings}
@@ -51,7 +53,7 @@ PASS = Pass(
     "quantize",
     QuantizeStage,
     run_quantize,
-    version="7",
+    version="8",
     reads=(CALIBRATION_CORPUS, SENSITIVITY_CORPUS),
     libraries=("onnx", "onnxruntime", "phonemizer-fork", "espeakng-loader"),
     decides=True,

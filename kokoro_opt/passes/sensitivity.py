@@ -29,10 +29,24 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.passes.qdq import CalibrationFiles, calibration_feeds, quantizable_nodes, quantize_static_qdq, read_corpus
+from kokoro_opt.passes.qdq import (
+    CalibrationFiles,
+    calibration_feeds,
+    calibration_for_lock,
+    quantizable_nodes,
+    quantize_static_qdq,
+    read_corpus,
+    restore_calibration,
+)
 from kokoro_opt.recipe import QuantizeStage
 
 SENSITIVITY_CORPUS = "calibration/sensitivity.txt"
+# A locked build checks the budget less this much PESQ. The analysis stops at the first choice that
+# meets the budget, so its score sits just above it, and the score of one INT8 choice moves with float
+# noise in the model it quantizes: measured -0.12..+0.03 around the locked 3.857 (ranges moved by 1e-6,
+# ranges rounded to float32, the export made with torch's default or AVX2 kernels). Breakage scores
+# far lower (conv_post alone in INT8: 1.2, the ALBERT alone: 1.8). docs/reproducibility.md has the table.
+LOCK_PESQ_TOLERANCE = 0.2
 PESQ_MAX = 4.64
 
 
@@ -44,11 +58,11 @@ class Quality:
     durations_equal: float  # fraction of sentences
     finite: bool
 
-    def passes(self, cfg: QuantizeStage) -> bool:
+    def passes(self, cfg: QuantizeStage, pesq_tolerance: float = 0.0) -> bool:
         return (
             self.finite
-            and self.mean_pesq >= cfg.quality_budget_pesq
-            and self.min_pesq >= cfg.min_sentence_pesq
+            and self.mean_pesq >= cfg.quality_budget_pesq - pesq_tolerance
+            and self.min_pesq >= cfg.min_sentence_pesq - pesq_tolerance
             and self.max_high_band_db <= cfg.max_high_band_db
             and self.durations_equal >= cfg.min_durations_equal
         )
@@ -268,12 +282,18 @@ def node_cost_shares(model_file: Path, feeds: list[dict[str, np.ndarray]]) -> di
 
 
 def run_mixed(
-    source: Artifact, cfg: QuantizeStage, out: Path, calibration: CalibrationFiles, decisions: dict[str, Any] | None = None
+    source: Artifact,
+    cfg: QuantizeStage,
+    out: Path,
+    calibrate: Callable[[], CalibrationFiles],
+    decisions: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write out/model.onnx with the chosen INT8 blocks and out/precision_map.json; return the summary.
 
-    With `decisions` (a lock's `int8_units`) the analysis is skipped: those units are quantized and
-    the result must still pass the quality gate on this machine, or the build stops."""
+    With `decisions` (a lock's `int8_units` and `calibration`) the analysis is skipped: those units
+    are quantized with the locked ranges (`calibrate` runs only when the lock lacks some) and the
+    result must still pass the quality gate on this machine, or the build stops. The summary's
+    `calibration` is what a lock keeps of the calibration (qdq.calibration_for_lock)."""
     import onnx
     from rich.console import Console
 
@@ -318,7 +338,10 @@ def run_mixed(
             clips.update({t: percentile for n in members[name] for t in inputs_of[n]} if percentile else {})
         return chosen_nodes, clips
 
+    calibration = calibrate() if decisions is None else None
+
     def score(units: set[str]) -> Quality:
+        assert calibration is not None
         chosen_nodes, clips = nodes_and_clips(units)
         quantize_static_qdq(source.model_file, scratch, cfg, calibration, None, nodes_to_quantize=chosen_nodes, clips=clips)
         return scorer(scratch)
@@ -336,6 +359,9 @@ def run_mixed(
     else:
         chosen, alone, history = _locked_units(decisions, members), {}, []
     int8_nodes, clips = nodes_and_clips(chosen)
+    if calibration is None:
+        locked = (decisions or {}).get("calibration")
+        calibration = restore_calibration(out, locked, source.model_file, int8_nodes, clips, cfg) or calibrate()
     if int8_nodes:
         quantize_static_qdq(
             source.model_file, out / "model.onnx", cfg, calibration, None, nodes_to_quantize=int8_nodes, clips=clips
@@ -347,12 +373,14 @@ def run_mixed(
     final_quality = next((h for h in reversed(history) if h["passes"]), None)
     if decisions is not None:
         gate = scorer(out / "model.onnx")
-        final_quality = {"int8_blocks": len(chosen), **asdict(gate), "passes": gate.passes(cfg)}
-        if not gate.passes(cfg):
+        holds = gate.passes(cfg, LOCK_PESQ_TOLERANCE)
+        final_quality = {"int8_blocks": len(chosen), **asdict(gate), "passes": holds, "pesq_tolerance": LOCK_PESQ_TOLERANCE}
+        if not holds:
             raise UserError(
                 f"the locked INT8 choice no longer meets the quality budget on this machine: PESQ {gate.mean_pesq:.2f} "
                 f"(min {gate.min_pesq:.2f}), 4-12 kHz {gate.max_high_band_db:+.2f} dB, durations equal "
-                f"{gate.durations_equal:.0%} (budget: PESQ >= {cfg.quality_budget_pesq}, min >= {cfg.min_sentence_pesq}, "
+                f"{gate.durations_equal:.0%} (budget less the lock's noise tolerance: PESQ >= "
+                f"{cfg.quality_budget_pesq - LOCK_PESQ_TOLERANCE:.2f}, min >= {cfg.min_sentence_pesq - LOCK_PESQ_TOLERANCE:.2f}, "
                 f"<= {cfg.max_high_band_db} dB, durations >= {cfg.min_durations_equal:.0%})",
                 "rebuild with --reanalyze to measure the choice on this machine (and commit the new lock)",
             )
@@ -389,4 +417,5 @@ def run_mixed(
             u: {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(q).items()} for u, q in sorted(alone.items())
         },
         "sensitivity_seconds": round(time.perf_counter() - started, 1),
+        "calibration": calibration_for_lock(calibration, source.model_file, int8_nodes, clips),
     }
