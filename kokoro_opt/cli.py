@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.tables import print_table
 
 app = typer.Typer(
     help="Turn Kokoro-82M into the fastest artifact that still sounds like the original, measure it, serve it.",
@@ -71,7 +72,7 @@ def build(
         table.add_column(column)
     for entry in result.stages:
         table.add_row(entry["kind"], entry["key"], "yes" if entry["cached"] else "no", f"{entry['seconds']:.1f}")
-    console.print(table)
+    print_table(console, table)
     if result.weights.note:
         console.print(f"note: {result.weights.note}")
     if evaluate and parsed.evaluate.enabled:
@@ -287,7 +288,7 @@ def compare(
 ) -> None:
     """One table across artifacts (and peers), all measured side by side in one interleaved session."""
     from kokoro_opt.artifacts import open_artifact
-    from kokoro_opt.evaluate.report import DETAIL_COLUMNS, print_machine, print_table, results_json, results_table
+    from kokoro_opt.evaluate.report import DETAIL_COLUMNS, print_machine, results_json, results_table
     from kokoro_opt.evaluate.run import compare_artifacts
     from kokoro_opt.machine import fingerprint
     from kokoro_opt.store import Store

@@ -122,7 +122,19 @@ class QuantizeStage(Strict):
         description="mixed: each block with branches (a resblock) is also scored alone with its input ranges cut "
         "at each of these two-sided percentiles; the best of those and the plain ranges is kept",
     )
-    fallback_precision: Literal["fp32", "fp16"] = Field("fp32", description="fp32 for CPU; fp16 for FP16-native targets")
+    fallback_precision: Literal["fp32", "fp16"] = Field(
+        "fp32", description="mixed: the precision of the blocks kept out of INT8; fp16 is refused until it works"
+    )
+
+    @model_validator(mode="after")
+    def _fallback_does_something(self) -> QuantizeStage:
+        # Not a label: until INT8 blocks can sit inside an FP16 graph (docs/stages.md), fp16 is refused
+        if self.fallback_precision == "fp16":
+            raise ValueError(
+                "fallback_precision 'fp16' does not build FP16 blocks yet; use fp32, or for FP16 targets "
+                "recipes/fp16.yaml (whole-model FP16) or recipes/int8-mixed-coreml.yaml (INT8 weights on FP16 Core ML)"
+            )
+        return self
 
 
 class CompressStage(Strict):

@@ -12,6 +12,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from kokoro_opt.tables import print_table
+
 
 @dataclass
 class EvalResult:
@@ -110,18 +112,6 @@ def results_table(results: list[EvalResult], title: str, columns: list[tuple[str
         name += ("*" if r.is_reference else "") + (" (peer)" if r.external else "")
         table.add_row(name, *(_cell(r, metric, fmt) for _, metric, fmt in shown))
     return table
-
-
-TABLE_WIDTH = 120
-
-
-def print_table(console: Console, table: Table) -> None:
-    """A terminal's width is respected; a pipe or file (rich assumes 80 columns) gets 120, so the numbers
-    are not cut to '1.…' in logs and CI output."""
-    if console.is_terminal or console.width >= TABLE_WIDTH:
-        console.print(table)
-    else:
-        Console(file=console.file, width=TABLE_WIDTH, no_color=console.no_color, highlight=False).print(table)
 
 
 def print_machine(console: Console, fp: dict[str, Any] | None = None) -> None:

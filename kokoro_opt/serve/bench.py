@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.tables import print_table
 
 PARAGRAPH = (
     "The old lighthouse keeper climbed the stairs every evening at dusk. "
@@ -201,7 +202,7 @@ def render(scenarios: list[Scenario], console: Console, title: str) -> None:
             *(f"{s[k]:.2f}" for k in _TIMES),
             str(s["underruns"]),
         )  # fmt: skip
-    console.print(table)
+    print_table(console, table)
     summaries = {(x.mode, x.clients): x.summary() for x in scenarios}
     full, single = summaries.get(("full", 1)), summaries.get(("stream", 1))
     if full and single:

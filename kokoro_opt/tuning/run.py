@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.tables import print_table
 from kokoro_opt.tuning.config import load_tune_recipe
 from kokoro_opt.tuning.measure import Comparison, SessionCache, compare_with_defaults
 from kokoro_opt.tuning.records import StudyRecords, best_effort, save_plots
@@ -162,7 +163,7 @@ def _finish(result: TuneResult, recipe: Any, resolved: ResolvedSpace, url: str, 
     best, score, note = pick_best(study, names, recipe.best)
     if note:
         say(note)
-    out.print(front_table(study, names, resolved.quality_metric, recipe.best))
+    print_table(out, front_table(study, names, resolved.quality_metric, recipe.best))
     if best is None:
         say("no complete trial: tuned.json not written")
         return
@@ -199,7 +200,7 @@ def show_front(recipe_path: str | Path, *, storage: str | None = None, study_nam
         raise UserError(f"no study '{name}' in the storage", f"run it first: kokoro-opt tune {recipe_path}")
     study = optuna.load_study(study_name=name, storage=store)
     resolved = ResolvedSpace.from_json(study.user_attrs[SPACE_ATTR])
-    console.print(front_table(study, objective_names(resolved), resolved.quality_metric, recipe.best))
+    print_table(console, front_table(study, objective_names(resolved), resolved.quality_metric, recipe.best))
     tuned = read_tuned(root)
     if tuned and tuned.get("study") == name and "ttfa_ratio" in tuned:
         console.print(

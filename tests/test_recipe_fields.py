@@ -1,0 +1,116 @@
+"""No setting without an effect: every field of the export and stage configs is read by the code that
+builds the artifact. Each pass runs on the tiny model with its config wrapped in a recorder of the
+fields it reads; a field that no run reads is a setting that changes nothing, and fails here.
+
+A field read by only one mode (quantize's budgets in `mixed`) counts once read. A value that would do
+nothing is refused by the schema instead (quantize's `fallback_precision: fp16`, below)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.export import PASS as EXPORT
+from kokoro_opt.passes import PASSES
+from kokoro_opt.recipe import (
+    CompressStage,
+    CoreMLStage,
+    ExportConfig,
+    Fp16Stage,
+    OrtFormatStage,
+    QuantizeStage,
+    SimplifyStage,
+    SmoothStage,
+    SnakeStage,
+    ValidationConfig,
+    parse_recipe,
+)
+from kokoro_opt.weights.sources import resolve_weights
+from tests.test_passes import build_with
+
+
+class FieldReads:
+    """Stands in for a config: hands out its values and notes each field read (nested configs too)."""
+
+    def __init__(self, config: BaseModel, seen: set[str]) -> None:
+        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, "_seen", seen)
+
+    def __getattr__(self, name: str) -> Any:
+        config = object.__getattribute__(self, "_config")
+        value = getattr(config, name)
+        if name in type(config).model_fields:
+            object.__getattribute__(self, "_seen").add(f"{type(config).__name__}.{name}")
+            if isinstance(value, BaseModel):
+                return FieldReads(value, object.__getattribute__(self, "_seen"))
+        return value
+
+
+# One run per config that reaches different fields; quantize runs in each of its modes.
+RUNS: list[BaseModel] = [
+    SimplifyStage(kind="simplify", tool="onnxsim", ort_level="basic"),
+    SmoothStage(kind="smooth", calibration_sentences=1),
+    SnakeStage(kind="snake"),
+    QuantizeStage(kind="quantize", mode="dynamic"),
+    QuantizeStage(kind="quantize", mode="static", calibration_sentences=1, equalize_outputs=True),
+    QuantizeStage(
+        kind="quantize",
+        mode="mixed",
+        op_types=["Conv", "MatMul"],
+        calibration_sentences=1,
+        sensitivity_sentences=1,
+        quality_budget_pesq=1.0,
+        min_sentence_pesq=1.0,
+        max_high_band_db=20,
+        min_durations_equal=0.0,
+        min_block_time_share=0.15,  # a resblock or two: the budget fields decide something
+        input_clip_percentiles=[99.9],
+    ),
+    CompressStage(kind="compress", min_elements=64),
+    Fp16Stage(kind="fp16"),
+    OrtFormatStage(kind="ort"),
+    CoreMLStage(kind="coreml", max_tokens=16),
+]
+CLASSES = (
+    ExportConfig,
+    ValidationConfig,
+    SimplifyStage,
+    SmoothStage,
+    SnakeStage,
+    QuantizeStage,
+    CompressStage,
+    Fp16Stage,
+    OrtFormatStage,
+    CoreMLStage,
+)
+
+
+def test_every_export_and_stage_field_is_read_when_building(tiny_recipe, artifacts_root, tmp_path: Path) -> None:
+    seen: set[str] = set()
+    weights = resolve_weights(tiny_recipe.weights, log=lambda _: None)
+    EXPORT.run(weights, FieldReads(tiny_recipe.export, seen), _fresh(tmp_path / "export"))
+    # the stages after simplify expect its folded graph, as in every recipe
+    simplified = build_with(tiny_recipe, artifacts_root, "t-fields", [{"kind": "simplify", "ort_level": "basic"}]).artifact
+    for i, config in enumerate(RUNS):
+        PASSES[config.kind].run(simplified, FieldReads(config, seen), _fresh(tmp_path / f"{i}-{config.kind}"))
+
+    declared = {f"{cls.__name__}.{name}" for cls in CLASSES for name in cls.model_fields if name != "kind"}
+    unread = sorted(declared - seen)
+    assert not unread, f"recipe fields that no stage reads (make them work or reject them): {unread}"
+
+
+def _fresh(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    return folder
+
+
+def test_a_fallback_precision_that_would_only_be_a_label_is_refused(tiny_recipe) -> None:
+    """`fallback_precision: fp16` used to be written into the precision map while the blocks stayed FP32."""
+    data = tiny_recipe.model_dump(mode="json", by_alias=True)
+    data.update(name="t-fp16-fallback", stages=[{"kind": "quantize", "mode": "mixed", "fallback_precision": "fp16"}])
+    with pytest.raises(UserError, match="fallback_precision 'fp16' does not build FP16 blocks yet"):
+        parse_recipe(data)
