@@ -1,12 +1,15 @@
 """Which artifact to serve: a path, an id, or `best` (tuned settings first, then evaluations).
 
 The rule for `best`, in order:
-1. a `tuned.json` written by `kokoro-opt tune` (the study's scalarised winner) — its artifact and
-   its session/chunking settings;
+1. a `tuned.json` written by `kokoro-opt tune` (the study's scalarised winner) on this machine — its
+   artifact and its session/chunking settings; one tuned on another machine is not applied (the
+   reason says so and what to run);
 2. else, among artifacts still on disk and evaluated in MLflow, the fastest whose quality passes the
    budget (mean PESQ-WB >= 3.8 and no NaN/silent output vs fp32); fp32 itself always passes.
    Fastest = the highest speedup over fp32 measured side by side in its newest evaluation, since
-   RTFs from different sessions are not comparable on a noisy machine;
+   RTFs from different sessions are not comparable on a noisy machine. Evaluations measured on this
+   machine (its fingerprint id) come first; with none, the best measured elsewhere, and the reason
+   names the one command that evaluates it here;
 3. else the newest fp32 artifact, else the newest artifact of any recipe that runs here.
 
 Whatever the rule picks must run on this machine: a Core ML artifact off macOS is refused here with
@@ -42,11 +45,22 @@ def _by_id(root: Path, artifact_id: str) -> Artifact | None:
     return matches[-1] if matches else None
 
 
-def tuned_selection(root: Path) -> Selection | None:
+def tuned_selection(root: Path, notes: list[str] | None = None) -> Selection | None:
+    """`root`'s tuned.json, if it was tuned on this machine; why not goes to `notes`."""
+    from kokoro_opt.machine import fingerprint, same_machine
+
     path = root / TUNED_FILE
     if not path.is_file():
         return None
     tuned = json.loads(path.read_text(encoding="utf-8"))
+    tuned_on = tuned.get("machine", {})
+    if not same_machine(tuned_on, fingerprint()):
+        if notes is not None:
+            notes.append(
+                f"{path} was tuned on another machine ({tuned_on.get('cpu', '?')}, id {tuned_on.get('id', '?')}): not "
+                f"applied here; tune here with kokoro-opt tune <recipe> --artifacts {root}"
+            )
+        return None
     artifact = _by_id(root, tuned["artifact_id"])
     if artifact is None:
         return None
@@ -61,14 +75,23 @@ def tuned_selection(root: Path) -> Selection | None:
 
 def evaluated_selection(root: Path, tracking_uri: str | None) -> Selection | None:
     from kokoro_opt.evaluate.tracking import best_evaluated
+    from kokoro_opt.machine import fingerprint
 
-    best = best_evaluated(tracking_uri, QUALITY_BUDGET_PESQ, available=lambda artifact_id: _by_id(root, artifact_id) is not None)
+    best = best_evaluated(
+        tracking_uri,
+        QUALITY_BUDGET_PESQ,
+        available=lambda artifact_id: _by_id(root, artifact_id) is not None,
+        machine_id=fingerprint()["id"],
+    )
     if best is None:
         return None
     artifact = _by_id(root, best["artifact_id"])
     if artifact is None:
         return None
-    return Selection(artifact, reason=best["reason"])
+    reason = best["reason"]
+    if not best["measured_here"]:
+        reason += f"; to rank the artifacts on this machine, evaluate them here: kokoro-opt evaluate {artifact.path}"
+    return Selection(artifact, reason=reason)
 
 
 def resolve_artifact(spec: str, root: Path = Path("artifacts"), tracking_uri: str | None = None) -> Selection:
@@ -88,8 +111,10 @@ def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
         if found is None:
             raise UserError(f"no artifact '{spec}' under {root}", "pass a folder, an artifact id, or 'best'")
         return Selection(found, reason=f"given as an id: {spec}")
-    for pick in (tuned_selection(root), evaluated_selection(root, tracking_uri)):
+    notes: list[str] = []
+    for pick in (tuned_selection(root, notes), evaluated_selection(root, tracking_uri)):
         if pick is not None:
+            pick.reason = "; ".join([pick.reason, *notes])
             return pick
     every = Store(root).artifacts()
     if not every:
@@ -97,4 +122,5 @@ def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
     fp32 = [a for a in every if a.name == "fp32"]
     runnable = [a for a in every if runtime_problem(a) is None]
     chosen = (fp32 or runnable or every)[-1]
-    return Selection(chosen, reason=f"no tuning or evaluation records yet: newest {chosen.name} artifact")
+    reason = f"no tuning or evaluation records yet: newest {chosen.name} artifact"
+    return Selection(chosen, reason="; ".join([reason, *notes]))

@@ -173,6 +173,34 @@ def test_best_evaluated_picks_a_passing_artifact(evaluated: EvalResult, store: s
     assert tracking.best_evaluated(f"sqlite:///{empty}", 3.8) is None and not empty.exists()
 
 
+def test_best_ranks_this_machines_evaluations_and_says_when_it_has_none(
+    evaluated: EvalResult, store: str, tiny_artifact: Artifact, tmp_path: Path
+) -> None:
+    """The best artifact depends on the CPU: `serve --artifact best` asks where each was measured."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from kokoro_opt.select import resolve_artifact
+
+    here = fingerprint()["id"]
+    best = tracking.best_evaluated(store, 3.8, machine_id=here)
+    assert best is not None and best["measured_here"] and f"measured on this machine (id {here})" in best["reason"]
+
+    # the same store as a team's shared one: its only evaluation was measured on another machine
+    shared = tmp_path / "shared.db"
+    shutil.copy(store.removeprefix("sqlite:///"), shared)
+    client = MlflowClient(f"sqlite:///{shared}")
+    client.set_tag(evaluated.run_id, "machine.id", "0123456789ab")
+    client.set_tag(evaluated.run_id, "machine.cpu", "Other CPU")
+    elsewhere = tracking.best_evaluated(f"sqlite:///{shared}", 3.8, machine_id=here)
+    assert elsewhere is not None and elsewhere["artifact_id"] == evaluated.artifact_id and not elsewhere["measured_here"]
+    assert "another machine (Other CPU, id 0123456789ab)" in elsewhere["reason"]
+    selection = resolve_artifact("best", tiny_artifact.path.parent.parent, tracking_uri=f"sqlite:///{shared}")
+    assert selection.artifact.id == evaluated.artifact_id
+    assert f"evaluate them here: kokoro-opt evaluate {tiny_artifact.path}" in selection.reason
+
+
 @pytest.fixture(scope="module")
 def tiny_ort(tiny_recipe: Any, artifacts_root: Path, tiny_artifact: Artifact) -> Artifact:
     """A derived artifact through the real build: tiny export -> .ort (its reference is the export)."""

@@ -253,3 +253,14 @@ def test_two_worker_processes_share_one_study(tune_env: dict[str, Any]) -> None:
     assert len(workers) == 2, workers  # both processes ran trials of the one study
     assert len({t.number for t in done}) == len(done)
     assert _trial_runs(env, "pair") == sorted(t.number for t in result.study.trials if t.state.is_finished())
+
+
+def test_tuned_settings_from_another_machine_are_not_applied_silently(tmp_path: Path) -> None:
+    from kokoro_opt.select import tuned_selection
+
+    other = {**fingerprint(), "id": "0123456789ab", "cpu": "Other CPU"}
+    (tmp_path / "tuned.json").write_text(json.dumps({"artifact_id": "abc", "study": "s", "machine": other}))
+    notes: list[str] = []
+    assert tuned_selection(tmp_path, notes) is None
+    assert len(notes) == 1 and "tuned on another machine (Other CPU, id 0123456789ab)" in notes[0]
+    assert "kokoro-opt tune" in notes[0]
