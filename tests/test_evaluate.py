@@ -129,6 +129,8 @@ def test_the_run_is_found_with_metrics_params_tags_and_files(evaluated: EvalResu
     assert run.data.metrics["rtf_p50"] == pytest.approx(evaluated.metrics["rtf_p50"])
     assert run.data.metrics["op_share.Conv"] > 0.3
     assert run.data.params["recipe.name"] == "tiny" and run.data.params["eval.runs"] == "1"
+    experiment = MlflowClient(store).get_experiment(run.info.experiment_id)  # opens on the runs table
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert run.data.params["machine.cores"] and "machine.avx512_vnni" in run.data.params
     assert run.data.params["ort.intra_op_num_threads"] == "2" and "version.onnxruntime" in run.data.params
     assert run.data.tags["weights_source"] == "tiny" and run.data.tags["corpus_sha256"] == load_corpus().sha256

@@ -49,14 +49,25 @@ def _client(uri: str) -> Any:
     return MlflowClient(tracking_uri=uri)
 
 
+# MLflow 3 opens an experiment without a kind on its GenAI overview (traces, token usage: empty
+# here); this kind opens it on the runs table, where artifacts are compared.
+EXPERIMENT_TAGS = {
+    "mlflow.experimentKind": "custom_model_development",
+    "mlflow.note.content": "kokoro-opt: one run per evaluated artifact, comparison or tuning trial",
+}
+
+
 def _experiment(client: Any, uri: str, name: str) -> str:
     found = client.get_experiment_by_name(name)
     if found is not None:
+        for key, value in EXPERIMENT_TAGS.items():
+            if found.tags.get(key) != value:  # an experiment made by an earlier kokoro-opt
+                client.set_experiment_tag(found.experiment_id, key, value)
         return str(found.experiment_id)
     db = _sqlite_path(uri)
     # Beside the SQLite file, not in the cwd's ./mlruns; a server picks its own artifact store.
     location = (db.parent / "mlruns" / name).resolve().as_uri() if db is not None else None
-    return str(client.create_experiment(name, artifact_location=location))
+    return str(client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_TAGS))
 
 
 def recipe_family(name: str) -> str:
