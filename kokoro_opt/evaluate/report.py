@@ -225,3 +225,25 @@ def mel_png(reference: np.ndarray, test: np.ndarray, sample_rate: int, path: Pat
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def ops_json(op_times: dict[str, float]) -> str:
+    """The per-op profile as a file: seconds and share of the run per ONNX op type, largest first."""
+    total = sum(op_times.values())
+    rows = [{"op": op, "seconds": s, "share": s / total if total else 0.0} for op, s in op_times.items()]
+    return json.dumps({"total_seconds": total, "ops": rows}, indent=2)
+
+
+
+
+
+def precision_summary(folder: Path) -> dict[str, Any]:
+    """What the artifact was built as: node counts per precision from its precision_map.json."""
+    path = folder / "precision_map.json"
+    if not path.is_file():
+        return {}
+    nodes = json.loads(path.read_text(encoding="utf-8")).get("nodes", {})
+    counts: dict[str, int] = {}
+    for precision in nodes.values():
+        counts[str(precision)] = counts.get(str(precision), 0) + 1
+    return {f"{k}_nodes": v for k, v in sorted(counts.items())}

@@ -308,6 +308,7 @@ def evaluate_artifacts(
     """Each artifact against its fp32 reference (measured alongside); one MLflow run per (artifact,
     settings). An evaluation already logged is found and not repeated (resumable) unless `force`."""
     from kokoro_opt.evaluate import tracking
+    from kokoro_opt.evaluate.report import pareto_png
     from kokoro_opt.evaluate.runners import runner_groups
 
     corpus = load_corpus()
@@ -323,9 +324,12 @@ def evaluate_artifacts(
         loaded = _load_all(group, config.threads, console)
         if len(loaded) < len(group):
             continue
-        result = measure(loaded, config, corpus, console, probe=1)[0]
+        measured = measure(loaded, config, corpus, console, probe=1)
+        result = measured[0]
         if log:
-            result.run_id = tracking.log_evaluation(tracking_uri, result, subject, settings, key)
+            with tempfile.TemporaryDirectory(prefix="kokoro-opt-pareto-") as tmp:
+                pareto = pareto_png(measured, Path(tmp) / "pareto.png")  # the artifact beside its reference
+                result.run_id = tracking.log_evaluation(tracking_uri, result, subject, settings, key, pareto)
         results.append(result)
     return results
 

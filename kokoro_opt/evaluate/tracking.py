@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from kokoro_opt.evaluate.report import EvalResult, mel_png, ops_png, results_json
+from kokoro_opt.evaluate.report import EvalResult, mel_png, ops_json, ops_png, precision_summary, results_json
 
 STORE = Path("experiments")
 KEY_TAG, KIND_TAG = "eval_key", "kokoro_opt_kind"
@@ -53,7 +54,13 @@ def _client(uri: str) -> Any:
 # here); this kind opens it on the runs table, where artifacts are compared.
 EXPERIMENT_TAGS = {
     "mlflow.experimentKind": "custom_model_development",
-    "mlflow.note.content": "kokoro-opt: one run per evaluated artifact, comparison or tuning trial",
+    "mlflow.note.content": (
+        "kokoro-opt: one run per evaluated artifact, comparison or tuning trial.\n\n"
+        "Headline metrics: speedup_vs_reference (x fp32, measured side by side in one session: compare by this), "
+        "rtf_p50 and ttfa_p50 (seconds; lower is better), pesq_mean / pesq_min (PESQ-WB vs fp32, higher is better), "
+        "mcd_mean (dB, lower is better), wer_delta (lower is better), size_mb, peak_rss_mb. "
+        "Per-op profile: profile/ops.json; precision map and plots are files of each run."
+    ),
 }
 
 
@@ -102,7 +109,7 @@ def find_evaluation(tracking_uri: str | None, key: str) -> EvalResult | None:
             found = run
         elif run.info.status != "FINISHED":
             client.delete_run(run.info.run_id)
-    return None if found is None else _result_from_run(found)
+    return None if found is None else _result_from_run(found, client)
 
 
 def machine_tags(fp: dict[str, Any]) -> dict[str, str]:
@@ -118,9 +125,9 @@ def _machine_from_tags(tags: dict[str, str]) -> dict[str, Any]:
     return found
 
 
-def _result_from_run(run: Any) -> EvalResult:
+def _result_from_run(run: Any, client: Any) -> EvalResult:
     tags, metrics = run.data.tags, dict(run.data.metrics)
-    ops = {k.split(".", 1)[1]: v for k, v in metrics.items() if k.startswith("op_seconds.")}
+    ops = {k.split(".", 1)[1]: v for k, v in metrics.items() if k.startswith("op_seconds.")} or _logged_ops(client, run)
     return EvalResult(
         label=tags.get("artifact_name", "?"),
         artifact_id=tags.get("artifact_id", "?"),
@@ -151,7 +158,8 @@ def _params(manifest: dict[str, Any], settings: dict[str, Any], threads: int, ma
 
     recipe = manifest.get("recipe", {})
     out: dict[str, str] = {}
-    _flat("recipe", {"name": recipe.get("name", "?"), "hash": manifest.get("recipe_hash", "")}, out)
+    kinds = ">".join(str(stage.get("kind", "?")) for stage in recipe.get("stages", []))
+    _flat("recipe", {"name": recipe.get("name", "?"), "hash": manifest.get("recipe_hash", ""), "stages": kinds or "export"}, out)
     _flat("export", recipe.get("export", {}), out)
     for i, stage in enumerate(recipe.get("stages", [])):
         _flat(f"stage.{i}.{stage.get('kind', '?')}", {k: v for k, v in stage.items() if k != "kind"}, out)
@@ -173,13 +181,27 @@ def _git_commit() -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+# The columns a person compares artifacts by (a compare run logs these per artifact); an evaluation
+# logs every other scalar too, but the per-op profile (one value per ONNX op type, 200+ of them)
+# goes to profile/ops.json instead of the metric columns.
+HEADLINE_METRICS = (
+    "speedup_vs_reference", "rtf_p50", "ttfa_p50", "pesq_mean", "pesq_min", "mcd_mean", "wer_delta", "size_mb", "peak_rss_mb",
+)  # fmt: skip
+OPS_FILE = "profile/ops.json"
+
+
 def _metrics(result: EvalResult) -> dict[str, float]:
-    found = {k: float(v) for k, v in result.metrics.items() if v is not None and math.isfinite(v)}
-    total = sum(result.op_times.values())
-    for op, seconds in result.op_times.items():
-        found[f"op_seconds.{op}"] = seconds
-        found[f"op_share.{op}"] = seconds / total if total else 0.0
-    return found
+    return {k: float(v) for k, v in result.metrics.items() if v is not None and math.isfinite(v)}
+
+
+def _logged_ops(client: Any, run: Any) -> dict[str, float]:
+    """The per-op profile of a logged evaluation (profile/ops.json); {} if it has none."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="kokoro-opt-ops-") as tmp:
+            local = client.download_artifacts(run.info.run_id, OPS_FILE, tmp)
+            return {row["op"]: row["seconds"] for row in json.loads(Path(local).read_text(encoding="utf-8"))["ops"]}
+    except Exception:  # an older run or a store without the file: the profile is optional
+        return {}
 
 
 def _log_batch(client: Any, run_id: str, metrics: dict[str, float], params: dict[str, str]) -> None:
@@ -194,9 +216,12 @@ def _log_batch(client: Any, run_id: str, metrics: dict[str, float], params: dict
         client.log_batch(run_id, params=pairs[i : i + 90])
 
 
-def log_evaluation(tracking_uri: str | None, result: EvalResult, runner: Any, settings: dict[str, Any], key: str) -> str:
-    """One run for this (artifact, settings): params, metrics, tags and files (manifest, metrics JSON,
-    sample WAVs, plots). An earlier run with the same key (a forced re-evaluation) is replaced."""
+def log_evaluation(
+    tracking_uri: str | None, result: EvalResult, runner: Any, settings: dict[str, Any], key: str, pareto: Path | None = None
+) -> str:
+    """One run for this (artifact, settings): headline metrics, params saying what was built and where
+    it was measured, tags, and files (manifest, metrics JSON, per-op profile, precision map, sample
+    WAVs, plots). An earlier run with the same key (a forced re-evaluation) is replaced."""
     from kokoro_opt.audio import write_wav
     from kokoro_opt.machine import fingerprint
 
@@ -228,14 +253,22 @@ def log_evaluation(tracking_uri: str | None, result: EvalResult, runner: Any, se
     run = client.create_run(experiment, tags=tags, run_name=f"{result.label}-{result.artifact_id[:8]}-{key[:6]}")
     run_id = str(run.info.run_id)
     try:
-        _log_batch(client, run_id, _metrics(result), _params(manifest, settings, int(settings.get("threads", 0)), machine))
+        params = _params(manifest, settings, int(settings.get("threads", 0)), machine)
+        _flat("precision", precision_summary(Path(runner.folder)), params)
+        _log_batch(client, run_id, _metrics(result), params)
         with tempfile.TemporaryDirectory(prefix="kokoro-opt-mlflow-") as tmp:
             folder = Path(tmp)
             (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
             (folder / "machine.json").write_text(json.dumps(machine, indent=2, sort_keys=True), encoding="utf-8")
             (folder / "metrics.json").write_text(results_json([result], {"settings": settings}), encoding="utf-8")
+            (folder / "profile").mkdir()
+            (folder / OPS_FILE).write_text(ops_json(result.op_times), encoding="utf-8")
+            if (Path(runner.folder) / "precision_map.json").is_file():
+                shutil.copy2(Path(runner.folder) / "precision_map.json", folder / "precision_map.json")
             (folder / "samples").mkdir()
             (folder / "plots").mkdir()
+            if pareto is not None and pareto.is_file():
+                shutil.copy2(pareto, folder / "plots" / "pareto.png")
             rate = int(result.samples.get("rate", 24_000))
             for i, (name, test, ref) in enumerate(result.samples.get("clips", [])):
                 stem = f"{i:02d}-{name.replace('/', '_').replace('@', '_')}"
@@ -250,9 +283,6 @@ def log_evaluation(tracking_uri: str | None, result: EvalResult, runner: Any, se
         raise
     client.set_terminated(run_id)
     return run_id
-
-
-COMPARE_COLUMNS = ("size_mb", "rtf_p50", "speedup_vs_reference", "ttfa_p50", "pesq_mean", "mcd_mean", "wer_delta", "peak_rss_mb")
 
 
 def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings: dict[str, Any], plot: Path | None) -> str:
@@ -270,17 +300,23 @@ def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings
         run_id = str(existing[0].info.run_id)
     else:
         tags = {KEY_TAG: key, KIND_TAG: "comparison", "artifacts": ",".join(ids)[:_PARAM_CHARS], **machine_tags(machine)}
-        run_id = str(client.create_run(_experiment(client, uri, EXPERIMENT_PREFIX + "compare"), tags=tags).info.run_id)
+        name = "compare-" + "-".join(sorted({r.label.replace(" ", "_") for r in results}))[:200]
+        experiment = _experiment(client, uri, EXPERIMENT_PREFIX + "compare")
+        run_id = str(client.create_run(experiment, tags=tags, run_name=name).info.run_id)
         params: dict[str, str] = {}
         _flat("eval", settings, params)
         _log_batch(client, run_id, {}, params)
     labels = [r.label for r in results]
     # two builds of one recipe share a label: their id keeps their metrics apart
     names = [f"{r.label}-{r.artifact_id[:8]}" if labels.count(r.label) > 1 else r.label for r in results]
-    metrics = {f"{label}.{name}": r.metric(name) for r, label in zip(results, names, strict=True) for name in COMPARE_COLUMNS}
+    names = [n.replace(" ", "_") for n in names]  # "fp32 export": searchable without backticks
+    metrics = {f"{label}.{name}": r.metric(name) for r, label in zip(results, names, strict=True) for name in HEADLINE_METRICS}
     _log_batch(client, run_id, {k: v for k, v in metrics.items() if math.isfinite(v)}, {})
     with tempfile.TemporaryDirectory(prefix="kokoro-opt-mlflow-") as tmp:
         (Path(tmp) / "compare.json").write_text(results_json(results, {"settings": settings}), encoding="utf-8")
+        rows = ["artifact," + ",".join(HEADLINE_METRICS)]  # the side-by-side table, one artifact a row
+        rows += [f"{n}," + ",".join(f"{r.metric(m):.6g}" for m in HEADLINE_METRICS) for r, n in zip(results, names, strict=True)]
+        (Path(tmp) / "compare.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
         (Path(tmp) / "machine.json").write_text(json.dumps(machine, indent=2, sort_keys=True), encoding="utf-8")
         client.log_artifacts(run_id, tmp)
     if plot is not None and plot.is_file():

@@ -133,6 +133,21 @@ class SamplerConfig(Strict):
     startup_trials: int = Field(8, ge=1, le=1000, description="random trials before the model-based sampling")
 
 
+class WorkersConfig(Strict):
+    """How worker processes (on this machine or others) share one study."""
+
+    heartbeat_seconds: int = Field(10, ge=1, le=600, description="a running trial reports that it is alive this often")
+    stale_after_seconds: int = Field(
+        60, ge=2, le=86_400, description="a trial silent this long belongs to a killed worker: it fails, its place is freed"
+    )
+
+    @model_validator(mode="after")
+    def _order(self) -> WorkersConfig:
+        if self.stale_after_seconds <= self.heartbeat_seconds:
+            raise ValueError("workers.stale_after_seconds must be longer than workers.heartbeat_seconds")
+        return self
+
+
 class TuneRecipe(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     description: str = ""
@@ -146,6 +161,7 @@ class TuneRecipe(Strict):
     quality: QualityConfig = Field(default_factory=QualityConfig)
     best: BestConfig = Field(default_factory=BestConfig)
     compare_rounds: int = Field(7, ge=1, le=100, description="interleaved TTFA rounds, tuned vs defaults")
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
 
     @property
     def study_name(self) -> str:

@@ -102,10 +102,18 @@ class StudyRecords:
                 self.parent_id = str(found[0].info.run_id)
             else:
                 tags = {KIND_TAG: "tuning-study", "study_key": self.key, "study": self.study, "optuna_storage": self.storage}
-                self.parent_id = str(
-                    self.client.create_run(self._experiment, tags=tags, run_name=f"study-{self.study}").info.run_id
-                )
+                mine = str(self.client.create_run(self._experiment, tags=tags, run_name=f"study-{self.study}").info.run_id)
+                self.parent_id = self._first_of(f"tags.{KIND_TAG} = 'tuning-study'", mine)
         return self.parent_id
+
+    def _first_of(self, query: str, mine: str) -> str:
+        """Two workers (processes or machines) that created the same run at once: the earliest one stays,
+        the others delete their own. Check-then-create cannot be atomic over the MLflow API; this is."""
+        runs = sorted(self._find(query), key=lambda r: (r.info.start_time or 0, r.info.run_id))
+        keeper = str(runs[0].info.run_id) if runs else mine
+        if keeper != mine:
+            self.client.delete_run(mine)
+        return keeper
 
     def logged_trials(self) -> list[int]:
         """Trial numbers with an MLflow run, sorted (a duplicate would show up twice)."""
@@ -140,7 +148,8 @@ class StudyRecords:
             params=[Param(k, str(v)[:500]) for k, v in params.items()],
         )
         client.set_terminated(run_id, _STATUS.get(trial.state.name, "FAILED"))
-        return run_id
+        keeper = self._first_of(f"tags.{KIND_TAG} = 'tuning-trial' and tags.trial_number = '{trial.number}'", run_id)
+        return run_id if keeper == run_id else None
 
     def finish(self, metrics: dict[str, Any], files: list[Path], params: dict[str, Any] | None = None) -> None:
         from mlflow.entities import Metric, Param

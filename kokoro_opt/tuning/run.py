@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.machine import fingerprint
 from kokoro_opt.tables import print_table
 from kokoro_opt.tuning.config import load_tune_recipe
 from kokoro_opt.tuning.measure import Comparison, SessionCache, compare_with_defaults
@@ -26,6 +26,7 @@ from kokoro_opt.tuning.study import (
     WorkerArgs,
     _optuna,
     finished,
+    is_surplus,
     make_storage,
     objective_names,
     open_study,
@@ -89,11 +90,11 @@ def _spawn(args: list[WorkerArgs], total: int, study: Any, console: Console) -> 
 
 def _sync_records(study: Any, records: StudyRecords, names: list[str], say: Any) -> None:
     """Log this machine's finished trials that have no MLflow run yet (e.g. killed before the record)."""
-    host = socket.gethostname()
+    here = fingerprint()["id"]
     logged = set(records.logged_trials())
     for t in study.get_trials(deepcopy=False):
-        if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and t.number not in logged \
-                and str(t.user_attrs.get("worker", host)).startswith(f"{host}:"):  # fmt: skip
+        if t.state.name in ("COMPLETE", "PRUNED", "FAIL") and t.number not in logged and not is_surplus(t) \
+                and str(t.user_attrs.get("worker", here)).startswith(f"{here}:"):  # fmt: skip
             records.log_trial(t, *trial_record(t, names))
 
 
@@ -119,7 +120,7 @@ def run_tuning(
         raise UserError("--workers must be at least 1")
     recipe = load_tune_recipe(recipe_path)
     url, name, total = storage or recipe.storage, study_name or recipe.study_name, trials or recipe.trials
-    store = make_storage(url)
+    store = make_storage(url, recipe.workers)
     study, resolved = open_study(recipe, store, name, root, tracking_uri, say)
     names = objective_names(resolved)
     say(
@@ -189,8 +190,9 @@ def _finish(result: TuneResult, recipe: Any, resolved: ResolvedSpace, url: str, 
 
 
 def show_front(recipe_path: str | Path, *, storage: str | None = None, study_name: str | None = None,
-               root: Path = Path("artifacts"), console: Console | None = None) -> Any:  # fmt: skip
-    """Print the study's Pareto front (and the current tuned.json's ratio) without running anything."""
+               root: Path = Path("artifacts"), console: Console | None = None, plots: Path = PLOTS) -> Any:  # fmt: skip
+    """Print the study's Pareto front (and the current tuned.json's ratio) and write Optuna's plots as
+    PNG (Pareto front, history, importances) without running anything."""
     console = console or Console()
     recipe = load_tune_recipe(recipe_path)
     name = study_name or recipe.study_name
@@ -201,6 +203,10 @@ def show_front(recipe_path: str | Path, *, storage: str | None = None, study_nam
     study = optuna.load_study(study_name=name, storage=store)
     resolved = ResolvedSpace.from_json(study.user_attrs[SPACE_ATTR])
     print_table(console, front_table(study, objective_names(resolved), resolved.quality_metric, recipe.best))
+    say = _say(console)
+    written = save_plots(study, plots / name, ("TTFA p50 (s)", "RTF p50"), say)
+    if written:
+        say(f"plots: {', '.join(str(p) for p in written)}")
     tuned = read_tuned(root)
     if tuned and tuned.get("study") == name and "ttfa_ratio" in tuned:
         console.print(

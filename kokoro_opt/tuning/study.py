@@ -3,14 +3,17 @@
 Distribution is Optuna's own: every worker process, on this machine or another, opens the same RDB
 storage and asks it for trials. Heartbeats turn the trials of a killed worker into FAIL after a grace
 period; the trial budget counts COMPLETE + PRUNED trials, so an interrupted run continues where it
-stopped. Each worker's sampler is seeded from (seed, worker index, trials already in the study): a
-fresh study with one worker replays the same parameters, a resumed one does not repeat old ones.
+stopped. The budget is exact: a worker starts a trial only while finished + running trials are
+fewer than the budget, and a trial that two workers created at the same moment beyond it is closed
+at once as a surplus (FAIL, never measured). Each worker's sampler is seeded from (seed, worker
+index, trials already in the study): a fresh study with one worker replays the same parameters, a
+resumed one does not repeat old ones.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
-import socket
 import statistics
 import time
 import uuid
@@ -22,13 +25,13 @@ from typing import Any
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.machine import fingerprint
-from kokoro_opt.tuning.config import SamplerConfig, TuneRecipe, load_tune_recipe
+from kokoro_opt.tuning.config import SamplerConfig, TuneRecipe, WorkersConfig, load_tune_recipe
 from kokoro_opt.tuning.measure import Bench, SessionCache
 from kokoro_opt.tuning.records import StudyRecords, best_effort
 from kokoro_opt.tuning.space import ResolvedSpace, TrialSettings, available_providers, resolve_space, suggest
 
 SPACE_ATTR, HASH_ATTR, UID_ATTR = "kokoro_opt.space", "kokoro_opt.space_hash", "kokoro_opt.uid"
-HEARTBEAT, GRACE = 10, 60  # seconds: a trial silent for GRACE belongs to a dead worker
+SURPLUS_ATTR = "surplus"
 MAX_CONSECUTIVE_FAILURES = 5
 Say = Callable[[str], None]
 
@@ -45,7 +48,7 @@ def objective_names(resolved: ResolvedSpace) -> list[str]:
     return ["ttfa_p50", "rtf_p50", "quality"] if resolved.quality_objective else ["ttfa_p50", "rtf_p50"]
 
 
-def make_storage(url: str) -> Any:
+def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
     optuna = _optuna()
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
@@ -55,7 +58,10 @@ def make_storage(url: str) -> Any:
         url = f"sqlite:///{db}"
         kwargs = {"connect_args": {"timeout": 60}}  # several worker processes write to one file
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT, grace_period=GRACE)
+        beat = workers or WorkersConfig()
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs=kwargs, heartbeat_interval=beat.heartbeat_seconds, grace_period=beat.stale_after_seconds
+        )
     except ImportError as exc:
         raise UserError(f"cannot open storage {url.split('://')[0]}://...: {exc}", "install its database driver") from None
     except Exception as exc:  # sqlalchemy's URL and connection errors
@@ -82,6 +88,25 @@ def finished(study: Any) -> int:
     from optuna.trial import TrialState
 
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def claimed(study: Any, stale_after: float, before: int | None = None) -> int:
+    """Finished and running trials (numbered below `before`): the budget places already taken.
+
+    A worker's running trial holds its place until it ends or its heartbeat goes stale. A running trial
+    that no kokoro-opt worker claimed (no `worker` attribute `stale_after` seconds after it started: made
+    by hand with `study.ask()`) has no heartbeat, would never go stale, and so holds no place."""
+    from optuna.trial import TrialState
+
+    now = datetime.datetime.now()
+
+    def holds(t: Any) -> bool:
+        if t.state != TrialState.RUNNING or "worker" in t.user_attrs or t.datetime_start is None:
+            return True
+        return (now - t.datetime_start).total_seconds() < stale_after
+
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    return sum(1 for t in study.get_trials(deepcopy=False, states=states) if (before is None or t.number < before) and holds(t))
 
 
 def open_study(
@@ -119,7 +144,8 @@ def open_study(
 
 
 def worker_id(index: int) -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:w{index}"
+    """<machine fingerprint id>:<pid>:w<index>: which kind of machine ran a trial, without naming the host."""
+    return f"{fingerprint()['id']}:{os.getpid()}:w{index}"
 
 
 def trial_settings(attrs: dict[str, Any]) -> TrialSettings:
@@ -134,13 +160,19 @@ def trial_settings(attrs: dict[str, Any]) -> TrialSettings:
 class Objective:
     """One trial: sample, load (or reuse) the session, warm up, time; stop early if hopeless."""
 
-    def __init__(self, recipe: TuneRecipe, resolved: ResolvedSpace, cache: SessionCache, worker: str) -> None:
-        self.recipe, self.resolved, self.cache, self.worker = recipe, resolved, cache, worker
+    def __init__(
+        self, recipe: TuneRecipe, resolved: ResolvedSpace, cache: SessionCache, worker: str, budget: int | None = None
+    ) -> None:
+        self.recipe, self.resolved, self.cache, self.worker, self.budget = recipe, resolved, cache, worker, budget
 
     def __call__(self, trial: Any) -> list[float]:
         from optuna import TrialPruned
 
         trial.set_user_attr("worker", self.worker)
+        stale_after = self.recipe.workers.stale_after_seconds
+        if self.budget is not None and claimed(trial.study, stale_after, before=trial.number) >= self.budget:
+            trial.set_user_attr(SURPLUS_ATTR, True)  # another worker took the last place a moment earlier
+            raise Surplus(f"trial {trial.number}: the study's {self.budget} trials are taken")
         machine = fingerprint()
         trial.set_user_attr("machine_id", machine["id"])
         trial.set_user_attr("machine", machine)
@@ -208,16 +240,12 @@ class Objective:
             raise TrialPruned(reason)
 
 
-class StopAt:
-    """Stop when the study holds `total` finished trials (all workers together), or after repeated failures."""
+class Surplus(Exception):
+    """A trial created beyond the budget by a race between workers: closed unmeasured."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.failures = total, 0
 
-    def __call__(self, study: Any, trial: Any) -> None:
-        self.failures = self.failures + 1 if trial.state.name == "FAIL" else 0
-        if finished(study) >= self.total or self.failures >= MAX_CONSECUTIVE_FAILURES:
-            study.stop()
+def is_surplus(trial: Any) -> bool:
+    return bool(trial.user_attrs.get(SURPLUS_ATTR))
 
 
 def trial_record(trial: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -250,20 +278,29 @@ class WorkerArgs:
 
 
 def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = None, say: Say = print) -> SessionCache:
-    """Run trials of the (existing) study until it holds `args.trials` finished ones; returns the session cache."""
+    """Run trials of the (existing) study until it holds `args.trials` finished ones; returns the session cache.
+
+    One trial per `optimize` call, each started only while a budget place is free: running trials of
+    other workers hold their place until they finish or go stale (their worker was killed)."""
+    optuna = _optuna()
     recipe = load_tune_recipe(args.recipe)
-    storage = make_storage(args.storage)
-    existing = len(_optuna().load_study(study_name=args.study, storage=storage).trials)
+    storage = make_storage(args.storage, recipe.workers)
+    existing = len(optuna.load_study(study_name=args.study, storage=storage).trials)
     sampler = make_sampler(recipe.sampler, sampler_seed(args.seed, args.index, existing))
-    study = _optuna().load_study(study_name=args.study, storage=storage, sampler=sampler)
+    study = optuna.load_study(study_name=args.study, storage=storage, sampler=sampler)
     resolved = ResolvedSpace.from_json(study.user_attrs[SPACE_ATTR])
     cache = SessionCache(Path(args.root), recipe.measure.max_sessions)
     for candidate in resolved.candidates:  # a missing artifact is a setup error, not a failed trial
         for artifact_id in candidate.formats.values():
             cache.artifact(artifact_id)
     records = StudyRecords(args.tracking_uri, args.storage, study)
+    failures = 0
 
     def after(study: Any, trial: Any) -> None:
+        nonlocal failures
+        if is_surplus(trial):
+            return
+        failures = failures + 1 if trial.state.name == "FAIL" else 0
         if trial.state.name == "FAIL":
             say(f"trial {trial.number} failed: {trial.user_attrs.get('error', 'see the worker output')}")
         with best_effort(f"MLflow record of trial {trial.number}", say):
@@ -271,7 +308,11 @@ def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = N
         if on_trial is not None:
             on_trial(study, trial)
 
-    if finished(study) < args.trials:
-        objective = Objective(recipe, resolved, cache, worker_id(args.index))
-        study.optimize(objective, catch=(Exception,), callbacks=[StopAt(args.trials), after])
+    objective = Objective(recipe, resolved, cache, worker_id(args.index), budget=args.trials)
+    while finished(study) < args.trials and failures < MAX_CONSECUTIVE_FAILURES:
+        optuna.storages.fail_stale_trials(study)  # a killed worker's trial gives its place back
+        if claimed(study, recipe.workers.stale_after_seconds) >= args.trials:
+            time.sleep(min(1.0, recipe.workers.heartbeat_seconds / 2))
+            continue
+        study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=[after])
     return cache
