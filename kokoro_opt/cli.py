@@ -81,18 +81,18 @@ def build(
 
         print_results(evaluate_artifacts([result.artifact], parsed.evaluate, tracking_uri=tracking_uri, console=err), console)
     if push:
-        _push(result.artifact, tracking_uri)
+        _push(result.artifact, tracking_uri, lock_path(recipe))
 
 
 def _say(message: str) -> None:
     err.print(message, markup=False, highlight=False)
 
 
-def _push(artifact: Any, tracking_uri: str | None) -> None:
+def _push(artifact: Any, tracking_uri: str | None, lock: Path | None = None) -> None:
     from kokoro_opt.evaluate.tracking import tracking_location
     from kokoro_opt.remote import push_artifact
 
-    run_id = push_artifact(artifact, tracking_uri, say=_say)
+    run_id = push_artifact(artifact, tracking_uri, say=_say, lock=lock)
     console.print(f"pushed {artifact.name} {artifact.id} to {tracking_location(tracking_uri)} (MLflow run {run_id}); "
                   f"elsewhere: kokoro-opt serve --artifact {artifact.id} --tracking-uri URI", highlight=False)  # fmt: skip
 
@@ -207,6 +207,9 @@ def bench_serve(
     max_queue: Annotated[int, typer.Option(help="queue limit of a started server")] = 4,
     api_key: Annotated[str | None, typer.Option(envvar="KOKORO_OPT_API_KEY", help="bearer token")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="also write every sample as JSON")] = None,
+    phrases: Annotated[
+        bool, typer.Option(help="also time short phrases alone ('button', 'checkbox checked', ...): the screen-reader case")
+    ] = True,
 ) -> None:
     """Benchmark the server: TTFA p50/p95, full-response time, RTF, gaps and underruns, streaming vs not."""
     import json
@@ -216,7 +219,8 @@ def bench_serve(
     counts = [int(c) for c in clients.split(",") if c.strip()]
     serve_args = ["--artifact", artifact, "--artifacts", str(artifacts), "--max-queue", str(max_queue)]
     scenarios = bench.run(
-        url, serve_args, counts, requests, text or bench.PARAGRAPH, voice, response_format, full, api_key, console
+        url, serve_args, counts, requests, text or bench.PARAGRAPH, voice, response_format, full, api_key, console,
+        phrases=bench.PHRASES if phrases else (),
     )
     if json_out:
         json_out.write_text(json.dumps(bench.to_json(scenarios), indent=2), encoding="utf-8")

@@ -2,7 +2,9 @@
 
 A pushed artifact is one run in the `kokoro-opt-artifacts` experiment, tagged with the artifact id,
 its recipe, its place in the store (`<recipe>/<id>`, or `_cache/export-<key>` for a reference
-export) and the machine that built it; the run's files are the folder itself. Fetching downloads
+export) and the machine that built it. Its files: the folder under `artifact/` (model, manifest,
+precision map, calibration, voices, `kokoro.json`) and, from `build --push`, the recipe's lock under
+`lock/` (which decisions the build applied; the folder alone is what serving needs). Fetching downloads
 into a temporary folder inside the store, checks every file against the sha256 in the manifest (no
 file missing, none extra, none changed) and only then renames it into place: a tampered or damaged
 copy is refused, naming the file, and leaves nothing behind.
@@ -48,6 +50,11 @@ def verify_folder(folder: Path, manifest: dict[str, Any], origin: str) -> None:
         raise UserError(f"{origin}: {extra[0]} is not in its manifest", hint)
 
 
+def _label(artifact: Artifact) -> str:
+    """A recipe artifact's recipe name; a stage output's kind (the fp32 export an artifact was built from)."""
+    return artifact.name if artifact.manifest.get("recipe") else str(artifact.manifest.get("kind") or "stage")
+
+
 def _store_place(artifact: Artifact) -> str:
     """Where the folder lives inside its store: <recipe>/<id> or _cache/<kind>-<key>."""
     return f"{artifact.path.parent.name}/{artifact.path.name}"
@@ -64,7 +71,10 @@ def _pushed_runs(client: Any, artifact_id: str, exact: bool = True, place: str |
     return sorted(runs, key=lambda r: r.data.tags.get("store_place", "").startswith("_"))
 
 
-def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say) -> str:
+FOLDER, LOCK = "artifact", "lock"
+
+
+def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path | None = None) -> str:
     existing = _pushed_runs(client, artifact.id, place=_store_place(artifact))
     if existing:
         return str(existing[0].info.run_id)
@@ -74,16 +84,18 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say) -> str:
     tags = {
         KIND_TAG: PUSHED_KIND,
         "artifact_id": artifact.id,
-        "artifact_name": artifact.name,
+        "artifact_name": _label(artifact),
         "store_place": _store_place(artifact),
         **machine_tags(artifact.manifest.get("machine") or fingerprint()),
     }
     size = sum(p.stat().st_size for p in artifact.path.rglob("*") if p.is_file())
-    say(f"pushing {artifact.name} {artifact.id} ({size / 1e6:.0f} MB) to {uri}")
+    say(f"pushing {_label(artifact)} {artifact.id} ({size / 1e6:.0f} MB) to {uri}")
     experiment = _experiment(client, uri, EXPERIMENT)
-    run_id = str(client.create_run(experiment, tags=tags, run_name=f"{artifact.name}-{artifact.id[:8]}").info.run_id)
+    run_id = str(client.create_run(experiment, tags=tags, run_name=f"{_label(artifact)}-{artifact.id[:8]}").info.run_id)
     try:
-        client.log_artifacts(run_id, str(artifact.path))
+        client.log_artifacts(run_id, str(artifact.path), FOLDER)
+        if lock is not None and lock.is_file():
+            client.log_artifact(run_id, str(lock), LOCK)
     except BaseException:
         client.set_terminated(run_id, "FAILED")
         raise
@@ -91,15 +103,15 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say) -> str:
     return run_id
 
 
-def push_artifact(artifact: Artifact, tracking_uri: str | None = None, say: Say = print) -> str:
-    """Log the artifact folder (and the fp32 export it was built from) to the tracking server's
-    artifact store; returns the artifact's run id. Pushing again is a no-op."""
+def push_artifact(artifact: Artifact, tracking_uri: str | None = None, say: Say = print, lock: Path | None = None) -> str:
+    """Log the artifact folder (and the fp32 export it was built from, and the recipe's `lock` when
+    given) to the tracking server's artifact store; returns the artifact's run id. Pushing again is a no-op."""
     uri = resolve_tracking_uri(tracking_uri)
     client = _client(uri)
     reference = Store(artifact.path.parent.parent).reference_export(artifact)
     if reference is not None and reference.id != artifact.id:
         _push_folder(client, uri, reference, say)
-    return _push_folder(client, uri, artifact, say)
+    return _push_folder(client, uri, artifact, say, lock)
 
 
 def _safe_place(place: str, origin: str) -> PurePosixPath:
@@ -121,12 +133,14 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
     def fill(tmp: Path) -> dict[str, Any]:
         say(f"fetching {tags.get('artifact_name', '?')} {artifact_id} from MLflow run {run.info.run_id}")
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=root) as download:
-            client.download_artifacts(run.info.run_id, "", download)
-            manifest = json.loads((Path(download) / MANIFEST).read_text(encoding="utf-8"))
+            folder = Path(client.download_artifacts(run.info.run_id, FOLDER, download))
+            if not (folder / MANIFEST).is_file():
+                raise UserError(f"{origin}: no {MANIFEST} in its files", "push it again with this version of kokoro-opt")
+            manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
             if manifest.get("id") != artifact_id:
                 raise UserError(f"{origin}: its manifest is for artifact {manifest.get('id')}", "push it again")
-            verify_folder(Path(download), manifest, origin)
-            for item in Path(download).iterdir():
+            verify_folder(folder, manifest, origin)
+            for item in folder.iterdir():
                 if item.name != MANIFEST:
                     shutil.move(str(item), tmp / item.name)
         return {k: v for k, v in manifest.items() if k != "files"}  # build_folder hashes the files again

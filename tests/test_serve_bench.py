@@ -16,8 +16,11 @@ def test_bench_starts_a_server_and_reports(tiny_artifact) -> None:
     out = io.StringIO()
     console = Console(file=out, width=200)
     args = ["--artifact", str(tiny_artifact.path), "--max-queue", "2"]
-    scenarios = bench.run(None, args, [1, 3], 1, "Hello there. How are you today?", "alloy", "wav", True, None, console)
-    summary = {(s.mode, s.clients): s.summary() for s in scenarios}
+    phrases = ("button", "checkbox checked")
+    scenarios = bench.run(
+        None, args, [1, 3], 1, "Hello there. How are you today?", "alloy", "wav", True, None, console, phrases=phrases
+    )
+    summary = {(s.mode, s.clients): s.summary() for s in scenarios if not s.text}
     full, single, crowd = summary["full", 1], summary["stream", 1], summary["stream", 3]
     assert full["ok"] == single["ok"] == 1 and full["errors"] == single["errors"] == 0
     assert single["ttfa_p50"] <= single["total_p50"] and single["audio_s"] > 0.5
@@ -25,6 +28,13 @@ def test_bench_starts_a_server_and_reports(tiny_artifact) -> None:
     text = out.getvalue()
     assert tiny_artifact.id in text and "TTFA50" in text and "ratio" in text
     assert json.dumps(bench.to_json(scenarios))  # serializable for --json
+    # the server's memory, read from its /metrics after each scenario
+    assert 50 < single["rss_mb"] <= single["peak_rss_mb"] < 4000 and "RSS MB" in text
+    # each short phrase alone: streaming first bytes and the complete wav
+    alone = {(s.text, s.mode): s.summary() for s in scenarios if s.text}
+    assert set(alone) == {(p, m) for p in phrases for m in ("stream", "full")}
+    assert all(v["ok"] == 1 and v["ttfa_p50"] <= v["total_p50"] for v in alone.values())
+    assert "short phrases" in text and "checkbox checked" in text and "first bytes p50" in text
 
 
 def test_bench_against_nothing_is_a_clean_error() -> None:

@@ -72,6 +72,15 @@ def _worker(recipe: Path, root: Path, tracking: str, cwd: Path) -> subprocess.Po
     return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def _study_when_created(storage: str, name: str, creator: subprocess.Popen[str], timeout: float = 180) -> Any:
+    deadline = time.monotonic() + timeout
+    while name not in optuna.study.get_all_study_names(storage):
+        assert creator.poll() is None, creator.communicate()[0]
+        assert time.monotonic() < deadline, "the first worker never created the study"
+        time.sleep(0.2)
+    return optuna.load_study(study_name=name, storage=storage)
+
+
 def _running_trial_of(study: Any, pid: int, timeout: float = 120) -> int:
     """Wait until worker `pid` is inside a trial; its number."""
     deadline = time.monotonic() + timeout
@@ -90,9 +99,8 @@ def test_two_tune_workers_share_a_postgres_study_and_survive_kill_9(team: dict[s
     roots = [_machine_root(base, name, tiny_artifact) for name in ("machine-a", "machine-b")]
     recipe = _tune_recipe(base, storage)
     first = _worker(recipe, roots[0], team["tracking"], base)
-    time.sleep(3)  # the first one creates the study; the second joins it
+    study = _study_when_created(storage, "team", first)  # the first one creates the study; the second joins it
     second = _worker(recipe, roots[1], team["tracking"], base)
-    study = optuna.load_study(study_name="team", storage=storage)
     killed = _running_trial_of(study, first.pid)
     first.send_signal(signal.SIGKILL)  # mid-trial: its trial stays RUNNING until its heartbeat goes stale
     first.wait(timeout=30)
@@ -153,6 +161,10 @@ def test_build_evaluate_and_compare_arrive_at_the_tracking_server(team: dict[str
     assert any(k.endswith(".rtf_p50") for k in comparison.data.metrics)
     logged = list(team["store"].rglob("ops.json"))  # on the server's disk, not the client's
     assert logged
+    [push] = client.search_runs([experiments["kokoro-opt-artifacts"]], f"tags.artifact_id = '{artifact.id}'")
+    assert push.data.tags["store_place"] == f"tiny/{artifact.id}" and push.data.tags["machine.id"] == fingerprint()["id"]
+    folder = {f.path for f in client.list_artifacts(push.info.run_id, "artifact")}
+    assert {f"artifact/{name}" for name in ("model.onnx", "manifest.json", "voices.npz", "kokoro.json")} <= folder
 
 
 def test_an_empty_root_serves_the_pushed_artifact_by_id(team: dict[str, Any], pushed: dict[str, Any]) -> None:

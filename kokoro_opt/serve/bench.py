@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import socket
 import subprocess
 import sys
@@ -35,6 +36,8 @@ PARAGRAPH = (
     "Ships far out at sea saw the light and steered safely past the rocks. "
     "In the morning, he would climb down again, tired but content."
 )
+# The screen-reader case: one-to-three-word utterances, spoken thousands of times an hour
+PHRASES = ("button", "checkbox checked", "link, Settings", "Close dialog", "Heading level 2", "menu, 5 items")
 UNDERRUN_TOLERANCE = 0.02  # seconds: scheduling jitter of the reading client, not a real stall
 _WAV_HEADER = 44
 
@@ -99,6 +102,9 @@ class Scenario:
     clients: int
     samples: list[Sample] = field(default_factory=list)
     wall: float = 0.0
+    text: str = ""  # set for a short-phrase scenario
+    rss_mb: float = float("nan")  # the server's resident memory after the scenario, and its peak so far
+    peak_rss_mb: float = float("nan")
 
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.samples if s.ok]
@@ -124,6 +130,9 @@ class Scenario:
             "worst_lag": max((s.lag for s in ok), default=float("nan")),
             "underruns": sum(s.lag > UNDERRUN_TOLERANCE for s in ok) if self.mode == "stream" else 0,
             "error_messages": sorted({s.error for s in self.samples if s.error})[:3],
+            "text": self.text,
+            "rss_mb": self.rss_mb,
+            "peak_rss_mb": self.peak_rss_mb,
         }
 
 
@@ -143,7 +152,24 @@ async def run_scenario(
         started = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
         scenario.wall = time.perf_counter() - started
+        scenario.rss_mb, scenario.peak_rss_mb = await _server_rss(client)
     return scenario
+
+
+async def _server_rss(client: httpx.AsyncClient) -> tuple[float, float]:
+    """(current, peak) resident memory of the server in MB from its /metrics; NaN if it does not say."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {"kokoro_process_rss_bytes": math.nan, "kokoro_process_peak_rss_bytes": math.nan}
+    try:
+        text = (await client.get("/metrics")).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in found:
+                    found[sample.name] = sample.value / 1e6
+    except (httpx.HTTPError, ValueError):
+        pass
+    return found["kokoro_process_rss_bytes"], found["kokoro_process_peak_rss_bytes"]
 
 
 def _server_info(url: str, api_key: str | None) -> dict[str, Any]:
@@ -185,6 +211,25 @@ def bench(
     return asyncio.run(run_all())
 
 
+def bench_phrases(
+    url: str, phrases: tuple[str, ...], requests: int, voice: str, api_key: str | None, sample_rate: int = 24_000
+) -> list[Scenario]:
+    """Each short phrase alone, one client: streaming pcm (first bytes = when playback can start) and
+    non-streaming wav (when the whole utterance is there)."""
+
+    async def run_all() -> list[Scenario]:
+        found = []
+        for phrase in phrases:
+            for mode, fmt in (("stream", "pcm"), ("full", "wav")):
+                payload = {"model": "tts-1", "input": phrase, "voice": voice, "response_format": fmt}
+                scenario = await run_scenario(url, mode, 1, requests, payload, sample_rate, api_key)
+                scenario.text = phrase
+                found.append(scenario)
+        return found
+
+    return asyncio.run(run_all())
+
+
 _TIMES = ("ttfa_p50", "ttfa_p95", "total_p50", "total_p95", "rtf_p50", "audio_s", "max_gap", "worst_lag")
 
 
@@ -192,18 +237,21 @@ def render(scenarios: list[Scenario], console: Console, title: str) -> None:
     """Times in seconds; 'lag' is the worst shortfall behind real-time playback, 'under' the streams with one."""
     table = Table(title=title, caption="seconds; full = whole response; lag = worst shortfall behind real-time playback")
     columns = ("mode", "clients", "ok", "429", "err", "TTFA50", "TTFA95", "full50", "full95",
-               "RTF50", "audio", "gap", "lag", "under")  # fmt: skip
+               "RTF50", "audio", "gap", "lag", "under", "RSS MB")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
-    for scenario in scenarios:
+    paragraph = [x for x in scenarios if not x.text]
+    for scenario in paragraph:
         s = scenario.summary()
         table.add_row(
             s["mode"], str(s["clients"]), f"{s['ok']}/{s['requests']}", str(s["rejected_429"]), str(s["errors"]),
             *(f"{s[k]:.2f}" for k in _TIMES),
-            str(s["underruns"]),
+            str(s["underruns"]), f"{s['peak_rss_mb']:.0f}",
         )  # fmt: skip
     print_table(console, table)
-    summaries = {(x.mode, x.clients): x.summary() for x in scenarios}
+    if any(x.text for x in scenarios):
+        render_phrases([x for x in scenarios if x.text], console)
+    summaries = {(x.mode, x.clients): x.summary() for x in paragraph}
     full, single = summaries.get(("full", 1)), summaries.get(("stream", 1))
     if full and single:
         ratio = single["ttfa_p50"] / full["total_p50"]
@@ -214,6 +262,29 @@ def render(scenarios: list[Scenario], console: Console, title: str) -> None:
     for s in summaries.values():
         for message in s["error_messages"]:
             console.print(f"[{s['mode']} x{s['clients']}] {message}")
+
+
+def render_phrases(scenarios: list[Scenario], console: Console) -> None:
+    """One row per phrase: streaming first bytes and complete non-streaming wav, in milliseconds."""
+    table = Table(title="short phrases, one client (the screen-reader case)", caption="milliseconds, p50 / p95")
+    for column in ("phrase", "first bytes p50", "p95", "complete wav p50", "p95", "audio s", "ok"):
+        table.add_column(column, justify="left" if column == "phrase" else "right", no_wrap=True)
+    by_text: dict[str, dict[str, dict[str, Any]]] = {}
+    for x in scenarios:
+        by_text.setdefault(x.text, {})[x.mode] = x.summary()
+    for text, modes in by_text.items():
+        stream, full = modes.get("stream", {}), modes.get("full", {})
+        cells = ((stream, "ttfa_p50"), (stream, "ttfa_p95"), (full, "total_p50"), (full, "total_p95"))
+        ms = [1000 * v.get(k, math.nan) for v, k in cells]
+        ok = f"{stream.get('ok', 0) + full.get('ok', 0)}/{stream.get('requests', 0) + full.get('requests', 0)}"
+        table.add_row(text, *(f"{v:.0f}" for v in ms), f"{full.get('audio_s', math.nan):.2f}", ok)
+    print_table(console, table)
+    first = [m["stream"]["ttfa_p50"] for m in by_text.values() if "stream" in m]
+    done = [m["full"]["total_p50"] for m in by_text.values() if "full" in m]
+    console.print(
+        f"short phrases: first bytes p50 {1000 * float(np.median(first)):.0f} ms (target <= 100), "
+        f"complete p50 {1000 * float(np.median(done)):.0f} ms (target <= 200), median over {len(by_text)} phrases"
+    )
 
 
 def to_json(scenarios: list[Scenario]) -> list[dict[str, Any]]:
@@ -272,8 +343,10 @@ def run(
     full: bool,
     api_key: str | None,
     console: Console,
+    phrases: tuple[str, ...] = (),
 ) -> list[Scenario]:
-    """Bench the server at `url`, or start one with `serve_args` for the duration."""
+    """Bench the server at `url`, or start one with `serve_args` for the duration; then each of
+    `phrases` alone."""
     with contextlib.ExitStack() as stack:
         if url is None:
             console.print(f"starting: kokoro-opt serve {' '.join(serve_args)}")
@@ -283,5 +356,7 @@ def run(
         title = f"bench-serve {url}: artifact {info['id']} ({info.get('name', '?')}), {len(text)} chars, {response_format}"
         console.print(f"serving {info['id']}: {info.get('reason', '')}")
         scenarios = bench(url, clients, requests, text, voice, response_format, full, api_key)
+        if phrases:
+            scenarios += bench_phrases(url, phrases, requests, voice, api_key)
         render(scenarios, console, title)
         return scenarios

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -32,6 +34,10 @@ class Metrics:
         self.active = Gauge("kokoro_active_requests", "Admitted requests (being chunked, queued or streaming)", registry=r)
         self.busy = Gauge("kokoro_worker_busy", "1 while the worker runs a job", registry=r)
         self.ready = Gauge("kokoro_ready", "1 once the model is loaded and warmed up", registry=r)
+        self.rss = Gauge("kokoro_process_rss_bytes", "Resident memory of the server process", registry=r)
+        self.rss.set_function(lambda: float(_process().memory_info().rss))
+        self.peak_rss = Gauge("kokoro_process_peak_rss_bytes", "Peak resident memory of the server process", registry=r)
+        self.peak_rss.set_function(_peak_rss_bytes)
 
     def bind(
         self, queue_depth: Callable[[], float], active: Callable[[], float], busy: Callable[[], float], ready: Callable[[], float]
@@ -51,3 +57,20 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _process() -> Any:
+    import psutil
+
+    return psutil.Process()
+
+
+def _peak_rss_bytes() -> float:
+    """The kernel's high-water mark (Linux VmHWM); elsewhere psutil's peak where it has one, else current."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return float(int(line.split()[1]) * 1024)
+    info = _process().memory_info()
+    return float(getattr(info, "peak_wset", info.rss))
