@@ -60,7 +60,7 @@ def _tune_recipe(base: Path, storage: str) -> Path:
         "measure": {"paragraph": "Hi there, my friend. " * 6, "rtf_text": "Hello there, friend.", "warmup": 1,
                     "ttfa_runs": 5, "rtf_runs": 5},
         "prune": {"enabled": False}, "quality": {"evaluate_missing": False}, "best": {"max_rtf_p50": None},
-        "compare_rounds": 1, "workers": {"heartbeat_seconds": 1, "stale_after_seconds": 3},
+        "compare_rounds": 1, "workers": {"heartbeat_seconds": 1, "stale_after_seconds": 5},
     }  # fmt: skip
     path = base / "team-tune.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")

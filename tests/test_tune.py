@@ -256,7 +256,9 @@ def test_two_worker_processes_share_one_study(tune_env: dict[str, Any]) -> None:
     workers = {t.user_attrs["worker"] for t in done}
     assert len(workers) == 2, workers  # both processes ran trials of the one study
     assert len({t.number for t in done}) == len(done)
-    assert _trial_runs(env, "pair") == sorted(t.number for t in result.study.trials if t.state.is_finished())
+    # one MLflow run per finished trial; a race surplus (closed unmeasured) has none
+    measured = [t.number for t in result.study.trials if t.state.is_finished() and not t.user_attrs.get("surplus")]
+    assert _trial_runs(env, "pair") == sorted(measured)
 
 
 def test_tuned_settings_from_another_machine_are_not_applied_silently(tmp_path: Path) -> None:
