@@ -103,12 +103,12 @@ def mlflow_server(backend_uri: str, artifacts: Path) -> Iterator[str]:
         server.wait(timeout=30)
 
 
-def wait_healthy(url: str, server: subprocess.Popen[Any], timeout: float) -> bool:
-    """Poll GET {url}/health until 200; False if the process exits or the time runs out."""
+def wait_healthy(url: str, server: subprocess.Popen[Any], timeout: float, path: str = "/health") -> bool:
+    """Poll GET {url}{path} until 200; False if the process exits or the time runs out."""
     deadline = time.monotonic() + timeout
     while server.poll() is None and time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+            with urllib.request.urlopen(f"{url}{path}", timeout=2) as answer:
                 if answer.status == 200:
                     return True
         except OSError:

@@ -176,7 +176,8 @@ def test_an_empty_root_serves_the_pushed_artifact_by_id(team: dict[str, Any], pu
                "--tracking-uri", team["tracking"], "--port", str(port)]  # fmt: skip
     server = subprocess.Popen(command, cwd=team["base"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert wait_healthy(f"http://127.0.0.1:{port}", server, 180), "the server did not start"
+        # /ready, not /health: the server answers /health while it still loads and warms up (503 to speech)
+        assert wait_healthy(f"http://127.0.0.1:{port}", server, 180, path="/ready"), "the server did not become ready"
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         audio = client.audio.speech.create(model="kokoro", voice="tiny_0", input="Hello there.", response_format="wav")
         assert audio.content[:4] == b"RIFF" and len(audio.content) > 10_000
