@@ -24,8 +24,16 @@ from typing import Any
 
 from kokoro_opt.artifacts import MANIFEST, Artifact, build_folder, file_hashes, open_artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.evaluate.tracking import EXPERIMENT_PREFIX, KIND_TAG, _client, _experiment, machine_tags, resolve_tracking_uri
-from kokoro_opt.store import Store
+from kokoro_opt.evaluate.tracking import (
+    EXPERIMENT_PREFIX,
+    KIND_TAG,
+    _client,
+    _experiment,
+    _sqlite_path,
+    machine_tags,
+    resolve_tracking_uri,
+)
+from kokoro_opt.store import Store, stage_chain
 
 EXPERIMENT = EXPERIMENT_PREFIX + "artifacts"
 PUSHED_KIND = "artifact"
@@ -55,9 +63,9 @@ def _label(artifact: Artifact) -> str:
     return artifact.name if artifact.manifest.get("recipe") else str(artifact.manifest.get("kind") or "stage")
 
 
-def _store_place(artifact: Artifact) -> str:
-    """Where the folder lives inside its store: <recipe>/<id> or _cache/<kind>-<key>."""
-    return f"{artifact.path.parent.name}/{artifact.path.name}"
+def _store_place(folder: Path) -> str:
+    """Where a folder lives inside its store: <recipe>/<id> or _cache/<kind>-<key>."""
+    return f"{folder.parent.name}/{folder.name}"
 
 
 def _pushed_runs(client: Any, artifact_id: str, exact: bool = True, place: str | None = None) -> list[Any]:
@@ -75,7 +83,7 @@ FOLDER, LOCK = "artifact", "lock"
 
 
 def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path | None = None) -> str:
-    existing = _pushed_runs(client, artifact.id, place=_store_place(artifact))
+    existing = _pushed_runs(client, artifact.id, place=_store_place(artifact.path))
     if existing:
         return str(existing[0].info.run_id)
     from kokoro_opt.machine import fingerprint
@@ -85,7 +93,7 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path
         KIND_TAG: PUSHED_KIND,
         "artifact_id": artifact.id,
         "artifact_name": _label(artifact),
-        "store_place": _store_place(artifact),
+        "store_place": _store_place(artifact.path),
         **machine_tags(artifact.manifest.get("machine") or fingerprint()),
     }
     size = sum(p.stat().st_size for p in artifact.path.rglob("*") if p.is_file())
@@ -153,8 +161,9 @@ def fetch_artifact(spec: str, root: Path, tracking_uri: str | None = None, say: 
     """The pushed artifact whose id starts with `spec`, fetched into `root` with its fp32 export and
     verified; None when the tracking store has no such artifact."""
     uri = resolve_tracking_uri(tracking_uri)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
-        return None
+    db = _sqlite_path(uri)
+    if db is not None and not db.exists():
+        return None  # nothing pushed: do not create an empty store just to look
     client = _client(uri)
     runs = _pushed_runs(client, spec, exact=False)
     ids = sorted({r.data.tags["artifact_id"] for r in runs})
@@ -163,12 +172,13 @@ def fetch_artifact(spec: str, root: Path, tracking_uri: str | None = None, say: 
     if len(ids) > 1:
         raise UserError(f"artifact id '{spec}' is ambiguous in {uri}: {', '.join(i[:12] for i in ids)}", "give more of the id")
     artifact = _fetch_run(client, runs[0], root, say)
-    chain = artifact.manifest.get("stage_cache") or []
-    if chain and chain[0].get("kind") == "export" and chain[0].get("key") != artifact.id:
-        key = str(chain[0]["key"])
-        reference = _pushed_runs(client, key, place=f"_cache/export-{key}") or _pushed_runs(client, key)
+    chain = stage_chain(artifact)
+    if chain and chain[0].kind == "export" and chain[0].key != artifact.id:
+        key = chain[0].key
+        place = _store_place(Store(root).stage_path("export", key))
+        reference = _pushed_runs(client, key, place=place) or _pushed_runs(client, key)
         if reference:
             _fetch_run(client, reference[0], root, say)
         else:
-            say(f"its fp32 export {chain[0]['key']} was not pushed: it can be served here, not scored against fp32")
+            say(f"its fp32 export {key} was not pushed: it can be served here, not scored against fp32")
     return artifact

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,16 +235,11 @@ def ops_json(op_times: dict[str, float]) -> str:
     return json.dumps({"total_seconds": total, "ops": rows}, indent=2)
 
 
-
-
-
 def precision_summary(folder: Path) -> dict[str, Any]:
     """What the artifact was built as: node counts per precision from its precision_map.json."""
     path = folder / "precision_map.json"
     if not path.is_file():
         return {}
     nodes = json.loads(path.read_text(encoding="utf-8")).get("nodes", {})
-    counts: dict[str, int] = {}
-    for precision in nodes.values():
-        counts[str(precision)] = counts.get(str(precision), 0) + 1
+    counts = Counter(str(precision) for precision in nodes.values())
     return {f"{k}_nodes": v for k, v in sorted(counts.items())}
