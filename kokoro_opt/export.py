@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,8 +57,43 @@ def _quiet_native_stderr() -> Iterator[None]:
             os.close(saved)
 
 
+class _TorchWithStockAlignment(types.ModuleType):
+    """torch as kokoro.model sees it during an export with `alignment: stock`: repeat_interleave(values,
+    repeats) rebuilt from stock ops. Frame f belongs to the number of tokens that end at or before it,
+    the same indices for every repeats >= 1 (Kokoro clamps durations to 1)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def repeat_interleave(values: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
+        ends = torch.cumsum(repeats, 0)
+        frames = torch.arange(ends[-1], device=repeats.device)
+        return values[(ends.unsqueeze(0) <= frames.unsqueeze(1)).sum(1)]
+
+
+@contextlib.contextmanager
+def _alignment(kind: str) -> Iterator[None]:
+    import kokoro.model
+
+    if kind == "loop":
+        yield
+        return
+    kokoro.model.torch = _TorchWithStockAlignment("torch")
+    try:
+        yield
+    finally:
+        kokoro.model.torch = torch
+
+
 def export_onnx(
-    model: torch.nn.Module, path: Path, opset: int, sample_tokens: list[int], style: np.ndarray, deterministic: bool = True
+    model: torch.nn.Module,
+    path: Path,
+    opset: int,
+    sample_tokens: list[int],
+    style: np.ndarray,
+    deterministic: bool = True,
+    alignment: str = "loop",
 ) -> None:
     from kokoro.model import KModelForONNX
 
@@ -68,7 +104,7 @@ def export_onnx(
         torch.tensor([1.0], dtype=torch.float32),
     )
     noise = deterministic_noise() if deterministic else contextlib.nullcontext()
-    with warnings.catch_warnings(), noise, torch.no_grad(), _quiet_native_stderr():
+    with warnings.catch_warnings(), noise, torch.no_grad(), _alignment(alignment), _quiet_native_stderr():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             wrapper,
@@ -106,7 +142,13 @@ def run_export(weights: ResolvedWeights, cfg: ExportConfig, out: Path) -> dict[s
     voice = cfg.validation.voice if cfg.validation.voice in packs else sorted(packs)[0]
     sample_tokens = tokenize(phonemize(cfg.validation.sentences[0]), weights.config["vocab"])
     export_onnx(
-        model, out / "model.onnx", cfg.opset, sample_tokens, style_for(packs[voice], len(sample_tokens)), cfg.deterministic
+        model,
+        out / "model.onnx",
+        cfg.opset,
+        sample_tokens,
+        style_for(packs[voice], len(sample_tokens)),
+        cfg.deterministic,
+        cfg.alignment,
     )
     exported = time.perf_counter()
     record: dict[str, Any] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -69,3 +70,25 @@ def replace_nodes(model: Any, replaced: dict[str, list[Any]]) -> None:
     del model.graph.node[:]
     model.graph.node.extend(ordered)
     drop_unused_initializers(model)
+
+
+def subgraphs(node: Any) -> Iterator[Any]:
+    import onnx
+
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def outer_names(graph: Any) -> set[str]:
+    """Names a subgraph reads from the scopes around it (not its inputs, initializers or node outputs)."""
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    used = {o.name for o in graph.output}
+    for node in graph.node:
+        used.update(name for name in node.input if name)
+        for sub in subgraphs(node):
+            used |= outer_names(sub)
+        defined.update(node.output)
+    return used - defined

@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from kokoro_opt.errors import UserError
 
@@ -28,6 +28,17 @@ DEFAULT_SENTENCES = [
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # Fields added after recipes were locked: left out of the dump (hence of every cache and lock key)
+    # while they hold this default, so those keys stay what they were.
+    _added_later: ClassVar[dict[str, Any]] = {}
+
+    @model_serializer(mode="wrap")
+    def _omit_added_defaults(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        for name, default in self._added_later.items():
+            if data.get(name, default) == default:
+                data.pop(name, None)
+        return data
 
 
 class WeightsConfig(Strict):
@@ -65,8 +76,14 @@ class ValidationConfig(Strict):
 class ExportConfig(Strict):
     opset: int = Field(17, ge=14, le=21)
     deterministic: bool = Field(True, description="zero SineGen's random phase and noise so artifacts compare exactly")
+    alignment: Literal["loop", "stock"] = Field(
+        "loop",
+        description="duration alignment in the graph: torch's repeat_interleave (a Loop over sequences) or the same "
+        "indices from CumSum, comparisons and ReduceSum (stock ops, for Core ML's and OpenVINO's ONNX readers)",
+    )
     validate_export: bool = Field(True, alias="validate")
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    _added_later: ClassVar[dict[str, Any]] = {"alignment": "loop"}
 
 
 class SimplifyStage(Strict):
@@ -75,6 +92,12 @@ class SimplifyStage(Strict):
     # basic = constant folding and redundant-node removal only: the graph stays standard ONNX ops
     # that the quantizer understands (extended adds contrib fusions such as FusedConv).
     ort_level: Literal["disabled", "basic", "extended"] = "basic"
+    static_reshapes: bool = Field(
+        False,
+        description="Reshape targets computed at run time from Shape become constants (0 keeps an axis, -1 takes the "
+        "rest): exact; removes shape arithmetic that FP16 conversion rounds and Core ML's provider cannot take",
+    )
+    _added_later: ClassVar[dict[str, Any]] = {"static_reshapes": False}
 
 
 class SmoothStage(Strict):
@@ -123,17 +146,15 @@ class QuantizeStage(Strict):
         "at each of these two-sided percentiles; the best of those and the plain ranges is kept",
     )
     fallback_precision: Literal["fp32", "fp16"] = Field(
-        "fp32", description="mixed: the precision of the blocks kept out of INT8; fp16 is refused until it works"
+        "fp32",
+        description="mixed: the precision of the blocks kept out of INT8; fp16 converts them "
+        "(with the FP32 exceptions of passes.fp16_islands)",
     )
 
     @model_validator(mode="after")
-    def _fallback_does_something(self) -> QuantizeStage:
-        # Not a label: until INT8 blocks can sit inside an FP16 graph (docs/stages.md), fp16 is refused
-        if self.fallback_precision == "fp16":
-            raise ValueError(
-                "fallback_precision 'fp16' does not build FP16 blocks yet; use fp32, or for FP16 targets "
-                "recipes/fp16.yaml (whole-model FP16) or recipes/int8-mixed-coreml.yaml (INT8 weights on FP16 Core ML)"
-            )
+    def _fallback_needs_mixed(self) -> QuantizeStage:
+        if self.fallback_precision == "fp16" and self.mode != "mixed":
+            raise ValueError(f"fallback_precision 'fp16' needs mode 'mixed' (mode '{self.mode}' has no fallback blocks)")
         return self
 
 
@@ -150,7 +171,11 @@ class CompressStage(Strict):
 
 class Fp16Stage(Strict):
     kind: Literal["fp16"]
-    op_block_list: list[str] = Field(default_factory=lambda: ["Sin", "Cos", "CumSum", "Range", "Loop", "If", "Resize"])
+    op_block_list: list[str] = Field(
+        default_factory=list,
+        description="op types kept FP32 besides the FP32 exceptions of passes.fp16_islands (SineGen's phase, "
+        "index arithmetic, Resize); every Sin would include the Snakes', whose 1/alpha overflows FP16",
+    )
 
 
 class OrtFormatStage(Strict):
@@ -198,6 +223,11 @@ class Recipe(Strict):
             raise ValueError("stage 'smooth' must come before stage 'snake': it rescales the Snake that snake rewrites")
         if "fp16" in after_snake:  # per-channel pi/|alpha| (or 1/alpha in p) reaches 1e5 > FP16's 65504; y loses r above 1024
             raise ValueError("stage 'fp16' cannot follow stage 'snake': the polynomial needs FP32; drop one of them")
+        if any(getattr(stage, "static_reshapes", False) for stage in self.stages) and self.export.alignment != "stock":
+            # ONNX Runtime's symbolic shape inference fails on the Loop's sequences
+            raise ValueError("simplify's static_reshapes needs export.alignment: stock")
+        if any(getattr(stage, "fallback_precision", "fp32") == "fp16" for stage in self.stages[len(kinds) - len(after_snake) :]):
+            raise ValueError("quantize's fallback_precision 'fp16' cannot follow stage 'snake': the polynomial needs FP32")
         return self
 
     def config_hash(self) -> str:

@@ -10,7 +10,14 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from kokoro_opt.passes.compress import compress_model, exact_codes, grid_codes, round_per_channel, sensitive_nodes
+from kokoro_opt.passes.compress import (
+    compress_model,
+    exact_codes,
+    grid_codes,
+    half_grid_codes,
+    round_per_channel,
+    sensitive_nodes,
+)
 from kokoro_opt.recipe import CompressStage
 from kokoro_opt.synth import Synthesizer
 from tests.test_passes import TOKENS, build_with
@@ -28,6 +35,17 @@ def test_grid_codes_reproduce_every_bit(low: int, high: int) -> None:
     codes, scale = grid_codes(weight)  # type: ignore[misc]
     assert codes.max() - codes.min() <= 255
     assert np.array_equal((codes * np.float64(scale)).astype(np.float32), weight)
+
+
+@pytest.mark.parametrize(("low", "high", "scale"), [(-127, 127, 0.0123), (-140, 115, 0.031), (-127, 127, 3.1e-5), (-64, 64, 0.5)])
+def test_an_fp16_rounded_grid_is_recovered_bit_for_bit(low: int, high: int, scale: float) -> None:
+    """What the float16 converter makes of an INT8 release's weights: the FP32 grid rounded to FP16.
+    Products near an FP16 rounding boundary (41 * 0.031 = 1.271) only round back with the exact scale."""
+    weight = on_grid((64, 32, 3), scale, low, high).astype(np.float16)
+    codes, found = half_grid_codes(weight)  # type: ignore[misc]
+    assert codes.max() - codes.min() <= 255
+    assert np.array_equal((codes * np.float64(found)).astype(np.float32).astype(np.float16), weight)
+    assert half_grid_codes(np.random.default_rng(1).standard_normal((64, 64)).astype(np.float16)) is None
 
 
 def test_floats_off_a_grid_are_not_taken_for_one() -> None:
@@ -102,6 +120,31 @@ def test_compressed_model_is_exact_on_grids_smaller_and_folded_back_at_load(tmp_
     stats = compress_model(exact_only, CompressStage(kind="compress", min_elements=1000, round_op_types=[]))
     assert (stats["exact"], stats["rounded"], stats["skipped_off_grid"]) == (1, 0, 1)
     assert np.array_equal(_run(exact_only, x), reference)
+
+
+def test_fp16_weights_on_a_grid_are_stored_in_8_bits_and_folded_back_exactly(tmp_path) -> None:
+    from onnx import TensorProto, helper
+
+    weight = on_grid((256, 128), 0.0123, -127, 127).astype(np.float16)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="/a/MatMul")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(6).standard_normal((4, 256)).astype(np.float16)
+    reference = _run(model, x)
+    before = model.ByteSize()
+    stats = compress_model(model, CompressStage(kind="compress", min_elements=1000))
+    assert stats["exact"] == 1 and model.ByteSize() < before * 0.55
+    optimized = str(tmp_path / "folded.onnx")
+    assert np.array_equal(_run(model, x, optimized), reference)
+    folded = onnx.load(optimized)  # the CPU provider computes FP16 MatMul in FP32: it adds casts of its own
+    assert "Mul" not in {n.op_type for n in folded.graph.node}
+    stored = numpy_helper.to_array(next(i for i in folded.graph.initializer if list(i.dims) == [256, 128]))
+    assert np.array_equal(stored.astype(np.float16), weight) and np.array_equal(stored, weight.astype(stored.dtype))
 
 
 def test_weights_of_sensitive_blocks_are_never_rounded() -> None:

@@ -136,3 +136,16 @@ def test_wer_normalises_numbers_abbreviations_and_punctuation() -> None:
     two = ["the boy was there", "when the sun rose"]
     assert word_error_rate(two, ["the boy was here", "when the sun rose"]) == pytest.approx(1 / 8)
     assert word_error_rate(["the boy was there"], [""]) == 1.0
+
+
+def test_a_clip_with_nan_samples_scores_the_pesq_floor_instead_of_crashing() -> None:
+    """An FP16 artifact that overflows gives NaN audio: the evaluation reports it, it does not stop."""
+    rate = 24000
+    t = np.arange(rate) / rate
+    reference = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    broken = reference.copy()
+    broken[100:200] = np.nan
+    row = metrics.quality_row(reference, broken, rate, np.array([3, 4]), np.array([3, 4]))
+    assert row["pesq"] == 1.0 and math.isnan(row["mcd"]) and row["durations_equal"] is True
+    summary = metrics.summarise_quality([row, metrics.quality_row(reference, reference, rate)])
+    assert summary["pesq_min"] == 1.0 and math.isfinite(summary["mcd_mean"])

@@ -3,17 +3,16 @@ builds the artifact. Each pass runs on the tiny model with its config wrapped in
 fields it reads; a field that no run reads is a setting that changes nothing, and fails here.
 
 A field read by only one mode (quantize's budgets in `mixed`) counts once read. A value that would do
-nothing is refused by the schema instead (quantize's `fallback_precision: fp16`, below)."""
+nothing in a given combination is refused by the schema instead (`fallback_precision: fp16` outside
+`mixed`: tests/test_fp16_islands.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import pytest
 from pydantic import BaseModel
 
-from kokoro_opt.errors import UserError
 from kokoro_opt.export import PASS as EXPORT
 from kokoro_opt.passes import PASSES
 from kokoro_opt.recipe import (
@@ -27,7 +26,6 @@ from kokoro_opt.recipe import (
     SmoothStage,
     SnakeStage,
     ValidationConfig,
-    parse_recipe,
 )
 from kokoro_opt.weights.sources import resolve_weights
 from tests.test_passes import build_with
@@ -106,11 +104,3 @@ def test_every_export_and_stage_field_is_read_when_building(tiny_recipe, artifac
 def _fresh(folder: Path) -> Path:
     folder.mkdir(parents=True)
     return folder
-
-
-def test_a_fallback_precision_that_would_only_be_a_label_is_refused(tiny_recipe) -> None:
-    """`fallback_precision: fp16` used to be written into the precision map while the blocks stayed FP32."""
-    data = tiny_recipe.model_dump(mode="json", by_alias=True)
-    data.update(name="t-fp16-fallback", stages=[{"kind": "quantize", "mode": "mixed", "fallback_precision": "fp16"}])
-    with pytest.raises(UserError, match="fallback_precision 'fp16' does not build FP16 blocks yet"):
-        parse_recipe(data)

@@ -177,7 +177,13 @@ def quality_row(
     reference: np.ndarray, test: np.ndarray, sample_rate: int,
     ref_durations: np.ndarray | None = None, test_durations: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Every quality metric of one utterance vs its fp32 reference."""
+    """Every quality metric of one utterance vs its fp32 reference. A clip with NaN or inf samples gets
+    PESQ's floor and no spectral distances (they are undefined); `bad_outputs` counts it as well."""
+    if not np.all(np.isfinite(test)):
+        return {
+            "pesq": 1.0, "mel_l1": math.nan, "mel_l2": math.nan, "mcd": math.nan, "high_band_db": math.nan,
+            "durations_equal": durations_equal(ref_durations, test_durations),
+        }
     dist = mel_distance(reference, test, sample_rate)
     return {
         "pesq": pesq_wb(reference, test, sample_rate), "mel_l1": dist.l1, "mel_l2": dist.l2, "mcd": dist.mcd,

@@ -89,6 +89,8 @@ DETAIL_COLUMNS: list[tuple[str, str, str]] = [
     ("WER", "wer", "{:.3f}"),
     ("bad", "bad_outputs", "{:.0f}"),
     ("edge ok", "edge_inputs_ok", "{:.0f}"),
+    ("CoreML parts", "coreml_partitions", "{:.0f}"),  # ONNX Runtime's Core ML partition analysis (ep_support)
+    ("CoreML nodes", "coreml_node_share", "{:.0%}"),
 ]
 CAPTION = (
     "speedup: vs the fp32 export of the same weights, measured interleaved in this session; "
@@ -240,6 +242,7 @@ def precision_summary(folder: Path) -> dict[str, Any]:
     path = folder / "precision_map.json"
     if not path.is_file():
         return {}
-    nodes = json.loads(path.read_text(encoding="utf-8")).get("nodes", {})
-    counts = Counter(str(precision) for precision in nodes.values())
-    return {f"{k}_nodes": v for k, v in sorted(counts.items())}
+    recorded = json.loads(path.read_text(encoding="utf-8"))
+    counts = Counter(str(precision) for precision in recorded.get("nodes", {}).values())
+    exceptions = {"fp32_exception_nodes": len(recorded["fp32_exceptions"])} if "fp32_exceptions" in recorded else {}
+    return {**{f"{k}_nodes": v for k, v in sorted(counts.items())}, **exceptions}

@@ -23,12 +23,13 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kokoro_opt.artifacts import Artifact
+from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.audio import is_speechlike
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate import metrics as M
 from kokoro_opt.evaluate.corpus import Corpus, load_corpus
 from kokoro_opt.evaluate.edge import check_edge_inputs, edge_token_inputs
+from kokoro_opt.evaluate.ep_support import partition_metrics
 from kokoro_opt.evaluate.report import EvalResult, print_results
 from kokoro_opt.evaluate.runners import Plan, Runner
 from kokoro_opt.machine import fingerprint
@@ -165,6 +166,8 @@ def _score(
         "peak_rss_mb": probe.get("peak_rss_mb", float("nan")),
         "rss_baseline_mb": probe.get("baseline_rss_mb", float("nan")),
     }
+    if r.kind == "onnx":  # a graph property: how ONNX Runtime's Core ML provider would split it
+        m.update(partition_metrics(open_artifact(r.folder).model_file))
     rows: list[dict[str, Any]] = [
         {
             "utterance": u.key,

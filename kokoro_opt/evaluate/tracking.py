@@ -186,6 +186,7 @@ def _git_commit() -> str | None:
 # goes to profile/ops.json instead of the metric columns.
 HEADLINE_METRICS = (
     "speedup_vs_reference", "rtf_p50", "ttfa_p50", "pesq_mean", "pesq_min", "mcd_mean", "wer_delta", "size_mb", "peak_rss_mb",
+    "coreml_partitions", "coreml_node_share",
 )  # fmt: skip
 OPS_FILE = "profile/ops.json"
 

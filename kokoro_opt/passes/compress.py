@@ -1,4 +1,4 @@
-"""compress stage: store the large FP32 weights that stay FP32 as 8-bit integers, expanded at load.
+"""compress stage: store the large FP32 (or FP16) weights as 8-bit integers, expanded at load.
 
 Only the file shrinks. A weight `w` becomes `Cast(int8 codes) [-> Add(offset)] -> Mul(scale)`,
 producing a tensor named `w` again, so its consumers do not change. ONNX Runtime's constant folding
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +63,49 @@ def grid_codes(values: np.ndarray) -> tuple[np.ndarray, np.float32] | None:
     return None
 
 
-def exact_codes(weight: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
-    """`grid_codes` for the whole tensor, else one grid per slice along each channel axis in turn
-    (an LSTM stores each direction on its own grid); scales come back broadcastable to `weight`."""
-    whole = grid_codes(weight)
+def half_grid_codes(values: np.ndarray) -> tuple[np.ndarray, np.float32] | None:
+    """For FP16 `values` that are an 8-bit grid rounded to FP16 (an FP32 grid the float16 converter
+    rounded): codes k and a float32 scale s with float16(float32(k * s)) == values bit for bit.
+
+    The step is read where FP16 is finest, between the values nearest zero; that fixes every value's
+    code, and each code then bounds the scale: k * s must round to that FP16 value. The scale is the
+    middle of what all codes allow."""
+    exact = values.astype(np.float64)
+    unique = np.unique(exact)
+    nonzero = np.sort(np.abs(unique[unique != 0]))
+    if unique.size > 256 or nonzero.size == 0:
+        return grid_codes(values.astype(np.float32)) if nonzero.size == 0 else None
+    near_zero = np.unique(np.concatenate([-nonzero[:8], nonzero[:8]]))
+    step = float(np.diff(near_zero).min()) if near_zero.size > 1 else float(nonzero[0])
+    codes = np.rint(unique / float(np.sum(np.rint(unique / step) * unique) / np.sum(np.rint(unique / step) ** 2)))
+    half = unique.astype(np.float16)
+    below = (unique + np.nextafter(half, np.float16(-np.inf)).astype(np.float64)) / 2  # what rounds to `half`
+    above = (unique + np.nextafter(half, np.float16(np.inf)).astype(np.float64)) / 2
+    used = codes != 0
+    bounds = np.sort(np.stack([below[used] / codes[used], above[used] / codes[used]]), axis=0)
+    low, high = float(bounds[0].max()), float(bounds[1].min())
+    if low > high:
+        return None
+    scale = np.float32((low + high) / 2)
+    codes = np.rint(exact / np.float64(scale))
+    if codes.max() - codes.min() > 255:
+        return None
+    if not np.array_equal((codes * np.float64(scale)).astype(np.float32).astype(np.float16), values):
+        return None
+    return codes.astype(np.int32), scale
+
+
+def exact_codes(
+    weight: np.ndarray, axes: tuple[int, ...], grid: Callable[[np.ndarray], Any] = grid_codes
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """`grid` (grid_codes, or half_grid_codes for FP16) for the whole tensor, else one grid per slice
+    along each channel axis in turn (an LSTM stores each direction on its own grid); scales come back
+    broadcastable to `weight`."""
+    whole = grid(weight)
     if whole is not None:
         return whole[0], np.asarray(whole[1], np.float32)
     for axis in (a % weight.ndim for a in axes):
-        slices = [grid_codes(np.take(weight, i, axis=axis)) for i in range(weight.shape[axis])]
+        slices = [grid(np.take(weight, i, axis=axis)) for i in range(weight.shape[axis])]
         if any(found is None for found in slices):
             continue
         codes = np.stack([found[0] for found in slices], axis=axis)  # type: ignore[index]
@@ -99,10 +134,13 @@ def round_per_channel(weight: np.ndarray, axes: tuple[int, ...]) -> tuple[np.nda
     return codes, scale
 
 
-def _expansion(name: str, codes: np.ndarray, scale: np.ndarray) -> tuple[list[Any], list[Any]]:
-    """Nodes and initializers that rebuild float32 `name` from 8-bit codes."""
+def _expansion(name: str, codes: np.ndarray, scale: np.ndarray, half: bool = False) -> tuple[list[Any], list[Any]]:
+    """Nodes and initializers that rebuild float32 `name` (float16 with `half`) from 8-bit codes."""
     from onnx import TensorProto, helper, numpy_helper
 
+    if half:  # the float32 product, then the same rounding to FP16 the float16 converter made
+        nodes, inits = _expansion(f"{name}_f32", codes, scale)
+        return [*nodes, helper.make_node("Cast", [f"{name}_f32"], [name], to=TensorProto.FLOAT16, name=f"{name}_q8_half")], inits
     low, high = int(codes.min()), int(codes.max())
     nodes, inits = [], []
     if high - low > 255:  # per-slice grids that do not share one 256-code window
@@ -143,8 +181,9 @@ def compress_model(model: Any, cfg: CompressStage, protected: Collection[str] = 
     stats = {"exact": 0, "rounded": 0, "skipped_off_grid": 0, "mb_before": 0.0, "mb_after": 0.0, "max_relative_error": 0.0}
     for init in model.graph.initializer:
         uses = index.uses(init.name)
+        half = init.data_type == TensorProto.FLOAT16
         weight_use = (
-            init.data_type == TensorProto.FLOAT
+            init.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16)
             and init.name not in graph_inputs
             and uses
             and all(n.op_type in WEIGHT_INPUTS and i in WEIGHT_INPUTS[n.op_type] for n, i in uses)
@@ -155,12 +194,12 @@ def compress_model(model: Any, cfg: CompressStage, protected: Collection[str] = 
             continue
         weight = numpy_helper.to_array(init)
         axes = _channel_axes(*uses[0])
-        found = exact_codes(weight, axes)
+        found = exact_codes(weight, axes, half_grid_codes if half else grid_codes)
         if found is not None:
             codes, scale = found
             stats["exact"] += 1
         elif uses[0][0].op_type in cfg.round_op_types and not any(n.name in protected for n, _ in uses):
-            codes, scale = round_per_channel(weight, axes)
+            codes, scale = round_per_channel(weight.astype(np.float32), axes)
             error = np.abs(codes * scale - weight).max() / max(float(np.abs(weight).max()), 1e-12)
             stats["max_relative_error"] = max(stats["max_relative_error"], float(error))
             stats["rounded"] += 1
@@ -168,10 +207,10 @@ def compress_model(model: Any, cfg: CompressStage, protected: Collection[str] = 
             stats["skipped_off_grid"] += 1
             kept.append(init)
             continue
-        nodes, inits = _expansion(init.name, codes, scale)
+        nodes, inits = _expansion(init.name, codes, scale, half)
         new_nodes.extend(nodes)
         new_inits.extend(inits)
-        stats["mb_before"] += size * 4 / 1e6
+        stats["mb_before"] += size * (2 if half else 4) / 1e6
         stats["mb_after"] += sum(len(i.raw_data) for i in inits) / 1e6
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept + new_inits)

@@ -18,17 +18,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
+from kokoro_opt.passes.fp16_islands import quantize_in_fp16
 from kokoro_opt.passes.qdq import (
     CalibrationFiles,
     calibration_feeds,
@@ -38,6 +36,7 @@ from kokoro_opt.passes.qdq import (
     read_corpus,
     restore_calibration,
 )
+from kokoro_opt.passes.scoring import AudioScorer, Quality, node_cost_shares
 from kokoro_opt.recipe import QuantizeStage
 
 SENSITIVITY_CORPUS = "calibration/sensitivity.txt"
@@ -47,32 +46,6 @@ SENSITIVITY_CORPUS = "calibration/sensitivity.txt"
 # ranges rounded to float32, the export made with torch's default or AVX2 kernels). Breakage scores
 # far lower (conv_post alone in INT8: 1.2, the ALBERT alone: 1.8). docs/reproducibility.md has the table.
 LOCK_PESQ_TOLERANCE = 0.2
-PESQ_MAX = 4.64
-
-
-@dataclass(frozen=True)
-class Quality:
-    mean_pesq: float
-    min_pesq: float
-    max_high_band_db: float
-    durations_equal: float  # fraction of sentences
-    finite: bool
-
-    def passes(self, cfg: QuantizeStage, pesq_tolerance: float = 0.0) -> bool:
-        return (
-            self.finite
-            and self.mean_pesq >= cfg.quality_budget_pesq - pesq_tolerance
-            and self.min_pesq >= cfg.min_sentence_pesq - pesq_tolerance
-            and self.max_high_band_db <= cfg.max_high_band_db
-            and self.durations_equal >= cfg.min_durations_equal
-        )
-
-    @property
-    def sensitivity(self) -> float:
-        """Higher = hurts more. Non-finite output or static is worst."""
-        if not self.finite:
-            return float("inf")
-        return (PESQ_MAX - self.mean_pesq) + max(0.0, self.max_high_band_db) + (1 - self.durations_equal)
 
 
 def block_of(node_name: str) -> str:
@@ -196,91 +169,6 @@ def split_clip(unit: str) -> tuple[str, float | None]:
     return name, float(percentile) if percentile else None
 
 
-class AudioScorer:
-    """Scores a quantized variant against fp32 audio on the held-out sentences."""
-
-    def __init__(self, source: Artifact, sentences: list[str], threads: int = 0) -> None:
-        from kokoro_opt.synth import SessionSettings, Synthesizer
-        from kokoro_opt.text import phonemize, tokenize
-
-        self.settings = SessionSettings(intra_op_num_threads=threads)
-        reference = Synthesizer(source, self.settings)
-        voices = sorted(reference.packs)
-        self.source = source
-        self.sample_rate = reference.sample_rate
-        self.feeds = []
-        self.references = []
-        for i, sentence in enumerate(sentences):
-            tokens = tokenize(phonemize(sentence), reference.vocab)
-            pack = reference.packs[voices[i % len(voices)]]
-            self.feeds.append((tokens, pack))
-            self.references.append(reference.run_tokens(tokens, pack))
-
-    def __call__(self, model_file: Path) -> Quality:
-        from kokoro_opt.evaluate.metrics import high_band_ratio_db, pesq_wb
-        from kokoro_opt.synth import Synthesizer
-
-        variant = Synthesizer(self.source, self.settings, model_file=model_file)
-        pesqs, ratios, equal, finite = [], [], 0, True
-        for (tokens, pack), ref in zip(self.feeds, self.references, strict=True):
-            result = variant.run_tokens(tokens, pack)
-            audio = result.audio
-            if not np.all(np.isfinite(audio)) or float(np.abs(audio).max()) < 1e-4:
-                finite = False
-                pesqs.append(1.0)
-                continue
-            score = pesq_wb(ref.audio, audio, self.sample_rate)
-            pesqs.append(1.0 if np.isnan(score) else score)  # no speech found: PESQ's floor
-            ratios.append(high_band_ratio_db(ref.audio, audio, self.sample_rate))
-            equal += int(np.array_equal(result.durations, ref.durations))
-        return Quality(
-            mean_pesq=float(np.mean(pesqs)),
-            min_pesq=float(np.min(pesqs)),
-            max_high_band_db=float(max(ratios, default=float("inf"))),
-            durations_equal=equal / len(self.feeds),
-            finite=finite,
-        )
-
-
-def _macs(args: dict[str, Any]) -> float:
-    """Multiply-accumulates of one Conv/MatMul run, from the shapes an ORT profile records."""
-    inputs = [next(iter(t.values())) for t in args.get("input_type_shape", [])]
-    outputs = [next(iter(t.values())) for t in args.get("output_type_shape", [])]
-    if not inputs or not outputs:
-        return 0.0
-    if args.get("op_name") == "Conv":
-        return float(np.prod(outputs[0]) * np.prod(inputs[1][1:])) if len(inputs) > 1 else 0.0
-    # MatMul: the profile leaves out a weight ORT has pre-packed and released; A's last axis is the inner dimension.
-    return float(np.prod(outputs[0]) * inputs[0][-1])
-
-
-def node_cost_shares(model_file: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
-    """Each Conv/MatMul node's share of the model's multiply-accumulates on real inputs.
-
-    MACs come from the tensor shapes in an ORT profile of the fp32 model: unlike measured times they
-    are deterministic, so the same recipe picks the same blocks on every machine.
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.enable_profiling = True
-    options.profile_file_prefix = str(Path(tempfile.mkdtemp(prefix="kokoro-opt-profile-")) / "ort")
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # keep node names
-    session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
-    for feed in feeds:
-        session.run(None, feed)
-    trace_file = Path(session.end_profiling())
-    trace = json.loads(trace_file.read_text(encoding="utf-8"))
-    shutil.rmtree(trace_file.parent, ignore_errors=True)
-    macs: dict[str, float] = {}
-    for event in trace:
-        name = event.get("name", "")
-        if event.get("cat") == "Node" and name.endswith("_kernel_time") and event["args"].get("op_name") in ("Conv", "MatMul"):
-            macs[name[: -len("_kernel_time")]] = macs.get(name[: -len("_kernel_time")], 0.0) + _macs(event["args"])
-    total = sum(macs.values()) or 1.0
-    return {name: m / total for name, m in macs.items()}
-
-
 def run_mixed(
     source: Artifact,
     cfg: QuantizeStage,
@@ -340,10 +228,20 @@ def run_mixed(
 
     calibration = calibrate() if decisions is None else None
 
-    def score(units: set[str]) -> Quality:
+    exceptions: dict[str, str] = {}
+
+    def quantize(target: Path, chosen_nodes: list[str], clips: dict[str, float]) -> None:
+        """The variant as it ships: the nodes not in INT8 stay FP32, or turn FP16 but for the FP32 exceptions."""
         assert calibration is not None
-        chosen_nodes, clips = nodes_and_clips(units)
-        quantize_static_qdq(source.model_file, scratch, cfg, calibration, None, nodes_to_quantize=chosen_nodes, clips=clips)
+        if cfg.fallback_precision == "fp16":
+            exceptions.update(quantize_in_fp16(source.model_file, target, cfg, calibration, chosen_nodes, clips))
+        elif chosen_nodes:
+            quantize_static_qdq(source.model_file, target, cfg, calibration, None, nodes_to_quantize=chosen_nodes, clips=clips)
+        else:
+            shutil.copy2(source.model_file, target)
+
+    def score(units: set[str]) -> Quality:
+        quantize(scratch, *nodes_and_clips(units))
         return scorer(scratch)
 
     if decisions is None:
@@ -362,12 +260,7 @@ def run_mixed(
     if calibration is None:
         locked = (decisions or {}).get("calibration")
         calibration = restore_calibration(out, locked, source.model_file, int8_nodes, clips, cfg) or calibrate()
-    if int8_nodes:
-        quantize_static_qdq(
-            source.model_file, out / "model.onnx", cfg, calibration, None, nodes_to_quantize=int8_nodes, clips=clips
-        )
-    else:
-        shutil.copy2(source.model_file, out / "model.onnx")
+    quantize(out / "model.onnx", int8_nodes, clips)
     scratch.unlink(missing_ok=True)
     calibration.clipped.unlink(missing_ok=True)
     final_quality = next((h for h in reversed(history) if h["passes"]), None)
@@ -384,7 +277,9 @@ def run_mixed(
                 f"<= {cfg.max_high_band_db} dB, durations >= {cfg.min_durations_equal:.0%})",
                 "rebuild with --reanalyze to measure the choice on this machine (and commit the new lock)",
             )
-    precision_map = {n: ("int8" if n in set(int8_nodes) else cfg.fallback_precision) for n in nodes}
+    precision_map = {
+        n: "int8" if n in set(int8_nodes) else "fp32" if n in exceptions else cfg.fallback_precision for n in nodes
+    }
     whole = {split_clip(u)[0] for u in chosen}  # blocks in INT8 as a whole, cut or not
     blocks_table = {
         b: {
@@ -402,7 +297,16 @@ def run_mixed(
         for b in sorted(by_block)
     }
     (out / "precision_map.json").write_text(
-        json.dumps({"nodes": precision_map, "blocks": blocks_table, "fallback_history": history, "input_clips": clips}, indent=1),
+        json.dumps(
+            {
+                "nodes": precision_map,
+                "blocks": blocks_table,
+                "fallback_history": history,
+                "input_clips": clips,
+                **({"fp32_exceptions": exceptions} if cfg.fallback_precision == "fp16" else {}),
+            },
+            indent=1,
+        ),
         encoding="utf-8",
     )
     return {
