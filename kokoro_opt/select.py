@@ -76,7 +76,7 @@ def tuned_selection(root: Path, notes: list[str] | None = None) -> Selection | N
 
 
 def evaluated_selection(root: Path, tracking_uri: str | None) -> Selection | None:
-    from kokoro_opt.evaluate.tracking import best_evaluated
+    from kokoro_opt.evaluate.ranking import best_evaluated
     from kokoro_opt.machine import fingerprint
 
     best = best_evaluated(

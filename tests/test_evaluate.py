@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kokoro_opt.artifacts import Artifact
-from kokoro_opt.evaluate import tracking
+from kokoro_opt.evaluate import ranking, tracking
 from kokoro_opt.evaluate.corpus import KINDS, load_corpus
 from kokoro_opt.evaluate.report import EvalResult, pareto_front, pareto_png
 from kokoro_opt.evaluate.run import compare_artifacts, evaluate_artifacts, evaluation_settings
@@ -171,13 +171,13 @@ def test_a_second_evaluation_reuses_the_run(
 
 
 def test_best_evaluated_picks_a_passing_artifact(evaluated: EvalResult, store: str, tmp_path: Path) -> None:
-    best = tracking.best_evaluated(store, min_pesq=3.8)
+    best = ranking.best_evaluated(store, min_pesq=3.8)
     assert best is not None and best["artifact_id"] == evaluated.artifact_id  # fp32 passes by definition
     assert "fp32 reference" in best["reason"]
     # an artifact deleted since its evaluation is never picked
-    assert tracking.best_evaluated(store, min_pesq=3.8, available=lambda found: found != evaluated.artifact_id) is None
+    assert ranking.best_evaluated(store, min_pesq=3.8, available=lambda found: found != evaluated.artifact_id) is None
     empty = tmp_path / "none" / "mlflow.db"
-    assert tracking.best_evaluated(f"sqlite:///{empty}", 3.8) is None and not empty.exists()
+    assert ranking.best_evaluated(f"sqlite:///{empty}", 3.8) is None and not empty.exists()
 
 
 def test_best_ranks_this_machines_evaluations_and_says_when_it_has_none(
@@ -191,7 +191,7 @@ def test_best_ranks_this_machines_evaluations_and_says_when_it_has_none(
     from kokoro_opt.select import resolve_artifact
 
     here = fingerprint()["id"]
-    best = tracking.best_evaluated(store, 3.8, machine_id=here)
+    best = ranking.best_evaluated(store, 3.8, machine_id=here)
     assert best is not None and best["measured_here"] and f"measured on this machine (id {here})" in best["reason"]
 
     # the same store as a team's shared one: its only evaluation was measured on another machine
@@ -200,7 +200,7 @@ def test_best_ranks_this_machines_evaluations_and_says_when_it_has_none(
     client = MlflowClient(f"sqlite:///{shared}")
     client.set_tag(evaluated.run_id, "machine.id", "0123456789ab")
     client.set_tag(evaluated.run_id, "machine.cpu", "Other CPU")
-    elsewhere = tracking.best_evaluated(f"sqlite:///{shared}", 3.8, machine_id=here)
+    elsewhere = ranking.best_evaluated(f"sqlite:///{shared}", 3.8, machine_id=here)
     assert elsewhere is not None and elsewhere["artifact_id"] == evaluated.artifact_id and not elsewhere["measured_here"]
     assert "another machine (Other CPU, id 0123456789ab)" in elsewhere["reason"]
     selection = resolve_artifact("best", tiny_artifact.path.parent.parent, tracking_uri=f"sqlite:///{shared}")

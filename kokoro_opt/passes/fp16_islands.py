@@ -1,4 +1,4 @@
-"""An FP16 graph with FP32 islands: the quantize stage's `fallback_precision: fp16`.
+"""An FP16 graph with FP32 islands: the fp16 stage, and the quantize stage's `fallback_precision: fp16`.
 
 The INT8 nodes and the ops that must stay FP32 are kept out of ONNX Runtime's float16 converter;
 everything else turns FP16. Three things make that work on Kokoro (measured, docs/stages.md):

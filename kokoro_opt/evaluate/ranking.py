@@ -1,0 +1,92 @@
+"""Which evaluated artifact is best: the fastest that passes the quality budget, measured on this
+machine first. A pure policy over the evaluation runs MLflow holds (kokoro_opt.select serves it)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from kokoro_opt.evaluate.tracking import (
+    KIND_TAG,
+    _client,
+    _machine_from_tags,
+    _our_experiments,
+    _sqlite_path,
+    resolve_tracking_uri,
+)
+
+
+def best_evaluated(
+    tracking_uri: str | None,
+    min_pesq: float,
+    available: Callable[[str], bool] | None = None,
+    machine_id: str | None = None,
+) -> dict[str, Any] | None:
+    """Among evaluated kokoro-opt artifacts (not peers) whose mean PESQ-WB vs fp32 is >= min_pesq and
+    that produced no NaN/silent output (the fp32 reference passes by definition): the fastest.
+
+    Fastest by the speedup over fp32 measured side by side in the same session: RTFs measured in
+    different sessions are not comparable on a noisy machine. Runs without that ratio rank after, by
+    RTF p50. Each artifact's newest evaluation counts; artifacts `available` rejects are skipped.
+    With `machine_id`, only evaluations measured on that machine rank first (the best artifact and
+    its speed-up depend on the CPU); when there is none, the best measured elsewhere is returned
+    with `measured_here` False and a reason that says so."""
+    uri = resolve_tracking_uri(tracking_uri)
+    db = _sqlite_path(uri)
+    if db is not None and not db.exists():
+        return None  # nothing evaluated yet: do not create an empty store just to look
+    client = _client(uri)
+    ids = _our_experiments(client)
+    runs = client.search_runs(ids, f"tags.{KIND_TAG} = 'evaluation' and attributes.status = 'FINISHED'") if ids else []
+    if machine_id is not None:
+        here = _fastest_passing([r for r in runs if r.data.tags.get("machine.id") == machine_id], min_pesq, available)
+        if here is not None:
+            return {**here, "measured_here": True, "reason": here["reason"] + f", measured on this machine (id {machine_id})"}
+    best = _fastest_passing(runs, min_pesq, available)
+    if best is None or machine_id is None:
+        return best
+    elsewhere = best["machine"]
+    return {
+        **best,
+        "measured_here": False,
+        "reason": best["reason"] + f", measured on another machine ({elsewhere.get('cpu', '?')}, id {elsewhere.get('id', '?')}): "
+        "none of this machine's own yet",
+    }
+
+
+def _fastest_passing(runs: list[Any], min_pesq: float, available: Callable[[str], bool] | None) -> dict[str, Any] | None:
+    newest: dict[str, Any] = {}
+    for run in sorted(runs, key=lambda r: r.info.start_time, reverse=True):
+        newest.setdefault(run.data.tags.get("artifact_id", ""), run)
+    passing = []
+    for artifact_id, run in newest.items():
+        tags, m = run.data.tags, run.data.metrics
+        if tags.get("external") == "true" or "rtf_p50" not in m or m.get("bad_outputs", 1.0) != 0.0:
+            continue
+        if available is not None and not available(artifact_id):
+            continue
+        if tags.get("is_reference") == "true" or m.get("pesq_mean", -math.inf) >= min_pesq:
+            passing.append(run)
+    if not passing:
+        return None
+
+    def speedup(run: Any) -> float | None:
+        if run.data.tags.get("is_reference") == "true":
+            return 1.0
+        return run.data.metrics.get("speedup_vs_reference")
+
+    best = min(passing, key=lambda run: (0, -speedup(run)) if speedup(run) else (1, run.data.metrics["rtf_p50"]))
+    m, tags = best.data.metrics, best.data.tags
+    is_reference = tags.get("is_reference") == "true"
+    quality = "the fp32 reference" if is_reference else f"PESQ {m.get('pesq_mean', math.nan):.2f} >= {min_pesq}"
+    pace = f"{speedup(best):.2f}x fp32, " if speedup(best) and not is_reference else ""
+    return {
+        "artifact_id": tags["artifact_id"],
+        "run_id": best.info.run_id,
+        "rtf_p50": m["rtf_p50"],
+        "pesq_mean": m.get("pesq_mean"),
+        "machine": _machine_from_tags(tags),
+        "reason": f"fastest evaluated artifact passing the quality budget: {tags.get('artifact_name', '?')} "
+        f"{pace}RTF p50 {m['rtf_p50']:.3f}, {quality}, no NaN/silent output (MLflow run {best.info.run_id})",
+    }
