@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 
@@ -92,3 +92,13 @@ def outer_names(graph: Any) -> set[str]:
             used |= outer_names(sub)
         defined.update(node.output)
     return used - defined
+
+
+def read_names(nodes: Iterable[Any], graph_outputs: Iterable[Any]) -> set[str]:
+    """Every tensor name something reads: the nodes, the subgraphs inside them (outer names), the graph's outputs."""
+    nodes = list(nodes)
+    read = {o.name for o in graph_outputs}
+    for node in nodes:
+        read.update(node.input)
+        read.update(t for sub in subgraphs(node) for t in outer_names(sub))
+    return read

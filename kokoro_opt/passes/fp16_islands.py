@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from kokoro_opt.onnx_graph import GraphIndex, outer_names, subgraphs
+from kokoro_opt.onnx_graph import GraphIndex, outer_names, read_names, subgraphs
 from kokoro_opt.passes.qdq import CalibrationFiles, quantize_static_qdq
 from kokoro_opt.recipe import QuantizeStage
 
@@ -165,8 +165,7 @@ def _drop_round_trips(model: Any, fp32_nodes: set[str]) -> int:
         dropped.add(id(node))
         emptied[first.output[0]] = id(first)
     kept = [n for n in model.graph.node if id(n) not in dropped]
-    read = {t for n in kept for t in n.input} | {o.name for o in model.graph.output}
-    read |= {t for n in kept for sub in subgraphs(n) for t in outer_names(sub)}
+    read = read_names(kept, model.graph.output)
     dropped |= {node_id for tensor, node_id in emptied.items() if tensor not in read}  # FP16 copies nobody reads now
     kept = [n for n in model.graph.node if id(n) not in dropped]
     removed = len(model.graph.node) - len(kept)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.onnx_graph import outer_names, subgraphs
+from kokoro_opt.onnx_graph import read_names
 
 
 def _dims(value: Any) -> list[int | str | None]:
@@ -53,10 +53,7 @@ def drop_dead_nodes(model: Any) -> int:
     the initializers nothing reads any more."""
     removed = 0
     while True:
-        read = {o.name for o in model.graph.output}
-        for node in model.graph.node:
-            read.update(node.input)
-            read.update(t for sub in subgraphs(node) for t in outer_names(sub))
+        read = read_names(model.graph.node, model.graph.output)
         alive = [n for n in model.graph.node if any(o in read for o in n.output)]
         if len(alive) == len(model.graph.node):
             kept = [i for i in model.graph.initializer if i.name in read]
