@@ -68,7 +68,7 @@ def _rename_input(graph: Any, old: str, new: str) -> None:
             _rename_input(sub, old, new)
 
 
-def pin_blocked_subgraphs(model: Any, blocked: set[str]) -> list[str]:
+def pin_blocked_subgraphs(model: Any, blocked: set[str], inferred: Any) -> list[str]:
     """Keep the FP32 subgraphs of blocked If/Loop nodes consistent with the FP16 graph around them.
 
     The converter leaves a blocked node's subgraph FP32 but only casts the node's *inputs*: a tensor the
@@ -77,6 +77,7 @@ def pin_blocked_subgraphs(model: Any, blocked: set[str]) -> list[str]:
     not load unless onnxsim folded those Ifs first. Each such float tensor gets an explicit Cast to FP32
     (returned: the converter must block those Casts too, or it rewrites them to FP16) and the node's
     float outputs get their value_info, so the converter casts them to FP16 for their consumers.
+    `inferred`: the model's graph after ONNX shape inference.
     """
     import onnx
     from onnx import helper
@@ -89,7 +90,6 @@ def pin_blocked_subgraphs(model: Any, blocked: set[str]) -> list[str]:
     }
     if not any(reads.values()):
         return []
-    inferred = onnx.shape_inference.infer_shapes(model).graph
     float_values = [v for v in (*inferred.value_info, *inferred.output) if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT]
     floats = {v.name for v in float_values} | {
         i.name for i in inferred.initializer if i.data_type == onnx.TensorProto.FLOAT
@@ -127,11 +127,11 @@ def fp32_exceptions(model: Any) -> dict[str, str]:
     return kept
 
 
-def _type_tensors(model: Any, nodes: set[str]) -> None:
-    """value_info for every float tensor a kept node reads or writes, so the converter casts around it."""
+def _type_tensors(model: Any, nodes: set[str], inferred: Any) -> None:
+    """value_info for every float tensor a kept node reads or writes, so the converter casts around it
+    (`inferred`: the model's graph after ONNX shape inference)."""
     import onnx
 
-    inferred = onnx.shape_inference.infer_shapes(model).graph
     known = {v.name: v for v in (*inferred.value_info, *inferred.output)}
     typed = {v.name for v in model.graph.value_info}
     wanted = {t for n in model.graph.node if n.name in nodes for t in (*n.input, *n.output) if t}
@@ -177,12 +177,14 @@ def _drop_round_trips(model: Any, fp32_nodes: set[str]) -> int:
 def convert_with_fp32_islands(model: Any, fp32_nodes: set[str]) -> tuple[Any, dict[str, str]]:
     """(the FP16 model with `fp32_nodes` kept FP32, original tensor name -> the name a kept node now
     reads or writes instead). Graph inputs and outputs keep their types."""
+    import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     before = {n.name: (list(n.input), list(n.output)) for n in model.graph.node if n.name in fp32_nodes}
-    _type_tensors(model, fp32_nodes)
+    inferred = onnx.shape_inference.infer_shapes(model).graph  # one inference for both uses below
+    _type_tensors(model, fp32_nodes, inferred)
     blocked_ops = {n.op_type for n in model.graph.node if n.name in fp32_nodes}
-    pinned = pin_blocked_subgraphs(model, blocked_ops & {"If", "Loop"})
+    pinned = pin_blocked_subgraphs(model, blocked_ops & {"If", "Loop"}, inferred)
     model = convert_float_to_float16(
         model, keep_io_types=True, op_block_list=[], node_block_list=sorted(fp32_nodes | set(pinned)), disable_shape_infer=True
     )
