@@ -171,6 +171,9 @@ def serve(
     first_chunk_tokens: Annotated[int | None, typer.Option(help="first chunk size (default: tuned, else 40)")] = None,
     chunk_tokens: Annotated[int | None, typer.Option(help="largest later chunk (default: tuned, else 200)")] = None,
     crossfade_ms: Annotated[float | None, typer.Option(help="crossfade at chunk seams (default: tuned, else 10)")] = None,
+    cap_edges: Annotated[
+        bool, typer.Option(help="decode only part of each job's edge silence (needs an artifact with the edges stage)")
+    ] = False,
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (POST /v1/audio/speech), streaming."""
     from kokoro_opt.select import resolve_artifact
@@ -188,6 +191,7 @@ def serve(
         first_chunk_tokens=first_chunk_tokens,
         chunk_tokens=chunk_tokens,
         crossfade_ms=crossfade_ms,
+        cap_edges=cap_edges,
     )
     serve_forever(selection, config, host, port)
 
@@ -210,6 +214,7 @@ def bench_serve(
     phrases: Annotated[
         bool, typer.Option(help="also time short phrases alone ('button', 'checkbox checked', ...): the screen-reader case")
     ] = True,
+    cap_edges: Annotated[bool, typer.Option(help="start the server with --cap-edges")] = False,
 ) -> None:
     """Benchmark the server: TTFA p50/p95, full-response time, RTF, gaps and underruns, streaming vs not."""
     import json
@@ -218,6 +223,7 @@ def bench_serve(
 
     counts = [int(c) for c in clients.split(",") if c.strip()]
     serve_args = ["--artifact", artifact, "--artifacts", str(artifacts), "--max-queue", str(max_queue)]
+    serve_args += ["--cap-edges"] if cap_edges else []
     scenarios = bench.run(
         url, serve_args, counts, requests, text or bench.PARAGRAPH, voice, response_format, full, api_key, console,
         phrases=bench.PHRASES if phrases else (),

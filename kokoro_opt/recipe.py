@@ -178,6 +178,18 @@ class Fp16Stage(Strict):
     )
 
 
+class EdgesStage(Strict):
+    """Lets the server skip decoding most of the silence Kokoro puts at an utterance's edges (passes/edges.py)."""
+
+    kind: Literal["edges"]
+    lead_frames: int = Field(6, ge=1, le=40, description="frames (25 ms) of the leading pad token the decoder keeps")
+    trail_frames: int = Field(8, ge=1, le=60, description="frames of the final punctuation and pad the decoder keeps")
+    check_sentences: int = Field(8, ge=2, le=48, description="corpus sentences the gate compares, capped vs uncapped")
+    min_pesq: float = Field(3.9, ge=1.0, le=4.64, description="mean PESQ-WB of the capped speech vs the uncapped")
+    min_sentence_pesq: float = Field(3.4, ge=1.0, le=4.64)
+    max_high_band_db: float = Field(1.0, gt=0.0, description="|4-12 kHz energy share change| per sentence, in dB")
+
+
 class OrtFormatStage(Strict):
     kind: Literal["ort"]
     optimization_style: Literal["Fixed", "Runtime"] = "Fixed"
@@ -191,7 +203,8 @@ class CoreMLStage(Strict):
 
 
 Stage = Annotated[
-    SimplifyStage | SmoothStage | SnakeStage | QuantizeStage | CompressStage | Fp16Stage | OrtFormatStage | CoreMLStage,
+    SimplifyStage | SmoothStage | SnakeStage | QuantizeStage | CompressStage | Fp16Stage | EdgesStage | OrtFormatStage
+    | CoreMLStage,
     Field(discriminator="kind"),
 ]
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact, open_artifact
+from kokoro_opt.edge_capping import EDGE_INPUT, edge_keep
 from kokoro_opt.errors import UserError
 from kokoro_opt.feeds import model_feeds
 from kokoro_opt.voices import SAMPLE_RATE, blend_voice, style_for
@@ -145,12 +146,27 @@ class Synthesizer(Speaker):
             )
         self.session = make_session(model, settings)
         self._inputs = [i.name for i in self.session.get_inputs()]
+        overridable = {i.name for i in self.session.get_overridable_initializers()}
+        edges = meta.get("edges") if EDGE_INPUT in overridable else None
+        # (lead, trail) frames the decoder keeps when asked to cap the edges (passes/edges.py); None: no edges stage
+        self.edges: tuple[int, int] | None = (int(edges["lead_frames"]), int(edges["trail_frames"])) if edges else None
+        self._symbols = {i: s for s, i in self.vocab.items()}
 
-    def run_tokens(self, token_ids: list[int], voice: str | np.ndarray, speed: float = 1.0) -> SynthesisResult:
+    def feeds(self, token_ids: list[int], style: np.ndarray, speed: float, cap_edges: bool = False) -> dict[str, np.ndarray]:
+        """The session's feeds; with `cap_edges` (and an edges stage) the decoder skips most edge silence."""
+        feeds = model_feeds(token_ids, style, speed, names=self._inputs)
+        if cap_edges and self.edges:
+            feeds[EDGE_INPUT] = edge_keep(*self.edges, token_ids, self._symbols)
+        return feeds
+
+    def run_tokens(
+        self, token_ids: list[int], voice: str | np.ndarray, speed: float = 1.0, cap_edges: bool = False
+    ) -> SynthesisResult:
+        """One utterance; `cap_edges` returns it without most of its edge silence (the durations stay whole)."""
         if not token_ids:
             raise UserError("nothing to say: the text has no pronounceable characters", "pass words, not only punctuation")
         pack = blend_voice(voice, self.packs) if isinstance(voice, str) else voice
-        feeds = model_feeds(token_ids, style_for(pack, len(token_ids)), speed, names=self._inputs)
+        feeds = self.feeds(token_ids, style_for(pack, len(token_ids)), speed, cap_edges)
         outputs = self.session.run(None, feeds)
         audio = np.asarray(outputs[0], dtype=np.float32).reshape(-1) / self.audio_gain
         # kokoro-onnx's own graph has no durations output

@@ -18,6 +18,7 @@ from kokoro_opt.passes import PASSES
 from kokoro_opt.recipe import (
     CompressStage,
     CoreMLStage,
+    EdgesStage,
     ExportConfig,
     Fp16Stage,
     OrtFormatStage,
@@ -70,6 +71,7 @@ RUNS: list[BaseModel] = [
     ),
     CompressStage(kind="compress", min_elements=64),
     Fp16Stage(kind="fp16"),
+    EdgesStage(kind="edges", check_sentences=2),
     OrtFormatStage(kind="ort"),
     CoreMLStage(kind="coreml", max_tokens=16),
 ]
@@ -82,6 +84,7 @@ CLASSES = (
     QuantizeStage,
     CompressStage,
     Fp16Stage,
+    EdgesStage,
     OrtFormatStage,
     CoreMLStage,
 )

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.feeds import model_feeds
 from kokoro_opt.runtime import open_synthesizer
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.encoders import Encoder
@@ -49,6 +48,7 @@ class ServeConfig:
     piece_tokens: int | None = None  # sentences are packed into pieces up to this; None = 2 x first_chunk_tokens
     crossfade_ms: float = 10.0
     trim_silence: bool = True  # cut Kokoro's ~0.9 s of silence at each seam to a natural pause (join.py)
+    cap_edges: bool = False  # the decoder skips most of that silence (an artifact with the edges stage)
     max_queue: int = 4  # admitted requests (chunking, waiting or streaming); more get 429
     request_timeout: float = 300.0
     max_input_chars: int = 4096  # OpenAI's limit
@@ -78,7 +78,14 @@ class ServeConfig:
         """Tuned chunking from the selection, then explicit (non-None) overrides on top."""
         known = set(cls.__dataclass_fields__)
         tuned = {k: v for k, v in selection.chunking.items() if k in known}
-        return cls(**{**tuned, **{k: v for k, v in overrides.items() if v is not None}})
+        config = cls(**{**tuned, **{k: v for k, v in overrides.items() if v is not None}})
+        if config.cap_edges and not selection.artifact.kokoro.get("edges"):
+            raise UserError(edges_missing(selection.artifact.name), "serve an artifact built with it, or drop --cap-edges")
+        return config
+
+
+def edges_missing(artifact: str | None) -> str:
+    return f"cap_edges needs an ONNX artifact built with the edges stage; {artifact or 'this artifact'} has none"
 
 
 class Stream:
@@ -124,7 +131,6 @@ class Engine:
         self._running: Stream | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._inputs: list[str] = []
         self._space: int | None = None
         self._symbols: dict[int, str] = {}
 
@@ -165,8 +171,9 @@ class Engine:
 
     def attach(self, synth: Speaker) -> None:
         """Synthesize with this loaded model (`start` loads the selection's; kokoro-opt tune passes its cached ones)."""
+        if self.config.cap_edges and not (isinstance(synth, Synthesizer) and synth.edges):
+            raise UserError(edges_missing(getattr(synth, "artifact", None) and synth.artifact.name), "drop cap_edges")
         self.synth = synth
-        self._inputs = [i.name for i in synth.session.get_inputs()] if isinstance(synth, Synthesizer) else []
         self._space = synth.vocab.get(" ")
         self._symbols = {i: symbol for symbol, i in synth.vocab.items()}
 
@@ -325,7 +332,7 @@ class Engine:
         assert synth is not None
         if not isinstance(synth, Synthesizer):  # Core ML has no run options: a cancelled job finishes its chunk
             return synth.run_tokens(tokens, pack, speed).audio
-        feeds = model_feeds(tokens, style_for(pack, len(tokens)), speed, names=self._inputs)
+        feeds = synth.feeds(tokens, style_for(pack, len(tokens)), speed, self.config.cap_edges)
         audio = synth.session.run(None, feeds, run_options)[0]
         return np.asarray(audio, dtype=np.float32).reshape(-1) / synth.audio_gain
 

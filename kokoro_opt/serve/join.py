@@ -59,8 +59,10 @@ class Joiner:
         lead, tail = edge_silence(audio, self.sample_rate)
         start = max(0, lead - round(LEAD_KEEP * self.sample_rate))
         keep = END_KEEP if last else pause + self.n / self.sample_rate  # the crossfade overlaps the kept pause
-        end = len(audio) - max(0, tail - round(keep * self.sample_rate))
-        return audio[start:end]
+        cut = tail - round(keep * self.sample_rate)
+        if cut < 0 and np.any(audio):  # less silence than the pause (a job decoded with capped edges): add digital silence
+            return np.concatenate([audio[start:], np.zeros(-cut, dtype=np.float32)])
+        return audio[start : len(audio) - cut]
 
     def push(self, audio: np.ndarray, last: bool, pause: float = PAUSES["sentence"]) -> np.ndarray:
         """The next job's audio; `pause` is the silence to keep after it (see `boundary`)."""

@@ -1,0 +1,133 @@
+"""edges stage: the model learns to skip decoding most of the silence at an utterance's edges, and is gated.
+
+The graph gets an `edge_keep` input (kokoro_opt/edge_capping.py) whose default changes nothing: evaluations and
+`compare` see the artifact's own audio. The server feeds the stage's frame counts, so a job decodes
+`lead_frames` of the leading pad instead of 12-18 and `trail_frames` of the final punctuation and pad.
+The joiner trims that silence anyway (serve/join.py) and pads a seam's pause with zeros.
+
+Cutting is not free: the decoder's convolutions see zeros where they saw silence, which reaches ~14
+frames into the speech. The gate compares the capped speech with the uncapped speech of the same model
+on corpus sentences (PESQ-WB, worst sentence, 4-12 kHz energy) and refuses the artifact below the
+budget. Measured on the real weights (docs/stages.md): keeping 3 leading frames cost 0.4 PESQ on the
+shortest utterances, 6 frames about half of that.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kokoro_opt.artifacts import Artifact
+from kokoro_opt.contract import Pass
+from kokoro_opt.edge_capping import EDGE_INPUT, FRAME_SAMPLES, add_edge_input, edge_keep, removed_frames
+from kokoro_opt.errors import UserError
+from kokoro_opt.passes.common import copy_runtime, stage_record
+from kokoro_opt.passes.compress import CARRIED
+from kokoro_opt.recipe import EdgesStage
+
+
+def uncapped_span(audio: np.ndarray, durations: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The part of an uncapped output that the capped run reproduces."""
+    lead, trail = removed_frames(durations, keep)
+    return audio[lead * FRAME_SAMPLES : len(audio) - trail * FRAME_SAMPLES]
+
+
+def gate_cases(artifact: Artifact, count: int) -> list[tuple[str, list[int], np.ndarray]]:
+    """(id, token ids, style) for the first `count` corpus sentences, voices round robin as in evaluations."""
+    from kokoro_opt.evaluate.corpus import load_corpus
+    from kokoro_opt.text import phonemize, tokenize
+    from kokoro_opt.voices import style_for
+
+    packs = artifact.voice_packs()
+    cases = []
+    for utterance in load_corpus().utterances(count, sorted(packs)):
+        tokens = tokenize(phonemize(utterance.sentence.text), artifact.kokoro["vocab"])[:510]
+        cases.append((utterance.sentence.id, tokens, style_for(packs[utterance.voice], len(tokens))))
+    return cases
+
+
+def measure(model_file: Path, artifact: Artifact, cfg: EdgesStage) -> dict[str, Any]:
+    """Capped vs uncapped speech of `model_file` on the gate's sentences: per-sentence scores and the summary."""
+    import onnxruntime as ort
+
+    from kokoro_opt.evaluate import metrics as M
+    from kokoro_opt.feeds import model_feeds
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # the overridable initializer is intended; ORT warns about it at load
+    session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+    symbols = {i: s for s, i in artifact.kokoro["vocab"].items()}
+    rate = int(artifact.kokoro.get("sample_rate", 24000))
+    rows = []
+    for sentence_id, tokens, style in gate_cases(artifact, cfg.check_sentences):
+        feeds = model_feeds(tokens, style, 1.0)
+        keep = edge_keep(cfg.lead_frames, cfg.trail_frames, tokens, symbols)
+        full, durations = (np.asarray(x) for x in session.run(None, feeds))
+        capped = np.asarray(session.run(None, {**feeds, EDGE_INPUT: keep})[0]).reshape(-1)
+        reference = uncapped_span(full.reshape(-1), durations.reshape(-1), keep)
+        if len(reference) != len(capped):
+            raise UserError(f"edge capping cut {len(full) - len(capped)} samples where the durations say "
+                            f"{len(full) - len(reference)}", "report this: the graph's slicing is wrong")
+        pesq = M.pesq_wb(reference, capped, rate)
+        rows.append({
+            "sentence": sentence_id,
+            "tokens": len(tokens),
+            "frames_cut": round(1 - len(capped) / max(len(full.reshape(-1)), 1), 4),
+            "pesq": round(pesq, 3) if math.isfinite(pesq) else None,
+            "high_band_db": round(M.high_band_ratio_db(reference, capped, rate), 3),
+        })
+    scored = [r["pesq"] for r in rows if r["pesq"] is not None]
+    return {
+        "sentences": rows,
+        "pesq_mean": round(float(np.mean(scored)), 3) if scored else None,
+        "pesq_min": round(float(np.min(scored)), 3) if scored else None,
+        "high_band_db_max": round(max(abs(r["high_band_db"]) for r in rows), 3),
+        "frames_cut_mean": round(float(np.mean([r["frames_cut"] for r in rows])), 4),
+    }
+
+
+def gate_failures(scores: dict[str, Any], cfg: EdgesStage) -> list[str]:
+    """Why the capped speech is outside the budget (empty when it is within)."""
+    checks = [
+        (scores["pesq_mean"], cfg.min_pesq, "mean PESQ {} < min_pesq {}", False),
+        (scores["pesq_min"], cfg.min_sentence_pesq, "worst sentence PESQ {} < min_sentence_pesq {}", False),
+        (scores["high_band_db_max"], cfg.max_high_band_db, "4-12 kHz energy moved {} dB > max_high_band_db {}", True),
+    ]
+    if scores["pesq_mean"] is None:  # the tiny model's noise: PESQ finds no speech to score
+        return []
+    return [text.format(value, limit) for value, limit, text, upper in checks if (value > limit if upper else value < limit)]
+
+
+def run_edges(source: Artifact, cfg: EdgesStage, out: Path) -> dict[str, Any]:
+    import onnx
+
+    started = time.perf_counter()
+    copy_runtime(source, out)
+    for extra in CARRIED:
+        if (source.path / extra).exists():
+            (out / extra).write_bytes((source.path / extra).read_bytes())
+    model = onnx.load(str(source.model_file))
+    try:
+        sliced = add_edge_input(model)
+    except KeyError as exc:
+        raise UserError(f"the edges stage cannot find the decoder node {exc} in {source.model_file.name}",
+                        "put edges after export-derived ONNX stages (not after coreml or ort)") from exc
+    onnx.save(model, str(out / "model.onnx"))
+    scores = measure(out / "model.onnx", source, cfg)
+    failures = gate_failures(scores, cfg)
+    if failures:
+        raise UserError(f"edge capping changes the speech beyond the budget: {'; '.join(failures)}",
+                        "keep more frames (edges.lead_frames / trail_frames) or drop the edges stage")
+    meta = json.loads((out / "kokoro.json").read_text(encoding="utf-8"))
+    meta["edges"] = {"lead_frames": cfg.lead_frames, "trail_frames": cfg.trail_frames}
+    (out / "kokoro.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+    return stage_record("edges", cfg, out, started, sliced=sorted(sliced), gate=scores)
+
+
+PASS = Pass("edges", EdgesStage, run_edges, version="1", libraries=("onnx", "onnxruntime"), produces=CARRIED,
+            reads=("kokoro_opt/data/eval_corpus.yaml",))
