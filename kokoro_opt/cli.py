@@ -222,10 +222,9 @@ def bench_serve(
     from kokoro_opt.serve import bench
 
     counts = [int(c) for c in clients.split(",") if c.strip()]
-    serve_args = ["--artifact", artifact, "--artifacts", str(artifacts), "--max-queue", str(max_queue)]
-    serve_args += ["--cap-edges"] if cap_edges else []
+    args = bench.serve_args(url, artifact, artifacts, max_queue, cap_edges)
     scenarios = bench.run(
-        url, serve_args, counts, requests, text or bench.PARAGRAPH, voice, response_format, full, api_key, console,
+        url, args, counts, requests, text or bench.PARAGRAPH, voice, response_format, full, api_key, console,
         phrases=bench.PHRASES if phrases else (),
     )
     if json_out:

@@ -120,3 +120,27 @@ def test_a_seam_pause_is_padded_with_silence_when_the_job_ends_early() -> None:
     out = Joiner(rate, 0.0).push(np.concatenate([speech, tail]), last=False, pause=PAUSES["sentence"])
     silent = len(out) - np.flatnonzero(np.abs(out) > 1e-6)[-1] - 1
     assert abs(silent - round(PAUSES["sentence"] * rate)) <= rate // 100
+
+
+def test_bench_serve_passes_cap_edges_only_to_a_server_it_starts() -> None:
+    from pathlib import Path
+
+    from kokoro_opt.serve import bench
+
+    assert bench.serve_args(None, "best", Path("artifacts"), 4, True)[-1] == "--cap-edges"
+    assert "--cap-edges" not in bench.serve_args(None, "best", Path("artifacts"), 4, False)
+    with pytest.raises(UserError, match="cap-edges"):
+        bench.serve_args("http://127.0.0.1:8880", "best", Path("artifacts"), 4, True)
+
+
+def test_a_server_with_capped_edges_speaks(capped) -> None:
+    import httpx
+
+    from kokoro_opt.serve import running
+
+    config = ServeConfig.for_selection(resolve_artifact(str(capped.path)), cap_edges=True, first_chunk_tokens=20)
+    with running(resolve_artifact(str(capped.path)), config) as base:
+        body = {"model": "tts-1", "input": "Hello there. How are you?", "voice": "tiny_0", "response_format": "pcm"}
+        for stream in (True, False):
+            response = httpx.post(f"{base}/v1/audio/speech", json={**body, "stream": stream}, timeout=60)
+            assert response.status_code == 200 and len(response.content) > 24_000  # > 0.5 s of s16 audio

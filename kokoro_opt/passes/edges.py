@@ -24,7 +24,14 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
-from kokoro_opt.edge_capping import EDGE_INPUT, FRAME_SAMPLES, add_edge_input, edge_keep, removed_frames
+from kokoro_opt.edge_capping import (
+    EDGE_INPUT,
+    FRAME_SAMPLES,
+    add_edge_input,
+    edge_keep,
+    has_edge_input,
+    removed_frames,
+)
 from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import copy_runtime, stage_record
 from kokoro_opt.passes.compress import CARRIED
@@ -112,6 +119,8 @@ def run_edges(source: Artifact, cfg: EdgesStage, out: Path) -> dict[str, Any]:
         if (source.path / extra).exists():
             (out / extra).write_bytes((source.path / extra).read_bytes())
     model = onnx.load(str(source.model_file))
+    if has_edge_input(model):
+        raise UserError(f"{source.name} already has the edges stage's input", "keep one edges stage in the recipe")
     try:
         sliced = add_edge_input(model)
     except KeyError as exc:

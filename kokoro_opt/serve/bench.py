@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -330,6 +331,13 @@ def _ready(url: str) -> bool:
         return httpx.get(f"{url}/ready", timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def serve_args(url: str | None, artifact: str, artifacts: Path, max_queue: int, cap_edges: bool) -> list[str]:
+    """`kokoro-opt serve` options for the server the benchmark starts (none apply to a running `url`)."""
+    if cap_edges and url:
+        raise UserError("--cap-edges sets up a server that bench-serve starts", "start yours with serve --cap-edges")
+    return ["--artifact", artifact, "--artifacts", str(artifacts), "--max-queue", str(max_queue)] + ["--cap-edges"] * cap_edges
 
 
 def run(
