@@ -60,7 +60,7 @@ class Joiner:
         start = max(0, lead - round(LEAD_KEEP * self.sample_rate))
         keep = END_KEEP if last else pause + self.n / self.sample_rate  # the crossfade overlaps the kept pause
         cut = tail - round(keep * self.sample_rate)
-        if cut < 0 and np.any(audio):  # less silence than the pause (a job decoded with capped edges): add digital silence
+        if cut < 0 and not last and np.any(audio):  # a seam with less silence than its pause (capped edges)
             return np.concatenate([audio[start:], np.zeros(-cut, dtype=np.float32)])
         return audio[start : len(audio) - cut]
 
