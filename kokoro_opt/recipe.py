@@ -241,6 +241,11 @@ class Recipe(Strict):
             raise ValueError("simplify's static_reshapes needs export.alignment: stock")
         if any(getattr(stage, "fallback_precision", "fp32") == "fp16" for stage in self.stages[len(kinds) - len(after_snake) :]):
             raise ValueError("quantize's fallback_precision 'fp16' cannot follow stage 'snake': the polynomial needs FP32")
+        if "edges" in kinds and any(
+            stage.kind == "fp16" or getattr(stage, "fallback_precision", "fp32") == "fp16"
+            for stage in self.stages[: kinds.index("edges")]
+        ):  # measured: on CPUs without FP16 kernels its Slices move ORT's inserted Casts, and the unfed audio moves 15%
+            raise ValueError("stage 'edges' cannot follow FP16 conversion (stage 'fp16' or fallback_precision 'fp16')")
         return self
 
     def config_hash(self) -> str:

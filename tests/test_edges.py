@@ -144,3 +144,16 @@ def test_a_server_with_capped_edges_speaks(capped) -> None:
         for stream in (True, False):
             response = httpx.post(f"{base}/v1/audio/speech", json={**body, "stream": stream}, timeout=60)
             assert response.status_code == 200 and len(response.content) > 24_000  # > 0.5 s of s16 audio
+
+
+def test_edges_after_fp16_conversion_is_refused(tiny_recipe) -> None:
+    """On FP16 graphs the stage's Slices change where ONNX Runtime casts FP16 to FP32 on CPUs without FP16
+    kernels: measured on int8-fp16-mixed, the unfed audio moved by 15% of its peak."""
+    from kokoro_opt.recipe import parse_recipe
+
+    data = tiny_recipe.model_dump(mode="json", by_alias=True)
+    data.update(name="t-bad", stages=[{"kind": "fp16"}, {"kind": "edges"}])
+    with pytest.raises(UserError, match="'edges' cannot follow FP16 conversion"):
+        parse_recipe(data)
+    data.update(stages=[{"kind": "edges"}, {"kind": "ort"}])
+    assert parse_recipe(data).stages[0].kind == "edges"
