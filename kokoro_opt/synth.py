@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,11 @@ class Speaker:
     def voices(self) -> list[str]:
         return sorted(self.packs)
 
+    @cached_property
+    def symbols(self) -> dict[int, str]:
+        """Token id -> phoneme symbol (the vocab inverted): edge capping and seams read the last symbols."""
+        return {i: symbol for symbol, i in self.vocab.items()}
+
     def run_tokens(self, token_ids: list[int], voice: str | np.ndarray, speed: float = 1.0) -> SynthesisResult:
         raise NotImplementedError
 
@@ -150,13 +156,12 @@ class Synthesizer(Speaker):
         edges = meta.get("edges") if EDGE_INPUT in overridable else None
         # (lead, trail) frames the decoder keeps when asked to cap the edges (passes/edges.py); None: no edges stage
         self.edges: tuple[int, int] | None = (int(edges["lead_frames"]), int(edges["trail_frames"])) if edges else None
-        self._symbols = {i: s for s, i in self.vocab.items()}
 
     def feeds(self, token_ids: list[int], style: np.ndarray, speed: float, cap_edges: bool = False) -> dict[str, np.ndarray]:
         """The session's feeds; with `cap_edges` (and an edges stage) the decoder skips most edge silence."""
         feeds = model_feeds(token_ids, style, speed, names=self._inputs)
         if cap_edges and self.edges:
-            feeds[EDGE_INPUT] = edge_keep(*self.edges, token_ids, self._symbols)
+            feeds[EDGE_INPUT] = edge_keep(*self.edges, token_ids, self.symbols)
         return feeds
 
     def run_tokens(

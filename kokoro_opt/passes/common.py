@@ -14,10 +14,14 @@ from kokoro_opt.artifacts import Artifact
 RUNTIME_FILES = ("voices.npz", "kokoro.json")
 
 
-def copy_runtime(source: Artifact, out: Path) -> None:
-    """Voices and vocab travel with every stage so each stage output is runnable on its own."""
+def copy_runtime(source: Artifact, out: Path, side_files: tuple[str, ...] = ()) -> None:
+    """Voices and vocab travel with every stage so each stage output is runnable on its own; so do
+    the `side_files` the source has (a precision map, calibration ranges)."""
     for name in RUNTIME_FILES:
         shutil.copy2(source.path / name, out / name)
+    for name in side_files:
+        if (source.path / name).exists():
+            shutil.copy2(source.path / name, out / name)
 
 
 def graph_summary(model_path: Path) -> dict[str, Any]:

@@ -228,11 +228,8 @@ def run_compress(source: Artifact, cfg: CompressStage, out: Path) -> dict[str, A
     import onnx
 
     started = time.perf_counter()
-    copy_runtime(source, out)
+    copy_runtime(source, out, CARRIED)
     protected: set[str] = set()
-    for extra in CARRIED:
-        if (source.path / extra).exists():
-            (out / extra).write_bytes((source.path / extra).read_bytes())
     if (out / "precision_map.json").exists():
         protected = sensitive_nodes(json.loads((out / "precision_map.json").read_text(encoding="utf-8")))
     model = onnx.load(str(source.model_file))

@@ -60,22 +60,17 @@ def gate_cases(artifact: Artifact, count: int) -> list[tuple[str, list[int], np.
 
 def measure(model_file: Path, artifact: Artifact, cfg: EdgesStage) -> dict[str, Any]:
     """Capped vs uncapped speech of `model_file` on the gate's sentences: per-sentence scores and the summary."""
-    import onnxruntime as ort
-
     from kokoro_opt.evaluate import metrics as M
-    from kokoro_opt.feeds import model_feeds
+    from kokoro_opt.synth import Synthesizer
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # the overridable initializer is intended; ORT warns about it at load
-    session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
-    symbols = {i: s for s, i in artifact.kokoro["vocab"].items()}
-    rate = int(artifact.kokoro.get("sample_rate", 24000))
+    synth = Synthesizer(artifact, model_file=model_file)  # the new graph with the source's voices and vocab
+    rate = synth.sample_rate
     rows = []
     for sentence_id, tokens, style in gate_cases(artifact, cfg.check_sentences):
-        feeds = model_feeds(tokens, style, 1.0)
-        keep = edge_keep(cfg.lead_frames, cfg.trail_frames, tokens, symbols)
-        full, durations = (np.asarray(x) for x in session.run(None, feeds))
-        capped = np.asarray(session.run(None, {**feeds, EDGE_INPUT: keep})[0]).reshape(-1)
+        feeds = synth.feeds(tokens, style, 1.0)
+        keep = edge_keep(cfg.lead_frames, cfg.trail_frames, tokens, synth.symbols)
+        full, durations = (np.asarray(x) for x in synth.session.run(None, feeds))
+        capped = np.asarray(synth.session.run(None, {**feeds, EDGE_INPUT: keep})[0]).reshape(-1)
         reference = uncapped_span(full.reshape(-1), durations.reshape(-1), keep)
         if len(reference) != len(capped):
             raise UserError(f"edge capping cut {len(full) - len(capped)} samples where the durations say "
@@ -114,10 +109,7 @@ def run_edges(source: Artifact, cfg: EdgesStage, out: Path) -> dict[str, Any]:
     import onnx
 
     started = time.perf_counter()
-    copy_runtime(source, out)
-    for extra in CARRIED:
-        if (source.path / extra).exists():
-            (out / extra).write_bytes((source.path / extra).read_bytes())
+    copy_runtime(source, out, CARRIED)
     model = onnx.load(str(source.model_file))
     if has_edge_input(model):
         raise UserError(f"{source.name} already has the edges stage's input", "keep one edges stage in the recipe")

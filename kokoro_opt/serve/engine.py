@@ -132,7 +132,6 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._space: int | None = None
-        self._symbols: dict[int, str] = {}
 
     # ---- lifecycle ----------------------------------------------------------------------------------
 
@@ -175,7 +174,6 @@ class Engine:
             raise UserError(edges_missing(getattr(synth, "artifact", None) and synth.artifact.name), "drop cap_edges")
         self.synth = synth
         self._space = synth.vocab.get(" ")
-        self._symbols = {i: symbol for symbol, i in synth.vocab.items()}
 
     def _warm_up(self) -> None:
         """Load espeak, run both job sizes (the first run of a session is slow), fit the cost model."""
@@ -315,7 +313,8 @@ class Engine:
 
     def join(self, joiner: Joiner, tokens: list[int], audio: np.ndarray, last: bool, speed: float) -> np.ndarray:
         """A job's audio through its request's joiner, with the pause its final token calls for: what can be sent."""
-        return joiner.push(audio, last, PAUSES[boundary(tokens, self._symbols)] / speed)
+        assert self.synth is not None
+        return joiner.push(audio, last, PAUSES[boundary(tokens, self.synth.symbols)] / speed)
 
     def first_audio(self, text: str, pack: np.ndarray, speed: float = 1.0) -> np.ndarray:
         """The audio a new streaming request for `text` sends first, made on the calling thread by the worker's
