@@ -239,6 +239,7 @@ Runs = Annotated[int | None, typer.Option(help="timed runs per utterance (defaul
 Warmup = Annotated[int | None, typer.Option(help="warm-up runs per model before timing")]
 Threads = Annotated[int | None, typer.Option(help="ORT intra-op threads (and torch threads for the eager peer)")]
 Sentences = Annotated[int | None, typer.Option(help="how many corpus sentences to score")]
+Phrases = Annotated[int | None, typer.Option(min=0, help="how many short phrases to score apart (0: none)")]
 Asr = Annotated[bool | None, typer.Option("--asr/--no-asr", help="WER with the optional offline ASR")]
 Peers = Annotated[bool, typer.Option(help="add both peers: kokoro-onnx's int8 model and PyTorch eager")]
 Peer = Annotated[list[str] | None, typer.Option(help="add one peer: kokoro-onnx-int8 or pytorch-eager (repeatable)")]
@@ -297,6 +298,7 @@ def evaluate(
     warmup: Warmup = None,
     threads: Threads = None,
     sentences: Sentences = None,
+    phrases: Phrases = None,
     asr: Asr = None,
     peers: Peers = False,
     peer: Peer = None,
@@ -307,7 +309,7 @@ def evaluate(
     from kokoro_opt.evaluate.report import results_json
     from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
 
-    overrides = {"runs": runs, "warmup": warmup, "threads": threads, "sentences": sentences, "asr": asr}
+    overrides = {"runs": runs, "warmup": warmup, "threads": threads, "sentences": sentences, "phrases": phrases, "asr": asr}
     results: list[Any] = []
     for i, artifact in enumerate(_evaluation_targets(targets, artifacts, tracking_uri)):
         config = _evaluate_config(artifact.manifest, **overrides)
@@ -338,6 +340,7 @@ def compare(
     warmup: Warmup = None,
     threads: Threads = None,
     sentences: Sentences = None,
+    phrases: Phrases = None,
     asr: Asr = None,
     plot: Annotated[Path, typer.Option(help="Pareto plot (RTF vs PESQ and WER) PNG")] = Path("experiments/pareto.png"),
     log: Annotated[bool, typer.Option(help="log the comparison to MLflow")] = True,
@@ -352,8 +355,9 @@ def compare(
 
     chosen = [open_artifact(f) for f in folders] if folders else Store(artifacts).artifacts()
     config = _evaluate_config(
-        chosen[0].manifest if chosen else {}, runs=runs, warmup=warmup, threads=threads, sentences=sentences, asr=asr
-    )
+        chosen[0].manifest if chosen else {},
+        runs=runs, warmup=warmup, threads=threads, sentences=sentences, phrases=phrases, asr=asr,
+    )  # fmt: skip
     results, png = compare_artifacts(
         chosen, config, tracking_uri, console=err, peers=_peers(peers, peer), plot=plot, log=log, root=artifacts
     )

@@ -215,6 +215,9 @@ class EvaluateConfig(Strict):
     warmup: int = Field(1, ge=0, le=10)
     threads: int = Field(2, ge=1, le=64)
     sentences: int = Field(8, ge=1, le=200, description="how many corpus sentences to score")
+    phrases: int = Field(
+        12, ge=0, le=100, description="how many short corpus phrases (the screen-reader slice) to score on top, apart"
+    )
     asr: bool = Field(False, description="also compute WER with the optional ASR extra")
     first_chunk_tokens: int = Field(40, ge=1, le=510, description="chunking policy for time-to-first-audio (as the server)")
     profile: bool = Field(True, description="per-op-type time breakdown from an ORT profiling run")

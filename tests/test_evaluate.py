@@ -39,7 +39,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def fast() -> EvaluateConfig:
     """One short sentence, one timed run: a tiny-model evaluation in seconds (ASR when installed)."""
-    return EvaluateConfig(runs=1, warmup=1, sentences=1, threads=2, asr=HAS_ASR)
+    return EvaluateConfig(runs=1, warmup=1, sentences=1, phrases=1, threads=2, asr=HAS_ASR)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,21 @@ def test_corpus_is_held_out_varied_and_long_enough(vocab: dict[str, int]) -> Non
     from kokoro_opt.weights.sources import offline_voice_packs
 
     assert set(corpus.voices) <= set(offline_voice_packs())
+
+
+def test_the_short_phrase_slice_is_short_held_out_and_scored_after_the_sentences(vocab: dict[str, int]) -> None:
+    from kokoro_opt.evaluate.corpus import PHRASE
+    from kokoro_opt.serve.bench import PHRASES
+    from kokoro_opt.text import phonemize, tokenize
+
+    corpus = load_corpus()
+    assert len(corpus.phrases) >= 10 and {p.kind for p in corpus.phrases} == {PHRASE}
+    assert all(len(tokenize(phonemize(p.text), vocab)) <= 30 for p in corpus.phrases)  # 1-4 words
+    assert not {p.text.lower().rstrip(".") for p in corpus.phrases} & set(PHRASES)  # bench-serve's are its own
+    picked = corpus.utterances(2, list(corpus.voices), phrases=3)
+    assert [u.sentence.kind == PHRASE for u in picked] == [False, False, True, True, True]
+    assert [u.sentence.id for u in picked[2:]] == [p.id for p in corpus.phrases[:3]]
+    assert len(corpus.utterances(2, list(corpus.voices))) == 2  # none unless asked
 
 
 def test_corpus_hash_is_recorded_in_the_docs() -> None:
@@ -112,6 +127,9 @@ def test_evaluate_measures_the_reference_against_itself(evaluated: EvalResult, t
     assert m["peak_rss_mb"] > m["rss_baseline_mb"] > 0
     assert m["size_mb"] == pytest.approx(tiny_artifact.model_file.stat().st_size / 1e6)
     assert m["speedup_vs_reference"] == 1.0 and m["mcd_mean"] == 0.0 and m["durations_equal_pct"] == 100.0
+    # the short-phrase slice: scored, but apart from the sentence numbers
+    assert m["utterances"] == 1 and m["phrases"] == 1 and [u["kind"] for u in evaluated.utterances][-1] == "phrase"
+    assert m["phrase_mcd_mean"] == 0.0 and m["phrase_latency_p50"] > 0 and m["phrase_speedup_vs_reference"] == 1.0
     assert m["bad_outputs"] == 0 and m["edge_inputs_ok"] == 1.0
     assert "Conv" in evaluated.op_times and next(iter(evaluated.op_times)) == "Conv"  # the vocoder dominates
     if HAS_ASR:  # the ASR path ran: tiny speaks noise, so only the plumbing is checked here
@@ -128,8 +146,8 @@ def test_the_run_is_found_with_metrics_params_tags_and_files(evaluated: EvalResu
     assert run.info.run_id == evaluated.run_id and run.info.status == "FINISHED"
     assert run.data.metrics["rtf_p50"] == pytest.approx(evaluated.metrics["rtf_p50"])
     # headline metrics are the columns; the per-op profile is a file, not 200+ columns
-    assert set(tracking.HEADLINE_METRICS) - {"pesq_mean", "pesq_min", "wer_delta"} <= set(run.data.metrics)  # a reference
-    assert not [k for k in run.data.metrics if k.startswith("op_")] and len(run.data.metrics) < 40
+    assert set(tracking.HEADLINE_METRICS) - {"pesq_mean", "pesq_min", "phrase_pesq_mean", "wer_delta"} <= set(run.data.metrics)
+    assert not [k for k in run.data.metrics if k.startswith("op_")] and len(run.data.metrics) < 60
     assert run.data.params["recipe.stages"] == "export"
     assert run.data.params["recipe.name"] == "tiny" and run.data.params["eval.runs"] == "1"
     experiment = MlflowClient(store).get_experiment(run.info.experiment_id)  # opens on the runs table
@@ -178,6 +196,24 @@ def test_best_evaluated_picks_a_passing_artifact(evaluated: EvalResult, store: s
     assert ranking.best_evaluated(store, min_pesq=3.8, available=lambda found: found != evaluated.artifact_id) is None
     empty = tmp_path / "none" / "mlflow.db"
     assert ranking.best_evaluated(f"sqlite:///{empty}", 3.8) is None and not empty.exists()
+
+
+def test_best_holds_short_phrases_to_their_own_budget(evaluated: EvalResult, store: str, tmp_path: Path) -> None:
+    """An artifact within the sentence budget but below the phrase budget is not served as best."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    shared = tmp_path / "phrases.db"
+    shutil.copy(store.removeprefix("sqlite:///"), shared)
+    client, uri = MlflowClient(f"sqlite:///{shared}"), f"sqlite:///{shared}"
+    client.set_tag(evaluated.run_id, "is_reference", "false")  # as if it were an optimised artifact
+    client.log_metric(evaluated.run_id, "pesq_mean", 4.1)
+    client.log_metric(evaluated.run_id, "phrase_pesq_mean", 3.5)
+    assert ranking.best_evaluated(uri, 3.8) is not None  # without a phrase budget, sentences decide
+    assert ranking.best_evaluated(uri, 3.8, min_phrase_pesq=3.6) is None
+    best = ranking.best_evaluated(uri, 3.8, min_phrase_pesq=3.4)
+    assert best is not None and "PESQ 4.10 >= 3.8, phrases 3.50 >= 3.4" in best["reason"]
 
 
 def test_best_ranks_this_machines_evaluations_and_says_when_it_has_none(
@@ -279,6 +315,8 @@ def test_compare_cli_prints_one_table_as_json_and_logs_it(
         "kokoro-onnx-int8",
         "--sentences",
         "1",
+        "--phrases",
+        "1",
         "--runs",
         "1",
         "--warmup",
@@ -326,6 +364,8 @@ def test_evaluate_cli_skips_what_is_already_logged(evaluated: EvalResult, tiny_a
         "--tracking-uri",
         store,
         "--sentences",
+        "1",
+        "--phrases",
         "1",
         "--runs",
         "1",

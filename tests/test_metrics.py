@@ -149,3 +149,18 @@ def test_a_clip_with_nan_samples_scores_the_pesq_floor_instead_of_crashing() -> 
     assert row["pesq"] == 1.0 and math.isnan(row["mcd"]) and row["durations_equal"] is True
     summary = metrics.summarise_quality([row, metrics.quality_row(reference, reference, rate)])
     assert summary["pesq_min"] == 1.0 and math.isfinite(summary["mcd_mean"])
+
+
+def test_the_short_phrase_slice_is_summarised_apart_from_the_sentences() -> None:
+    """Phrases (the screen-reader slice) neither lower the sentence means nor hide behind them."""
+    rate = 24000
+    t = np.arange(rate) / rate
+    reference = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    noisy = reference + np.random.default_rng(0).normal(0, 0.05, rate).astype(np.float32)
+    same = {**metrics.quality_row(reference, reference, rate), "kind": "short"}
+    worse = {**metrics.quality_row(reference, noisy, rate), "kind": "phrase"}
+    summary = metrics.summarise_quality([same, worse])
+    assert summary["pesq_mean"] == same["pesq"] and summary["pesq_scored"] == 1.0
+    assert summary["phrase_pesq_mean"] == summary["phrase_pesq_min"] == worse["pesq"] < same["pesq"]
+    assert summary["phrase_mcd_mean"] == worse["mcd"] > 0.0
+    assert "phrase_pesq_mean" not in metrics.summarise_quality([same])  # no slice scored, no number

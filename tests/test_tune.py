@@ -142,10 +142,12 @@ def test_quality_gate_pairs_ort_and_never_invents_a_number(tiny_artifact: Any, t
     )
     _fake(root, tiny_artifact, "int8-bad", [{"kind": "quantize", "key": "b000000000000001"}])
     _fake(root, tiny_artifact, "int8-unmeasured", [{"kind": "quantize", "key": "u000000000000001"}])
-    records = {q: 4.1, ort: 4.0, "b000000000000001": 3.1}
+    _fake(root, tiny_artifact, "int8-phrases", [{"kind": "quantize", "key": "p000000000000001"}])
+    records = {q: {"pesq_mean": 4.1}, ort: {"pesq_mean": 4.0}, "b000000000000001": {"pesq_mean": 3.1}}
+    records["p000000000000001"] = {"pesq_mean": 4.2, "phrase_pesq_mean": 3.4}  # good sentences, poor short phrases
     monkeypatch.setattr(
         "kokoro_opt.tuning.records.recorded_evaluation",
-        lambda uri, artifact_id: {"pesq_mean": records[artifact_id], "bad_outputs": 0.0} if artifact_id in records else None,
+        lambda uri, artifact_id: {**records[artifact_id], "bad_outputs": 0.0} if artifact_id in records else None,
     )
     recipe = parse_tune_recipe({"name": "gate", "quality": {"evaluate_missing": False}})
     said: list[str] = []
@@ -154,6 +156,7 @@ def test_quality_gate_pairs_ort_and_never_invents_a_number(tiny_artifact: Any, t
     assert found["tiny"].quality == 4.64 and "reference" in found["tiny"].reason  # fp32 passes by definition
     assert found["int8-q"].formats == {"onnx": q, "ort": ort} and found["int8-q"].quality == 4.1
     assert any("int8-bad" in m and "3.10 < budget 3.8" in m for m in said)
+    assert any("int8-phrases" in m and "short-phrase PESQ 3.40 < budget 3.6" in m for m in said)
     assert any("int8-unmeasured" in m and "no evaluation record" in m for m in said)
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from kokoro_opt.evaluate.corpus import PHRASE
+
 PESQ_RATE = 16_000
 PESQ_MAX = 4.644  # the ceiling of P.862.2 MOS-LQO (wide band)
 HIGH_BAND = (4_000.0, 12_000.0)
@@ -193,8 +195,20 @@ def quality_row(
 
 
 def summarise_quality(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Corpus-level quality: means, worst cases, share of identical durations (NaN-free where possible)."""
+    """Corpus-level quality: means, worst cases, share of identical durations (NaN-free where possible).
+    Rows of kind 'phrase' (the short-phrase slice) are summarised apart, as phrase_pesq_mean etc."""
+    sentences = [row for row in rows if row.get("kind") != PHRASE]
+    phrases = [row for row in rows if row.get("kind") == PHRASE]
+    summary = _summarise(sentences)
+    if phrases:
+        summary |= {f"phrase_{k}": v for k, v in _summarise(phrases).items() if k in PHRASE_METRICS}
+    return summary
 
+
+PHRASE_METRICS = ("pesq_mean", "pesq_min", "mcd_mean", "high_band_db_max", "durations_equal_pct")
+
+
+def _summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     def values(name: str) -> np.ndarray:
         data = np.array([row.get(name, math.nan) for row in rows], dtype=np.float64)
         return data[np.isfinite(data)]

@@ -22,9 +22,11 @@ def best_evaluated(
     min_pesq: float,
     available: Callable[[str], bool] | None = None,
     machine_id: str | None = None,
+    min_phrase_pesq: float | None = None,
 ) -> dict[str, Any] | None:
-    """Among evaluated kokoro-opt artifacts (not peers) whose mean PESQ-WB vs fp32 is >= min_pesq and
-    that produced no NaN/silent output (the fp32 reference passes by definition): the fastest.
+    """Among evaluated kokoro-opt artifacts (not peers) whose mean PESQ-WB vs fp32 is >= min_pesq on
+    the sentences and >= min_phrase_pesq on the short-phrase slice (where it was scored), and that
+    produced no NaN/silent output (the fp32 reference passes by definition): the fastest.
 
     Fastest by the speedup over fp32 measured side by side in the same session: RTFs measured in
     different sessions are not comparable on a noisy machine. Runs without that ratio rank after, by
@@ -40,10 +42,11 @@ def best_evaluated(
     ids = _our_experiments(client)
     runs = client.search_runs(ids, f"tags.{KIND_TAG} = 'evaluation' and attributes.status = 'FINISHED'") if ids else []
     if machine_id is not None:
-        here = _fastest_passing([r for r in runs if r.data.tags.get("machine.id") == machine_id], min_pesq, available)
+        mine = [r for r in runs if r.data.tags.get("machine.id") == machine_id]
+        here = _fastest_passing(mine, min_pesq, min_phrase_pesq, available)
         if here is not None:
             return {**here, "measured_here": True, "reason": here["reason"] + f", measured on this machine (id {machine_id})"}
-    best = _fastest_passing(runs, min_pesq, available)
+    best = _fastest_passing(runs, min_pesq, min_phrase_pesq, available)
     if best is None or machine_id is None:
         return best
     elsewhere = best["machine"]
@@ -55,7 +58,9 @@ def best_evaluated(
     }
 
 
-def _fastest_passing(runs: list[Any], min_pesq: float, available: Callable[[str], bool] | None) -> dict[str, Any] | None:
+def _fastest_passing(
+    runs: list[Any], min_pesq: float, min_phrase_pesq: float | None, available: Callable[[str], bool] | None
+) -> dict[str, Any] | None:
     newest: dict[str, Any] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time, reverse=True):
         newest.setdefault(run.data.tags.get("artifact_id", ""), run)
@@ -66,7 +71,8 @@ def _fastest_passing(runs: list[Any], min_pesq: float, available: Callable[[str]
             continue
         if available is not None and not available(artifact_id):
             continue
-        if tags.get("is_reference") == "true" or m.get("pesq_mean", -math.inf) >= min_pesq:
+        phrases_pass = min_phrase_pesq is None or m.get("phrase_pesq_mean", math.inf) >= min_phrase_pesq
+        if tags.get("is_reference") == "true" or (m.get("pesq_mean", -math.inf) >= min_pesq and phrases_pass):
             passing.append(run)
     if not passing:
         return None
@@ -80,6 +86,9 @@ def _fastest_passing(runs: list[Any], min_pesq: float, available: Callable[[str]
     m, tags = best.data.metrics, best.data.tags
     is_reference = tags.get("is_reference") == "true"
     quality = "the fp32 reference" if is_reference else f"PESQ {m.get('pesq_mean', math.nan):.2f} >= {min_pesq}"
+    if not is_reference and min_phrase_pesq is not None:
+        scored = "phrase_pesq_mean" in m
+        quality += f", phrases {m['phrase_pesq_mean']:.2f} >= {min_phrase_pesq}" if scored else ", phrases not scored"
     pace = f"{speedup(best):.2f}x fp32, " if speedup(best) and not is_reference else ""
     return {
         "artifact_id": tags["artifact_id"],

@@ -74,6 +74,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("speedup", "speedup_vs_reference", "{:.2f}x"),
     ("TTFA s", "ttfa_p50", "{:.2f}"),
     ("PESQ", "pesq_mean", "{:.2f}"),
+    ("PESQ phr", "phrase_pesq_mean", "{:.2f}"),
     ("MCD dB", "mcd_mean", "{:.2f}"),
     ("WER Δ", "wer_delta", "{:+.3f}"),
     ("RSS MB", "peak_rss_mb", "{:.0f}"),
@@ -84,6 +85,9 @@ DETAIL_COLUMNS: list[tuple[str, str, str]] = [
     ("lat p90", "latency_p90", "{:.3f}"),
     ("RTF p90", "rtf_p90", "{:.3f}"),
     ("PESQ min", "pesq_min", "{:.2f}"),
+    ("phr min", "phrase_pesq_min", "{:.2f}"),
+    ("phr lat", "phrase_latency_p50", "{:.3f}"),
+    ("phr speedup", "phrase_speedup_vs_reference", "{:.2f}x"),
     ("dur =%", "durations_equal_pct", "{:.0f}"),
     ("4-12k dB", "high_band_db_mean", "{:+.2f}"),
     ("WER", "wer", "{:.3f}"),
@@ -94,7 +98,8 @@ DETAIL_COLUMNS: list[tuple[str, str, str]] = [
 ]
 CAPTION = (
     "speedup: vs the fp32 export of the same weights, measured interleaved in this session; "
-    "PESQ/MCD/WER Δ vs that export; * = the fp32 reference itself; (peer) = not built by kokoro-opt"
+    "PESQ/MCD/WER Δ vs that export (PESQ phr: the short-phrase slice); * = the fp32 reference itself; "
+    "(peer) = not built by kokoro-opt"
 )
 
 

@@ -8,10 +8,6 @@ all of them alike and the speedup ratios stay meaningful.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -27,9 +23,10 @@ from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.audio import is_speechlike
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate import metrics as M
-from kokoro_opt.evaluate.corpus import Corpus, load_corpus
+from kokoro_opt.evaluate.corpus import PHRASE, Corpus, load_corpus
 from kokoro_opt.evaluate.edge import check_edge_inputs, edge_token_inputs
 from kokoro_opt.evaluate.ep_support import partition_metrics
+from kokoro_opt.evaluate.probe import probe_runner
 from kokoro_opt.evaluate.report import EvalResult, print_results
 from kokoro_opt.evaluate.runners import Plan, Runner
 from kokoro_opt.machine import fingerprint
@@ -104,7 +101,7 @@ def measure(
                 ttfa[r.artifact_id].append(time.perf_counter() - started)
                 tick(f"first chunk {r.label}")
         for r in probed:  # after timing and one at a time: a probe must not steal the timed cores
-            probes[r.artifact_id] = _probe(r, plans[r.artifact_id], config)
+            probes[r.artifact_id] = probe_runner(r, plans[r.artifact_id], config)
             tick(f"memory/profile probe {r.label}")
         for r in probed:
             voice = plans[r.artifact_id].utterances[0].voice
@@ -145,10 +142,14 @@ def _score(
 ) -> EvalResult:
     own, lat = outputs[r.artifact_id], times[r.artifact_id]
     seconds = [len(a) / r.sample_rate for a, _ in own]
-    rtf = [t / max(seconds[i], 1e-9) for i in range(n) for t in lat[i]]
-    flat = [t for per in lat for t in per]
+    # sentences set the headline numbers; the phrase slice is summarised apart (phrase_*)
+    sentences = [i for i in range(n) if plan.utterances[i].sentence.kind != PHRASE]
+    phrases = [i for i in range(n) if plan.utterances[i].sentence.kind == PHRASE]
+    rtf = [t / max(seconds[i], 1e-9) for i in sentences for t in lat[i]]
+    flat = [t for i in sentences for t in lat[i]]
     m: dict[str, float] = {
-        "utterances": n,
+        "utterances": len(sentences),
+        "phrases": len(phrases),
         "runs": len(lat[0]),
         "size_mb": r.size_bytes / 1e6,
         "load_seconds": r.load_seconds,
@@ -156,7 +157,8 @@ def _score(
         "latency_p90": M.percentile(flat, 90),
         "rtf_p50": M.percentile(rtf, 50),
         "rtf_p90": M.percentile(rtf, 90),
-        "audio_seconds": float(sum(seconds)),
+        "audio_seconds": float(sum(seconds[i] for i in sentences)),
+        "phrase_latency_p50": M.percentile([t for i in phrases for t in lat[i]], 50) if phrases else float("nan"),
         "frontend_seconds": plan.frontend_seconds,
         "first_chunk_tokens": len(plan.first_chunk),
         "ttfa_model_p50": M.percentile(ttfa, 50),
@@ -200,7 +202,12 @@ def _score(
         row.update(M.quality_row(clean[i][0], own[i][0], r.sample_rate, clean[i][1], own[i][1]))
     m.update(M.summarise_quality(rows))
     # per-utterance ratio of medians, then the geometric mean: long and short sentences weigh alike
-    m["speedup_vs_reference"] = M.geometric_mean(M.percentile(ref_lat[i], 50) / M.percentile(lat[i], 50) for i in range(n))
+    def speedup(picked: list[int]) -> float:
+        return M.geometric_mean(M.percentile(ref_lat[i], 50) / M.percentile(lat[i], 50) for i in picked)
+
+    m["speedup_vs_reference"] = speedup(sentences)
+    if phrases:
+        m["phrase_speedup_vs_reference"] = speedup(phrases)
     result.samples = _samples(r, rows, own, clean)
     return result
 
@@ -216,85 +223,13 @@ def _score_wer(result: EvalResult, r: Runner, ref: Runner | None, plan: Plan, he
     texts = [u.sentence.text for u in plan.utterances[:n]]
     for row, text, said in zip(result.utterances, texts, heard[r.artifact_id], strict=True):
         row.update(transcript=said, wer=word_error_rate([text], [said]))
-    result.metrics.update(wer_metrics(texts, heard[r.artifact_id], heard[ref.artifact_id] if ref else None))
+    sentences = [i for i in range(n) if plan.utterances[i].sentence.kind != PHRASE]  # corpus WER: sentences, as PESQ
 
+    def pick(values: list[str]) -> list[str]:
+        return [values[i] for i in sentences]
 
-# ---- memory and profile probe: a fresh process per runner -----------------------------------------
-
-
-def _probe(r: Runner, plan: Plan, config: EvaluateConfig) -> dict[str, Any]:
-    """Peak RSS of a fresh process that loads the model and speaks the longest utterance, plus (ONNX)
-    the ORT profile of that run. It runs in a temporary cwd: ORT writes its trace file there."""
-    i = max(range(len(plan.tokens)), key=lambda j: len(plan.tokens[j]))
-    spec = {
-        "runner": {
-            "label": r.label,
-            "artifact_id": r.artifact_id,
-            "kind": r.kind,
-            "folder": str(Path(r.folder).resolve()),
-            "manifest": {},
-            "weights_dir": str(Path(r.weights_dir).resolve()) if r.weights_dir else None,
-        },
-        "tokens": plan.tokens[i],
-        "voice": plan.utterances[i].voice,
-        "speed": plan.utterances[i].speed,
-        "threads": config.threads,
-        "profile": config.profile,
-    }
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    with tempfile.TemporaryDirectory(prefix="kokoro-opt-probe-") as cwd:
-        done = subprocess.run(
-            [sys.executable, "-m", "kokoro_opt.evaluate.run", "--probe"],
-            input=json.dumps(spec),
-            capture_output=True,
-            text=True,
-            cwd=cwd,
-            env=env,
-            timeout=1800,
-            check=False,
-        )
-    if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
-
-
-def _rss_mb(field_name: str = "VmHWM") -> float:
-    """Peak (VmHWM) or current (VmRSS) resident memory of this process in MB.
-
-    Not ru_maxrss on Linux: a child inherits its parent's peak across fork+exec, so every probe
-    would report the RSS of the evaluating process that spawned it.
-    """
-    status = Path("/proc/self/status")
-    if status.is_file():
-        for line in status.read_text().splitlines():
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) / 1024
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 1e6 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB elsewhere
-
-
-def _probe_main() -> None:
-    spec = json.loads(sys.stdin.read())
-    baseline = _rss_mb("VmRSS")
-    fields = spec["runner"]
-    weights_dir = Path(fields["weights_dir"]) if fields["weights_dir"] else None
-    runner = Runner(**{**fields, "folder": Path(fields["folder"]), "weights_dir": weights_dir})
-    profile = bool(spec["profile"]) and runner.kind == "onnx"
-    runner.load(int(spec["threads"]), profile=profile)
-    for _ in range(2):  # warm-up, then the run whose profile is kept (op_type_times reads the last run)
-        runner.synth_tokens(spec["tokens"], spec["voice"], float(spec["speed"]))
-    op_times: dict[str, float] = {}
-    if profile:
-        trace = Path(runner.session.end_profiling())
-        op_times = M.op_type_times(json.loads(trace.read_text(encoding="utf-8")))
-        trace.unlink()
-    print(json.dumps({"peak_rss_mb": _rss_mb(), "baseline_rss_mb": baseline, "op_times": op_times}))
-
-
-# ---- entry points ---------------------------------------------------------------------------------
+    reference = pick(heard[ref.artifact_id]) if ref else None
+    result.metrics.update(wer_metrics(pick(texts), pick(heard[r.artifact_id]), reference))
 
 
 def evaluate_artifacts(
@@ -398,6 +333,3 @@ def evaluation_settings(config: EvaluateConfig, corpus: Corpus, reference_id: st
         "machine_id": machine["id"],
     }
 
-
-if __name__ == "__main__" and sys.argv[1:] == ["--probe"]:
-    _probe_main()

@@ -120,7 +120,7 @@ class Runner:
     def plan(self, corpus: Corpus, config: EvaluateConfig) -> Plan:
         from kokoro_opt.text import CONTEXT_TOKENS, phonemize, tokenize
 
-        utterances = corpus.utterances(config.sentences, sorted(self.packs))
+        utterances = corpus.utterances(config.sentences, sorted(self.packs), config.phrases)
         tokens = [tokenize(phonemize(u.sentence.text), self.vocab) for u in utterances]
         if any(not t or len(t) > CONTEXT_TOKENS for t in tokens):
             raise UserError("an evaluation sentence is empty or longer than the context after phonemization")

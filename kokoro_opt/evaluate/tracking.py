@@ -56,7 +56,8 @@ EXPERIMENT_TAGS = {
     "mlflow.note.content": (
         "kokoro-opt: one run per evaluated artifact, comparison or tuning trial.\n\n"
         "Headline metrics: speedup_vs_reference (x fp32, measured side by side in one session: compare by this), "
-        "rtf_p50 and ttfa_p50 (seconds; lower is better), pesq_mean / pesq_min (PESQ-WB vs fp32, higher is better), "
+        "rtf_p50 and ttfa_p50 (seconds; lower is better), pesq_mean / pesq_min (PESQ-WB vs fp32, higher is better; "
+        "phrase_pesq_mean on the short-phrase slice), "
         "mcd_mean (dB, lower is better), wer_delta (lower is better), size_mb, peak_rss_mb. "
         "Per-op profile: profile/ops.json; precision map and plots are files of each run."
     ),
@@ -184,7 +185,8 @@ def _git_commit() -> str | None:
 # logs every other scalar too, but the per-op profile (one value per ONNX op type, 200+ of them)
 # goes to profile/ops.json instead of the metric columns.
 HEADLINE_METRICS = (
-    "speedup_vs_reference", "rtf_p50", "ttfa_p50", "pesq_mean", "pesq_min", "mcd_mean", "wer_delta", "size_mb", "peak_rss_mb",
+    "speedup_vs_reference", "rtf_p50", "ttfa_p50", "pesq_mean", "pesq_min", "phrase_pesq_mean", "mcd_mean", "wer_delta",
+    "size_mb", "peak_rss_mb",
     "coreml_partitions", "coreml_node_share",
 )  # fmt: skip
 OPS_FILE = "profile/ops.json"

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.recipe import _explain, read_yaml_mapping
-from kokoro_opt.select import QUALITY_BUDGET_PESQ
+from kokoro_opt.select import QUALITY_BUDGET_PESQ, QUALITY_BUDGET_PHRASE_PESQ
 from kokoro_opt.serve.bench import PARAGRAPH
 from kokoro_opt.text import CONTEXT_TOKENS
 
@@ -102,6 +102,7 @@ class EvaluateOverrides(Strict):
     runs: int = Field(1, ge=1, le=50)
     warmup: int = Field(1, ge=0, le=10)
     sentences: int = Field(4, ge=1, le=200)
+    phrases: int = Field(12, ge=0, le=100, description="short phrases scored apart (their own budget, min_phrase_pesq)")
     threads: int = Field(2, ge=1, le=64)
     profile: bool = False
     asr: bool = False
@@ -111,7 +112,16 @@ class QualityConfig(Strict):
     metric: Literal["pesq", "wer_delta"] = "pesq"
     use: Literal["objective", "constraint"] = Field("objective", description="a third objective, or only the budget filter")
     min_pesq: float = Field(QUALITY_BUDGET_PESQ, ge=1.0, le=4.64)
+    min_phrase_pesq: float = Field(
+        QUALITY_BUDGET_PHRASE_PESQ, ge=1.0, le=4.64, description="the short-phrase slice's budget, where it was scored"
+    )
     max_wer_delta: float = Field(0.02, ge=0.0)
+    max_first_chunk_distortion: float | None = Field(
+        1.25,
+        ge=1.0,
+        description="first_chunk_tokens choices whose first chunk, spoken alone, is timed more than this factor "
+        "off the same words in their sentence are dropped from the space (kokoro_opt.first_chunk); null keeps all",
+    )
     evaluate_missing: bool = Field(True, description="evaluate artifacts without a record first (else: skip them)")
     evaluate: EvaluateOverrides = Field(default_factory=EvaluateOverrides)
 

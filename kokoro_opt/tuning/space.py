@@ -150,6 +150,10 @@ def quality_of(
     if quality.metric == "pesq" and value < quality.min_pesq:
         say(f"{label}: PESQ {value:.2f} < budget {quality.min_pesq}, skipped")
         return None
+    phrases = metrics.get("phrase_pesq_mean")
+    if phrases is not None and math.isfinite(phrases) and phrases < quality.min_phrase_pesq:
+        say(f"{label}: short-phrase PESQ {phrases:.2f} < budget {quality.min_phrase_pesq}, skipped")
+        return None
     if quality.metric == "wer_delta" and value > quality.max_wer_delta:
         say(f"{label}: WER delta {value:.3f} > budget {quality.max_wer_delta}, skipped")
         return None
@@ -216,8 +220,39 @@ def resolve_space(recipe: TuneRecipe, root: Path, tracking_uri: str | None, say:
     intra = [n for n in recipe.space.intra_op_num_threads if n <= cores] or [min(recipe.space.intra_op_num_threads)]
     if len(intra) < len(recipe.space.intra_op_num_threads):
         note(f"intra_op_num_threads above this machine's {cores} cores dropped")
-    space = recipe.space.model_copy(update={"providers": providers, "intra_op_num_threads": intra})
+    first = first_chunk_sizes(recipe, candidates, root, note)
+    space = recipe.space.model_copy(update={"providers": providers, "intra_op_num_threads": intra, "first_chunk_tokens": first})
     return ResolvedSpace(candidates, space, recipe.quality.metric, recipe.quality.use == "objective", skipped)
+
+
+def first_chunk_sizes(recipe: TuneRecipe, candidates: list[Candidate], root: Path, say: Say) -> list[int]:
+    """The space's first_chunk_tokens within the first-chunk prosody budget, measured on the candidate
+    closest to fp32 (the timing is the model's: int8-mixed keeps fp32's durations on every sentence)."""
+    from kokoro_opt.evaluate.corpus import load_corpus
+    from kokoro_opt.first_chunk import DurationModel, distortion_by_size, within_budget
+
+    sizes, budget = recipe.space.first_chunk_tokens, recipe.quality.max_first_chunk_distortion
+    if budget is None:
+        return sizes
+    onnx = [c for c in candidates if "onnx" in c.formats]
+    if not onnx:
+        say("first-chunk timing not measured: no .onnx candidate (an .ort graph cannot be cut to its front)")
+        return sizes
+    best = max(onnx, key=lambda c: c.quality if recipe.quality.metric == "pesq" else -c.quality)
+    artifact = next(a for a in Store(root).artifacts() if a.id == best.formats["onnx"])
+    measured = distortion_by_size(DurationModel(artifact), sizes, [s.text for s in load_corpus().sentences])
+    say(f"first chunk alone vs in its sentence, timing distortion ({best.key}): "
+        + ", ".join(f"{k} tokens {v:.2f}" for k, v in sorted(measured.items())))  # fmt: skip
+    kept = within_budget(sizes, measured, budget)
+    if not kept:
+        raise UserError(
+            f"every first_chunk_tokens choice is timed beyond quality.max_first_chunk_distortion {budget}",
+            "add larger sizes to space.first_chunk_tokens, or raise the budget",
+        )
+    if len(kept) < len(sizes):
+        say(f"first_chunk_tokens {', '.join(str(k) for k in sizes if k not in kept)} dropped: "
+            f"distortion above quality.max_first_chunk_distortion {budget}")  # fmt: skip
+    return kept
 
 
 # ---- one trial ---------------------------------------------------------------------------------------
