@@ -24,7 +24,7 @@ from rich.table import Table
 from kokoro_opt.evaluate import metrics as M
 from kokoro_opt.evaluate.corpus import load_corpus
 from kokoro_opt.runtime import open_synthesizer
-from kokoro_opt.text import chunk_text
+from kokoro_opt.text import CONTEXT_TOKENS, chunk_text, phonemize, tokenize
 
 MIN_PESQ_SECONDS = 1.0
 
@@ -70,9 +70,9 @@ def main() -> None:
     picked = []
     texts = [s.text for s in load_corpus().sentences] + Path(args.texts).read_text(encoding="utf-8").splitlines()
     for text in (t.strip() for t in texts if t.strip()):
-        whole = chunk_text(text, synth.vocab, first_chunk_tokens=510, chunk_tokens=510)
-        if len(whole) == 1 and len(whole[0].token_ids) > max(sizes) + 8:
-            picked.append((text, whole[0].token_ids))
+        ids = tokenize(phonemize(text), synth.vocab)  # the whole sentence (chunk_text would cut its first clause)
+        if max(sizes) + 8 < len(ids) <= CONTEXT_TOKENS:
+            picked.append((text, ids))
         if len(picked) == args.sentences:
             break
     rows: dict[int, list[tuple[float, ...]]] = {k: [] for k in sizes}
