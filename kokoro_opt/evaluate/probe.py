@@ -88,8 +88,5 @@ def main() -> None:
     print(json.dumps({"peak_rss_mb": rss_mb(), "baseline_rss_mb": baseline, "op_times": op_times}))
 
 
-# ---- entry points ---------------------------------------------------------------------------------
-
-
 if __name__ == "__main__":
     main()

@@ -130,6 +130,13 @@ def measure(
     return results
 
 
+def _slices(plan: Plan, n: int) -> tuple[list[int], list[int]]:
+    """Indices of the sentences, which set the headline numbers, and of the short-phrase slice, which is
+    summarised apart (phrase_*)."""
+    phrases = [i for i in range(n) if plan.utterances[i].sentence.kind == PHRASE]
+    return [i for i in range(n) if i not in phrases], phrases
+
+
 def _score(
     r: Runner,
     ref: Runner | None,
@@ -142,9 +149,7 @@ def _score(
 ) -> EvalResult:
     own, lat = outputs[r.artifact_id], times[r.artifact_id]
     seconds = [len(a) / r.sample_rate for a, _ in own]
-    # sentences set the headline numbers; the phrase slice is summarised apart (phrase_*)
-    sentences = [i for i in range(n) if plan.utterances[i].sentence.kind != PHRASE]
-    phrases = [i for i in range(n) if plan.utterances[i].sentence.kind == PHRASE]
+    sentences, phrases = _slices(plan, n)
     rtf = [t / max(seconds[i], 1e-9) for i in sentences for t in lat[i]]
     flat = [t for i in sentences for t in lat[i]]
     m: dict[str, float] = {
@@ -223,7 +228,7 @@ def _score_wer(result: EvalResult, r: Runner, ref: Runner | None, plan: Plan, he
     texts = [u.sentence.text for u in plan.utterances[:n]]
     for row, text, said in zip(result.utterances, texts, heard[r.artifact_id], strict=True):
         row.update(transcript=said, wer=word_error_rate([text], [said]))
-    sentences = [i for i in range(n) if plan.utterances[i].sentence.kind != PHRASE]  # corpus WER: sentences, as PESQ
+    sentences, _ = _slices(plan, n)  # corpus WER: sentences, as PESQ
 
     def pick(values: list[str]) -> list[str]:
         return [values[i] for i in sentences]
