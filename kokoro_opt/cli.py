@@ -174,6 +174,9 @@ def serve(
     cap_edges: Annotated[
         bool, typer.Option(help="decode only part of each job's edge silence (needs an artifact with the edges stage)")
     ] = False,
+    windowed: Annotated[
+        bool, typer.Option(help="front once per job, generator in windows (needs an artifact with the windows stage)")
+    ] = False,
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (POST /v1/audio/speech), streaming."""
     from kokoro_opt.select import resolve_artifact
@@ -192,6 +195,7 @@ def serve(
         chunk_tokens=chunk_tokens,
         crossfade_ms=crossfade_ms,
         cap_edges=cap_edges,
+        windowed=windowed,
     )
     serve_forever(selection, config, host, port)
 
@@ -215,6 +219,7 @@ def bench_serve(
         bool, typer.Option(help="also time short phrases alone ('button', 'checkbox checked', ...): the screen-reader case")
     ] = True,
     cap_edges: Annotated[bool, typer.Option(help="start the server with --cap-edges")] = False,
+    windowed: Annotated[bool, typer.Option(help="start the server with --windowed")] = False,
 ) -> None:
     """Benchmark the server: TTFA p50/p95, full-response time, RTF, gaps and underruns, streaming vs not."""
     import json
@@ -222,7 +227,8 @@ def bench_serve(
     from kokoro_opt.serve import bench
 
     counts = [int(c) for c in clients.split(",") if c.strip()]
-    args = bench.serve_args(url, artifact, artifacts, max_queue, cap_edges)
+    flags = ["--cap-edges"] * cap_edges + ["--windowed"] * windowed
+    args = bench.serve_args(url, artifact, artifacts, max_queue, flags)
     scenarios = bench.run(
         url, args, counts, requests, text or bench.PARAGRAPH, voice, response_format, full, api_key, console,
         phrases=bench.PHRASES if phrases else (),

@@ -52,7 +52,7 @@ def has_edge_input(model: Any) -> bool:
     return any(init.name == EDGE_INPUT for init in model.graph.initializer)
 
 
-def _float_source(tensor: str, producers: dict[str, Any]) -> str:
+def float_source(tensor: str, producers: dict[str, Any]) -> str:
     """Through a QuantizeLinear -> DequantizeLinear pair (an INT8 consumer) back to the float tensor."""
     node = producers.get(tensor)
     if node is not None and node.op_type == "DequantizeLinear":
@@ -70,10 +70,10 @@ def anchors(model: Any) -> dict[str, str]:
     if missing or DURATIONS not in producers:
         raise KeyError(", ".join(missing) or DURATIONS)
     return {
-        "asr": _float_source(by_name[ASR_CONSUMER].input[0], producers),
+        "asr": float_source(by_name[ASR_CONSUMER].input[0], producers),
         "f0": by_name[FRAME_PRODUCERS[0]].output[0],
         "energy": by_name[FRAME_PRODUCERS[1]].output[0],
-        "source": _float_source(by_name[SOURCE_CONSUMER].input[0], producers),
+        "source": float_source(by_name[SOURCE_CONSUMER].input[0], producers),
     }
 
 

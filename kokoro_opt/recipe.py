@@ -190,6 +190,25 @@ class EdgesStage(Strict):
     max_high_band_db: float = Field(1.0, gt=0.0, description="|4-12 kHz energy share change| per sentence, in dB")
 
 
+class WindowsStage(Strict):
+    """Statistics and a gate for decoding the generator in windows after one front run (passes/windows.py)."""
+
+    kind: Literal["windows"]
+    first_steps: int = Field(24, ge=4, le=400, description="generator steps (12.5 ms) in a job's first window")
+    steps: int = Field(80, ge=8, le=800, description="generator steps in each later window")
+    overlap_steps: int = Field(8, ge=0, le=64, description="steps of context decoded and dropped on each side")
+    lead_frames: int = Field(2, ge=1, le=40, description="frames (25 ms) of the leading pad decoded before the speech")
+    trail_frames: int = Field(6, ge=1, le=60, description="frames of the final pause decoded after the speech")
+    calibration_sentences: int = Field(6, ge=1, le=32, description="calibration sentences (whole and in pieces) per voice")
+    check_sentences: int = Field(8, ge=2, le=48, description="corpus sentences the gate compares, windowed vs whole")
+    check_phrases: int = Field(12, ge=0, le=48, description="corpus short phrases the gate compares too")
+    # measured on int8-mixed (docs/serving.md): 3.89 / 3.62 / 3.80 / 5.9 dB
+    min_pesq: float = Field(3.7, ge=1.0, le=4.64, description="mean PESQ-WB of windowed vs whole speech, sentences")
+    min_sentence_pesq: float = Field(3.4, ge=1.0, le=4.64)
+    min_phrase_pesq: float = Field(3.6, ge=1.0, le=4.64, description="mean PESQ-WB on the short phrases")
+    max_high_band_db: float = Field(8.0, gt=0.0, description="|4-12 kHz energy share change| per utterance, in dB")
+
+
 class OrtFormatStage(Strict):
     kind: Literal["ort"]
     optimization_style: Literal["Fixed", "Runtime"] = "Fixed"
@@ -203,8 +222,8 @@ class CoreMLStage(Strict):
 
 
 Stage = Annotated[
-    SimplifyStage | SmoothStage | SnakeStage | QuantizeStage | CompressStage | Fp16Stage | EdgesStage | OrtFormatStage
-    | CoreMLStage,
+    SimplifyStage | SmoothStage | SnakeStage | QuantizeStage | CompressStage | Fp16Stage | EdgesStage | WindowsStage
+    | OrtFormatStage | CoreMLStage,
     Field(discriminator="kind"),
 ]
 
@@ -249,6 +268,8 @@ class Recipe(Strict):
             for stage in self.stages[: kinds.index("edges")]
         ):  # measured: on CPUs without FP16 kernels its Slices move ORT's inserted Casts, and the unfed audio moves 15%
             raise ValueError("stage 'edges' cannot follow FP16 conversion (stage 'fp16' or fallback_precision 'fp16')")
+        if "windows" in kinds and kinds.index("windows") != len(kinds) - 1:  # a later stage would drop its table
+            raise ValueError("stage 'windows' must be the last stage: later stages do not carry its statistics")
         return self
 
     def config_hash(self) -> str:

@@ -37,8 +37,10 @@ GRAPH_LEVELS = {
 }
 
 
-def make_session(model_file: Path | bytes, settings: SessionSettings = SessionSettings()) -> Any:
-    """A session over a model file, or a serialized model (a graph made in memory)."""
+def make_session(model_file: Path | bytes, settings: SessionSettings = SessionSettings(), spinning: bool = True) -> Any:
+    """A session over a model file, or a serialized model (a graph made in memory). `spinning=False` for
+    sessions that take turns (windowed decoding): an idle pool's spinning threads would take the cores
+    from the one running."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -54,6 +56,8 @@ def make_session(model_file: Path | bytes, settings: SessionSettings = SessionSe
     options.enable_mem_pattern = False
     if settings.enable_profiling:
         options.enable_profiling = True
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     available = set(ort.get_available_providers())
     providers = [p for p in settings.providers if p in available] or ["CPUExecutionProvider"]
     provider_options = list(settings.provider_options) if len(settings.provider_options) == len(providers) else None
@@ -150,6 +154,7 @@ class Synthesizer(Speaker):
             raise runtime_problem(self.artifact) or UserError(
                 f"{model} is a Core ML model, not an ONNX Runtime one", "load it with kokoro_opt.runtime.open_synthesizer"
             )
+        self.model_file = model
         self.session = make_session(model, settings)
         self._inputs = [i.name for i in self.session.get_inputs()]
         overridable = {i.name for i in self.session.get_overridable_initializers()}

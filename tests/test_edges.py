@@ -122,15 +122,15 @@ def test_a_seam_pause_is_padded_with_silence_when_the_job_ends_early() -> None:
     assert abs(silent - round(PAUSES["sentence"] * rate)) <= rate // 100
 
 
-def test_bench_serve_passes_cap_edges_only_to_a_server_it_starts() -> None:
+def test_bench_serve_passes_server_flags_only_to_a_server_it_starts() -> None:
     from pathlib import Path
 
     from kokoro_opt.serve import bench
 
-    assert bench.serve_args(None, "best", Path("artifacts"), 4, True)[-1] == "--cap-edges"
-    assert "--cap-edges" not in bench.serve_args(None, "best", Path("artifacts"), 4, False)
-    with pytest.raises(UserError, match="cap-edges"):
-        bench.serve_args("http://127.0.0.1:8880", "best", Path("artifacts"), 4, True)
+    assert bench.serve_args(None, "best", Path("artifacts"), 4, ["--cap-edges"])[-1] == "--cap-edges"
+    assert bench.serve_args(None, "best", Path("artifacts"), 4, [])[-1] == "4"
+    with pytest.raises(UserError, match="windowed"):
+        bench.serve_args("http://127.0.0.1:8880", "best", Path("artifacts"), 4, ["--windowed"])
 
 
 def test_a_server_with_capped_edges_speaks(capped) -> None:

@@ -27,6 +27,7 @@ from kokoro_opt.recipe import (
     SmoothStage,
     SnakeStage,
     ValidationConfig,
+    WindowsStage,
 )
 from kokoro_opt.weights.sources import resolve_weights
 from tests.test_passes import build_with
@@ -72,6 +73,7 @@ RUNS: list[BaseModel] = [
     CompressStage(kind="compress", min_elements=64),
     Fp16Stage(kind="fp16"),
     EdgesStage(kind="edges", check_sentences=2),
+    WindowsStage(kind="windows", calibration_sentences=1, check_sentences=2, check_phrases=1),
     OrtFormatStage(kind="ort"),
     CoreMLStage(kind="coreml", max_tokens=16),
 ]
@@ -85,6 +87,7 @@ CLASSES = (
     CompressStage,
     Fp16Stage,
     EdgesStage,
+    WindowsStage,
     OrtFormatStage,
     CoreMLStage,
 )

@@ -333,11 +333,11 @@ def _ready(url: str) -> bool:
         return False
 
 
-def serve_args(url: str | None, artifact: str, artifacts: Path, max_queue: int, cap_edges: bool) -> list[str]:
+def serve_args(url: str | None, artifact: str, artifacts: Path, max_queue: int, flags: list[str]) -> list[str]:
     """`kokoro-opt serve` options for the server the benchmark starts (none apply to a running `url`)."""
-    if cap_edges and url:
-        raise UserError("--cap-edges sets up a server that bench-serve starts", "start yours with serve --cap-edges")
-    return ["--artifact", artifact, "--artifacts", str(artifacts), "--max-queue", str(max_queue)] + ["--cap-edges"] * cap_edges
+    if flags and url:
+        raise UserError(f"{' '.join(flags)} set up a server that bench-serve starts", f"start yours with serve {' '.join(flags)}")
+    return ["--artifact", artifact, "--artifacts", str(artifacts), "--max-queue", str(max_queue), *flags]
 
 
 def run(

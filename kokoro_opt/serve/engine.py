@@ -30,9 +30,10 @@ from kokoro_opt.serve.encoders import Encoder
 from kokoro_opt.serve.join import PAUSES, Joiner, boundary
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.plan import CostModel, make_pieces, take_job
-from kokoro_opt.synth import Speaker, Synthesizer
+from kokoro_opt.synth import Speaker, Synthesizer, release_freed_memory
 from kokoro_opt.text import CONTEXT_TOKENS
 from kokoro_opt.voices import style_for
+from kokoro_opt.windowed import WindowedDecoder, WindowedJob
 
 log = logging.getLogger("kokoro_opt.serve")
 
@@ -49,6 +50,7 @@ class ServeConfig:
     crossfade_ms: float = 10.0
     trim_silence: bool = True  # cut Kokoro's ~0.9 s of silence at each seam to a natural pause (join.py)
     cap_edges: bool = False  # the decoder skips most of that silence (an artifact with the edges stage)
+    windowed: bool = False  # front once per job, generator in windows (an artifact with the windows stage)
     max_queue: int = 4  # admitted requests (chunking, waiting or streaming); more get 429
     request_timeout: float = 300.0
     max_input_chars: int = 4096  # OpenAI's limit
@@ -81,11 +83,19 @@ class ServeConfig:
         config = cls(**{**tuned, **{k: v for k, v in overrides.items() if v is not None}})
         if config.cap_edges and not selection.artifact.kokoro.get("edges"):
             raise UserError(edges_missing(selection.artifact.name), "serve an artifact built with it, or drop --cap-edges")
+        if config.windowed and not selection.artifact.kokoro.get("windows"):
+            raise UserError(windows_missing(selection.artifact.name), "serve an artifact built with it, or drop --windowed")
+        if config.windowed and config.cap_edges:  # windows decode only the speech already, with its real context
+            raise UserError("--windowed and --cap-edges both skip the edge silence", "use one of them (--windowed)")
         return config
 
 
 def edges_missing(artifact: str | None) -> str:
     return f"cap_edges needs an ONNX artifact built with the edges stage; {artifact or 'this artifact'} has none"
+
+
+def windows_missing(artifact: str | None) -> str:
+    return f"windowed needs an ONNX artifact built with the windows stage; {artifact or 'this artifact'} has none"
 
 
 class Stream:
@@ -108,6 +118,7 @@ class Stream:
         self.cancelled = False
         self.finished = False
         self.run_options: Any = None
+        self.job: tuple[list[int], bool, WindowedJob] | None = None  # a windowed job with windows still to decode
 
     def deadline(self) -> float:
         return self.arrival if self.first_out is None else self.first_out + self.audio_out
@@ -132,6 +143,7 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._space: int | None = None
+        self.windows: WindowedDecoder | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------
 
@@ -172,6 +184,13 @@ class Engine:
         """Synthesize with this loaded model (`start` loads the selection's; kokoro-opt tune passes its cached ones)."""
         if self.config.cap_edges and not (isinstance(synth, Synthesizer) and synth.edges):
             raise UserError(edges_missing(getattr(synth, "artifact", None) and synth.artifact.name), "drop cap_edges")
+        if self.config.windowed:
+            if not isinstance(synth, Synthesizer):
+                raise UserError(windows_missing(getattr(synth, "artifact", None) and synth.artifact.name), "drop windowed")
+            WindowedDecoder.check(synth.artifact)
+            synth.session = None  # windowed jobs never run the whole graph: free its weights before the split's
+            release_freed_memory()
+            self.windows = WindowedDecoder.of_artifact(synth)
         self.synth = synth
         self._space = synth.vocab.get(" ")
 
@@ -224,6 +243,7 @@ class Engine:
             stream.cancelled = True
             dropped = len(stream.pieces)
             stream.pieces.clear()
+            stream.job = None
             if stream in self._streams:
                 self._streams.remove(stream)
             if self._running is stream and stream.run_options is not None:
@@ -258,10 +278,13 @@ class Engine:
         return min(self.config.chunk_tokens, self.cost.tokens_within(SAFETY * min(slack), stream.speed))
 
     def _pick(self) -> tuple[Stream, list[int], bool] | None:
-        runnable = [s for s in self._streams if s.pieces]
+        """The stream to work for next and, unless it continues a windowed job, its next job."""
+        runnable = [s for s in self._streams if s.pieces or s.job]
         if not runnable:
             return None
         stream = min(runnable, key=lambda s: (not (s.streaming and s.jobs == 0), s.deadline(), s.id))
+        if stream.job is not None:
+            return stream, stream.job[0], stream.job[1]
         tokens, last = self.next_job(stream.pieces, self._budget(stream, time.monotonic()))
         return stream, tokens, last
 
@@ -279,10 +302,13 @@ class Engine:
                 stream.run_options = ort.RunOptions()
                 self._running = stream
             try:
-                audio, compute = self.run_job(tokens, stream.pack, stream.speed, stream.run_options)
-                log.debug("request %d: job of %d tokens in %.2f s (last=%s)", stream.id, len(tokens), compute, last)
-                if not stream.cancelled:
-                    self._emit(stream, self.join(stream.joiner, tokens, audio, last, stream.speed), last)
+                if self.windows is not None:
+                    self._window_step(stream, tokens, last)
+                else:
+                    audio, compute = self.run_job(tokens, stream.pack, stream.speed, stream.run_options)
+                    log.debug("request %d: job of %d tokens in %.2f s (last=%s)", stream.id, len(tokens), compute, last)
+                    if not stream.cancelled:
+                        self._emit(stream, self.join(stream.joiner, tokens, audio, last, stream.speed), last)
             except Exception as exc:
                 if not stream.cancelled:  # a cancelled job fails by design (terminate flag)
                     log.exception("synthesis failed for request %d", stream.id)
@@ -291,6 +317,23 @@ class Engine:
                 with self._cond:
                     self._running = None
                     stream.run_options = None
+
+    def _window_step(self, stream: Stream, tokens: list[int], last: bool) -> None:
+        """One unit of windowed work: a job's front and first window, or its next window. Each window is
+        sent as soon as it is decoded, and other streams may be served between two windows of a job."""
+        assert self.windows is not None
+        if stream.job is None:
+            stream.job = (tokens, last, self.windows.start(tokens, stream.pack, stream.speed, stream.run_options))
+        job = stream.job[2]
+        audio = self.windows.next_window(job, stream.run_options)
+        closes = job.done
+        if closes:
+            stream.job = None
+            self._account(tokens, job.compute, len(audio) / self.sample_rate, stream.speed)
+        if not stream.cancelled:
+            out = self.join(stream.joiner, tokens, audio, last and closes, stream.speed, opens=job.opened, closes=closes)
+            job.opened = False
+            self._emit(stream, out, last and closes)
 
     # ---- one job: the worker's steps, which `first_audio` also runs on the caller's thread ------------
 
@@ -311,10 +354,12 @@ class Engine:
         self._account(tokens, compute, len(audio) / self.sample_rate, speed)
         return audio, compute
 
-    def join(self, joiner: Joiner, tokens: list[int], audio: np.ndarray, last: bool, speed: float) -> np.ndarray:
-        """A job's audio through its request's joiner, with the pause its final token calls for: what can be sent."""
+    def join(self, joiner: Joiner, tokens: list[int], audio: np.ndarray, last: bool, speed: float,
+             opens: bool = True, closes: bool = True) -> np.ndarray:
+        """A job's audio (or one window of it: `opens` / `closes` the job) through its request's joiner, with
+        the pause its final token calls for: what can be sent."""
         assert self.synth is not None
-        return joiner.push(audio, last, PAUSES[boundary(tokens, self.synth.symbols)] / speed)
+        return joiner.push(audio, last, PAUSES[boundary(tokens, self.synth.symbols)] / speed, opens=opens, closes=closes)
 
     def first_audio(self, text: str, pack: np.ndarray, speed: float = 1.0) -> np.ndarray:
         """The audio a new streaming request for `text` sends first, made on the calling thread by the worker's
@@ -322,6 +367,10 @@ class Engine:
         serving: it times first audio (kokoro-opt tune) on an engine whose worker thread is not started."""
         pieces = deque(self.plan(text))
         tokens, last = self.next_job(pieces, FIRST_JOB_BUDGET)
+        if self.windows is not None:
+            job = self.windows.start(tokens, pack, speed)
+            audio = self.windows.next_window(job)
+            return self.join(self.new_joiner(), tokens, audio, last and job.done, speed, closes=job.done)
         audio, _ = self.run_job(tokens, pack, speed)
         return self.join(self.new_joiner(), tokens, audio, last, speed)
 
@@ -331,6 +380,8 @@ class Engine:
         assert synth is not None
         if not isinstance(synth, Synthesizer):  # Core ML has no run options: a cancelled job finishes its chunk
             return synth.run_tokens(tokens, pack, speed).audio
+        if self.windows is not None:  # warm-up: the windowed path, whole
+            return self.windows.speak(tokens, pack, speed)[0]
         feeds = synth.feeds(tokens, style_for(pack, len(tokens)), speed, self.config.cap_edges)
         audio = synth.session.run(None, feeds, run_options)[0]
         return np.asarray(audio, dtype=np.float32).reshape(-1) / synth.audio_gain

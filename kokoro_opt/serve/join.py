@@ -55,28 +55,36 @@ class Joiner:
         self.fade_out = (1.0 - rise).astype(np.float32)  # the two gains sum to 1: no bump on correlated edges
         self.tail: np.ndarray | None = None
 
-    def _trimmed(self, audio: np.ndarray, last: bool, pause: float) -> np.ndarray:
+    def _trimmed(self, audio: np.ndarray, last: bool, pause: float, opens: bool, closes: bool) -> np.ndarray:
         lead, tail = edge_silence(audio, self.sample_rate)
-        start = max(0, lead - round(LEAD_KEEP * self.sample_rate))
+        start = max(0, lead - round(LEAD_KEEP * self.sample_rate)) if opens else 0
+        if not closes:
+            return audio[start:]
         keep = END_KEEP if last else pause + self.n / self.sample_rate  # the crossfade overlaps the kept pause
         cut = tail - round(keep * self.sample_rate)
         if cut < 0 and not last and np.any(audio):  # a seam with less silence than its pause (capped edges)
             return np.concatenate([audio[start:], np.zeros(-cut, dtype=np.float32)])
         return audio[start : len(audio) - cut]
 
-    def push(self, audio: np.ndarray, last: bool, pause: float = PAUSES["sentence"]) -> np.ndarray:
-        """The next job's audio; `pause` is the silence to keep after it (see `boundary`)."""
+    def push(self, audio: np.ndarray, last: bool, pause: float = PAUSES["sentence"], *, opens: bool = True,
+             closes: bool = True) -> np.ndarray:
+        """The next job's audio; `pause` is the silence to keep after it (see `boundary`). A job can come in
+        consecutive parts (windowed decoding): only the part that `opens` it is trimmed and crossfaded at
+        its start, only the one that `closes` it at its end."""
         audio = np.asarray(audio, dtype=np.float32)
         if self.trim:
-            audio = self._trimmed(audio, last, pause)
+            audio = self._trimmed(audio, last, pause, opens, closes)
         n = self.n
-        if self.tail is not None:
+        if not opens:  # a continuation of continuous audio: nothing to fade
+            audio = audio if self.tail is None else np.concatenate([self.tail, audio])
+            self.tail = None
+        elif self.tail is not None:
             if len(audio) >= n:
                 audio = np.concatenate([self.tail * self.fade_out + audio[:n] * self.fade_in, audio[n:]])
             else:  # a sliver of audio: nothing to fade into, keep every sample
                 audio = np.concatenate([self.tail, audio])
             self.tail = None
-        if last or n == 0 or len(audio) <= n:
+        if last or not closes or n == 0 or len(audio) <= n:
             return audio
         self.tail = audio[-n:].copy()  # held back to overlap the next job's start
         return audio[:-n]

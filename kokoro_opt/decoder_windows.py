@@ -1,0 +1,230 @@
+"""The graph side of the windowed decoder: the front once per sentence, the generator window by window.
+
+On CPU the generator (the upsampling HiFi-GAN half of the decoder) is 82-91% of the compute. Run whole,
+an utterance's first sound waits for all of it. `split` cuts the model into two graphs (in memory, when
+a windowed server loads; ~1 s):
+
+- the front: ALBERT, the LSTMs, the duration, F0 and energy predictors, the decoder's frame-rate
+  blocks and the harmonic source, on the whole sentence. Outputs the generator's inputs.
+- the generator: the generator on any span of those inputs. Its InstanceNorms normalize with
+  statistics fed as `norm_stats` instead of the span's own: a window's own statistics are far off
+  the sentence's (measured PESQ 2.0-2.7 on 1 s windows), per-voice statistics measured on calibration
+  utterances of about the same length are close (kokoro_opt/windowed.py, docs/serving.md).
+
+SineGen's phase is a running sum from the sentence's first frame, so the harmonic source is computed
+by the front and only sliced per window. A window [a, b) is decoded with `overlap` steps of context on
+each side and cut back to [a, b): the generator's receptive field is a few steps wide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kokoro_opt.edge_capping import SOURCE_CONSUMER, float_source
+
+GENERATOR_ENTRY = "/decoder/generator/LeakyRelu"  # input 0: the frame-rate blocks' output, 2 steps per frame
+GENERATOR_PREFIX = "/decoder/generator/"
+STATS_INPUT = "norm_stats"
+STEP_SAMPLES = 300  # audio samples per generator input step (12.5 ms at 24 kHz)
+FRONT_OUTPUTS = ("features", "source", "decoder_style", "durations")
+
+
+@dataclass(frozen=True)
+class GeneratorAnchors:
+    features: str  # (1, C, steps): the generator's input
+    source: str  # (1, 22, 60 * steps + 1): the harmonic source's STFT
+    style: str  # (1, 128): the decoder's half of the style vector
+    norms: tuple[str, ...]  # the generator's InstanceNormalization nodes, in graph order
+
+
+def anchors(model: Any) -> GeneratorAnchors:
+    """The generator's boundary tensors; a KeyError names what is missing."""
+    by_name = {node.name: node for node in model.graph.node}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    for name in (GENERATOR_ENTRY, SOURCE_CONSUMER):
+        if name not in by_name:
+            raise KeyError(name)
+    style_readers = [n for n in model.graph.node if n.name.startswith(GENERATOR_PREFIX) and "/fc/" in n.name
+                     and n.op_type in ("Gemm", "MatMul")]
+    if not style_readers:
+        raise KeyError(GENERATOR_PREFIX + "*/fc/Gemm")
+    norms = tuple(n.name for n in model.graph.node
+                  if n.op_type == "InstanceNormalization" and n.name.startswith(GENERATOR_PREFIX))
+    return GeneratorAnchors(
+        features=by_name[GENERATOR_ENTRY].input[0],
+        source=float_source(by_name[SOURCE_CONSUMER].input[0], producers),
+        style=style_readers[0].input[0],
+        norms=norms,
+    )
+
+
+def cut(model: Any, inputs: list[str], outputs: list[str], output_names: list[str] | tuple[str, ...],
+        input_names: list[str] | tuple[str, ...] | None = None) -> Any:
+    """The part of `model` computing `outputs` from `inputs`, renamed; unlike onnx.utils.Extractor it follows
+    what Loop/If bodies read from the graph around them (Kokoro's alignment is a Loop)."""
+    from onnx import helper
+
+    from kokoro_opt.onnx_graph import outer_names, subgraphs
+
+    graph = model.graph
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    wanted, keep, stack = set(inputs), set(), list(outputs)
+    seen: set[str] = set()
+    while stack:
+        tensor = stack.pop()
+        if tensor in seen or tensor in wanted or tensor not in producer:
+            continue
+        seen.add(tensor)
+        index = producer[tensor]
+        if index in keep:
+            continue
+        keep.add(index)
+        node = graph.node[index]
+        stack += [t for t in node.input if t] + [t for sub in subgraphs(node) for t in outer_names(sub)]
+    reads = seen | {t for i in keep for t in graph.node[i].input}
+    sub_reads = {t for i in keep for sub in subgraphs(graph.node[i]) for t in outer_names(sub)}
+    initializers = [init for init in graph.initializer
+                    if (init.name in reads or init.name in sub_reads) and init.name not in inputs]
+    result = helper.make_model(
+        helper.make_graph([graph.node[i] for i in sorted(keep)], graph.name, [_input_value(graph, t) for t in inputs],
+                          [helper.make_empty_tensor_value_info(o) for o in outputs], initializers),
+        opset_imports=model.opset_import, ir_version=model.ir_version)
+    overridable = [init.name for init in initializers if init.name in {v.name for v in graph.input}]
+    result.graph.input.extend(_input_value(graph, name) for name in overridable)  # e.g. edge_keep stays feedable
+    return _renamed(result, {**dict(zip(outputs, output_names, strict=True)),
+                             **dict(zip(inputs, input_names or inputs, strict=True))})
+
+
+def _input_value(graph: Any, name: str) -> Any:
+    """The graph input's declaration, else a float tensor of unknown shape."""
+    from onnx import TensorProto, helper
+
+    for value in graph.input:
+        if value.name == name:
+            copy = type(value)()
+            copy.CopyFrom(value)
+            return copy
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+
+
+def _renamed(model: Any, names: dict[str, str]) -> Any:
+    """`model` with tensors renamed (graph inputs, outputs and every node's reads and writes)."""
+    graph = model.graph
+    for node in graph.node:
+        node.input[:] = [names.get(t, t) for t in node.input]
+        node.output[:] = [names.get(t, t) for t in node.output]
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        value.name = names.get(value.name, value.name)
+    return model
+
+
+def split(model: Any) -> list[Any]:
+    """[front, generator with fed statistics, channels of each generator norm] from a whole-model graph."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    found = anchors(model)
+    constants = {i.name for i in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in constants]
+    boundary = (found.features, found.source, found.style)
+    front = cut(model, inputs, [*boundary, "durations"], FRONT_OUTPUTS)
+    generator = cut(model, list(boundary), ["audio"], ["audio"], input_names=FRONT_OUTPUTS[:3])
+
+    shapes = _norm_channels(model, found)
+    g = generator.graph
+    offset = 0
+    new_nodes = []
+    for node in g.node:
+        if node.op_type != "InstanceNormalization" or not node.name.startswith(GENERATOR_PREFIX):
+            new_nodes.append(node)
+            continue
+        channels = shapes[node.name]
+        x, scale, bias = node.input
+        p = node.name + "/fixed/"
+        start, end = offset, offset + channels
+        offset = end
+        g.initializer.extend([
+            numpy_helper.from_array(np.array([0, start], dtype=np.int64), p + "starts"),
+            numpy_helper.from_array(np.array([2, end], dtype=np.int64), p + "ends"),
+            numpy_helper.from_array(np.array([2, 1, channels, 1], dtype=np.int64), p + "shape"),
+            numpy_helper.from_array(np.array([0], dtype=np.int64), p + "zero"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), p + "one"),
+            numpy_helper.from_array(np.array([1, channels, 1], dtype=np.int64), p + "affine_shape"),
+        ])
+        new_nodes += [
+            # norm_stats rows: the mean and 1/sqrt(var + eps) of this norm's input, per channel
+            helper.make_node("Slice", [STATS_INPUT, p + "starts", p + "ends"], [p + "stats"], name=p + "stats"),
+            helper.make_node("Reshape", [p + "stats", p + "shape"], [p + "stats4"], name=p + "stats4"),
+            helper.make_node("Gather", [p + "stats4", p + "zero"], [p + "mean4"], name=p + "mean4", axis=0),
+            helper.make_node("Gather", [p + "stats4", p + "one"], [p + "inv4"], name=p + "inv4", axis=0),
+            helper.make_node("Squeeze", [p + "mean4", p + "zero"], [p + "mean"], name=p + "mean"),
+            helper.make_node("Squeeze", [p + "inv4", p + "zero"], [p + "inv"], name=p + "inv"),
+            helper.make_node("Reshape", [scale, p + "affine_shape"], [p + "scale"], name=p + "scale"),
+            helper.make_node("Reshape", [bias, p + "affine_shape"], [p + "bias"], name=p + "bias"),
+            helper.make_node("Mul", [p + "inv", p + "scale"], [p + "gain"], name=p + "gain"),
+            helper.make_node("Sub", [x, p + "mean"], [p + "centred"], name=p + "centred"),
+            helper.make_node("Mul", [p + "centred", p + "gain"], [p + "scaled"], name=p + "scaled"),
+            helper.make_node("Add", [p + "scaled", p + "bias"], [node.output[0]], name=p + "out"),
+        ]
+    del g.node[:]
+    g.node.extend(new_nodes)
+    g.input.append(helper.make_tensor_value_info(STATS_INPUT, TensorProto.FLOAT, [2, offset]))
+    return [front, generator, tuple(shapes[n] for n in found.norms)]
+
+
+def _norm_channels(model: Any, found: GeneratorAnchors) -> dict[str, int]:
+    """Channels of each generator norm, read from its scale's producer shape by a shape-inferred copy."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    known = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    by_name = {node.name: node for node in model.graph.node}
+    inits = {i.name: i for i in model.graph.initializer}
+    channels = {}
+    for name in found.norms:
+        scale = by_name[name].input[1]
+        if scale in inits:
+            channels[name] = int(inits[scale].dims[-1])
+            continue
+        dims = known[scale].type.tensor_type.shape.dim
+        if not dims or not dims[-1].dim_value:
+            raise KeyError(f"the channel count of {name}")
+        channels[name] = int(dims[-1].dim_value)
+    return channels
+
+
+def moments_model(model: Any) -> tuple[Any, list[str]]:
+    """The whole model plus, per generator norm, the per-channel mean and (centred) variance of its input."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    found = anchors(model)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    g = copy.graph
+    by_name = {node.name: node for node in g.node}
+    opset = max((o.version for o in copy.opset_import if o.domain in ("", "ai.onnx")), default=13)
+
+    def reduce_mean(x: str, out: str, keepdims: int) -> Any:  # axes became an input in opset 18
+        if opset >= 18:
+            return helper.make_node("ReduceMean", [x, "/moments/axes"], [out], name=out, keepdims=keepdims)
+        return helper.make_node("ReduceMean", [x], [out], name=out, keepdims=keepdims, axes=[0, 2])
+
+    g.initializer.append(numpy_helper.from_array(np.array([0, 2], dtype=np.int64), "/moments/axes"))
+    outputs = []
+    for name in found.norms:
+        x = by_name[name].input[0]
+        p = name + "/moments/"
+        g.node.extend([
+            reduce_mean(x, p + "mean_kept", 1),
+            helper.make_node("Sub", [x, p + "mean_kept"], [p + "centred"], name=p + "centred"),
+            helper.make_node("Mul", [p + "centred", p + "centred"], [p + "square"], name=p + "square"),
+            reduce_mean(x, p + "mean", 0),
+            reduce_mean(p + "square", p + "var", 0),
+        ])
+        outputs += [p + "mean", p + "var"]
+    for out in outputs:
+        g.output.append(helper.make_empty_tensor_value_info(out))
+    return copy, outputs

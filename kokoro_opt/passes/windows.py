@@ -1,0 +1,165 @@
+"""windows stage: statistics for decoding the generator window by window, measured and gated.
+
+The graph is unchanged. The stage measures, per voice, the input moments of every generator
+InstanceNorm on calibration utterances of many lengths (kokoro_opt/windowed.py, `StatsTable`), and
+stores them beside the model (`norm_stats.npz`) with the window settings (`kokoro.json`: `windows`).
+`serve --windowed` then runs the front once per job and the generator in windows, so the first
+sound waits for the front and one short window instead of the whole job.
+
+Windowed audio is not the whole decoding's: a window cannot normalize over the sentence it has not
+decoded yet. The gate compares, on corpus sentences and the short-phrase slice, the windowed speech
+with the same samples decoded whole by the same model (PESQ-WB, worst utterance, 4-12 kHz energy)
+and refuses the artifact below the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kokoro_opt.artifacts import Artifact
+from kokoro_opt.contract import Pass
+from kokoro_opt.errors import UserError
+from kokoro_opt.passes.common import copy_runtime, stage_record
+from kokoro_opt.passes.compress import CARRIED
+from kokoro_opt.recipe import WindowsStage
+from kokoro_opt.windowed import STATS_FILE, STEP_SAMPLES, StatsTable, WindowedDecoder, WindowSettings, speech_steps
+
+PIECE_TOKENS = (12, 24, 48)  # calibration sentences are also cut into pieces of these sizes: every length is covered
+
+
+def calibration_pieces(vocab: dict[str, int], sentences: int) -> list[list[int]]:
+    """Token ids of the first `sentences` calibration sentences, whole and cut into pieces of each size."""
+    from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, calibration_corpus
+    from kokoro_opt.text import chunk_text, phonemize, tokenize
+
+    texts = calibration_corpus()
+    if sentences > len(texts):
+        raise UserError(f"windows.calibration_sentences is {sentences} but {CALIBRATION_CORPUS} has {len(texts)}",
+                        "lower it or add sentences")
+    pieces = []
+    for text in texts[:sentences]:
+        pieces.append(tokenize(phonemize(text), vocab)[:510])
+        for size in PIECE_TOKENS:
+            pieces += [c.token_ids for c in chunk_text(text, vocab, first_chunk_tokens=size, chunk_tokens=size)]
+    return [p for p in pieces if p]
+
+
+def measure_table(decoder: WindowedDecoder, pieces: list[list[int]], progress: Any = None) -> StatsTable:
+    from kokoro_opt.voices import style_for
+
+    samples = {}
+    for voice, pack in sorted(decoder.synth.packs.items()):
+        samples[voice] = [decoder.exact_moments(ids, style_for(pack, len(ids))) for ids in pieces]
+        if progress:
+            progress(voice)
+    return StatsTable.pool(samples)
+
+
+def measure(decoder: WindowedDecoder, cfg: WindowsStage) -> dict[str, Any]:
+    """Windowed vs whole decoding of the same speech samples on the gate's utterances."""
+    from kokoro_opt.evaluate import metrics as M
+    from kokoro_opt.evaluate.corpus import load_corpus
+    from kokoro_opt.text import phonemize, tokenize
+
+    synth = decoder.synth
+    rows = []
+    for utterance in load_corpus().utterances(cfg.check_sentences, synth.voices, cfg.check_phrases):
+        tokens = tokenize(phonemize(utterance.sentence.text), synth.vocab)[:510]
+        pack = synth.packs[utterance.voice]
+        whole = synth.run_tokens(tokens, pack)
+        windowed, _ = decoder.speak(tokens, pack)
+        start, end = speech_steps(whole.durations, tokens, synth.symbols, decoder.settings.lead_frames,
+                                  decoder.settings.trail_frames)
+        reference = whole.audio[start * STEP_SAMPLES : end * STEP_SAMPLES]
+        if len(reference) != len(windowed):
+            raise UserError(f"windowed decoding gave {len(windowed)} samples where the durations say {len(reference)}",
+                            "report this: the windows do not tile the speech")
+        pesq = M.pesq_wb(reference, windowed, synth.sample_rate)
+        rows.append({
+            "utterance": utterance.sentence.id,
+            "kind": utterance.sentence.kind,
+            "tokens": len(tokens),
+            "windows": len(window_count(start, end, decoder.settings)),
+            "pesq": round(pesq, 3) if math.isfinite(pesq) else None,
+            "high_band_db": round(M.high_band_ratio_db(reference, windowed, synth.sample_rate), 3),
+        })
+    return {"utterances": rows, **summarise(rows)}
+
+
+def window_count(start: int, end: int, settings: WindowSettings) -> list[tuple[int, int]]:
+    from kokoro_opt.windowed import window_spans
+
+    return window_spans(start, end, settings.first_steps, settings.steps)
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def scores(kind: str) -> list[float]:
+        return [r["pesq"] for r in rows if r["pesq"] is not None and (r["kind"] == "phrase") == (kind == "phrase")]
+
+    sentences, phrases = scores("sentence"), scores("phrase")
+    return {
+        "pesq_mean": round(float(np.mean(sentences)), 3) if sentences else None,
+        "pesq_min": round(float(np.min(sentences)), 3) if sentences else None,
+        "phrase_pesq_mean": round(float(np.mean(phrases)), 3) if phrases else None,
+        "phrase_pesq_min": round(float(np.min(phrases)), 3) if phrases else None,
+        "high_band_db_max": round(max((abs(r["high_band_db"]) for r in rows), default=0.0), 3),
+    }
+
+
+def gate_failures(scores: dict[str, Any], cfg: WindowsStage) -> list[str]:
+    """Why the windowed speech is outside the budget (empty when it is within)."""
+    checks = [
+        (scores["pesq_mean"], cfg.min_pesq, "mean PESQ {} < min_pesq {}", False),
+        (scores["pesq_min"], cfg.min_sentence_pesq, "worst sentence PESQ {} < min_sentence_pesq {}", False),
+        (scores["phrase_pesq_mean"], cfg.min_phrase_pesq, "phrase PESQ {} < min_phrase_pesq {}", False),
+        (scores["high_band_db_max"], cfg.max_high_band_db, "4-12 kHz energy moved {} dB > max_high_band_db {}", True),
+    ]
+    if scores["pesq_mean"] is None:  # the tiny model's noise: PESQ finds no speech to score
+        return []
+    return [text.format(value, limit) for value, limit, text, upper in checks
+            if value is not None and (value > limit if upper else value < limit)]
+
+
+def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any]:
+    from rich.progress import Progress
+
+    from kokoro_opt.synth import Synthesizer
+
+    started = time.perf_counter()
+    copy_runtime(source, out, CARRIED)
+    shutil.copy2(source.model_file, out / "model.onnx")
+    synth = Synthesizer(source)
+    settings = WindowSettings(cfg.first_steps, cfg.steps, cfg.overlap_steps, cfg.lead_frames, cfg.trail_frames)
+    try:
+        decoder = WindowedDecoder(synth, settings=settings)
+    except KeyError as exc:
+        raise UserError(f"the windows stage cannot find {exc} in {source.model_file.name}",
+                        "put windows after export-derived ONNX stages (not after coreml or ort)") from exc
+    pieces = calibration_pieces(synth.vocab, cfg.calibration_sentences)
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"norm statistics ({len(pieces)} utterances per voice)", total=len(synth.packs))
+        decoder.table = measure_table(decoder, pieces, lambda _: progress.advance(task))
+    measured = time.perf_counter() - started
+    scores = measure(decoder, cfg)
+    failures = gate_failures(scores, cfg)
+    if failures:
+        raise UserError(f"windowed decoding changes the speech beyond the budget: {'; '.join(failures)}",
+                        "measure the statistics on more sentences (windows.calibration_sentences) or drop the windows stage")
+    decoder.table.save(out / STATS_FILE)
+    meta = json.loads((out / "kokoro.json").read_text(encoding="utf-8"))
+    meta["windows"] = {k: getattr(settings, k) for k in settings.__dataclass_fields__}
+    (out / "kokoro.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+    return stage_record("windows", cfg, out, started, calibration_utterances=len(pieces),
+                        statistics_seconds=round(measured, 1), gate=scores)
+
+
+PASS = Pass("windows", WindowsStage, run_windows, version="1", libraries=("onnx", "onnxruntime"),
+            produces=(*CARRIED, STATS_FILE),
+            reads=("kokoro_opt/data/eval_corpus.yaml", "calibration/sentences.txt"))

@@ -1,0 +1,197 @@
+"""Windowed decoding (the `windows` stage, kokoro_opt/windowed.py): the graph split reproduces the model,
+windows tile the speech, statistics follow voices and blends, the server streams window by window.
+Quality on the real weights: tests/test_real_weights.py."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import pytest
+
+from kokoro_opt.decoder_windows import STATS_INPUT, split
+from kokoro_opt.errors import UserError
+from kokoro_opt.recipe import parse_recipe
+from kokoro_opt.serve.join import Joiner
+from kokoro_opt.synth import Synthesizer
+from kokoro_opt.voices import blend_voice, style_for
+from kokoro_opt.windowed import (
+    STATS_FILE,
+    STEP_SAMPLES,
+    StatsTable,
+    WindowedDecoder,
+    WindowSettings,
+    speech_steps,
+    stats_from_moments,
+    window_spans,
+)
+from tests.test_passes import TOKENS, build_with
+
+LENGTHS = (TOKENS[:3], TOKENS[:12], TOKENS, TOKENS * 4)
+WINDOWS = {"kind": "windows", "first_steps": 6, "steps": 16, "overlap_steps": 16, "calibration_sentences": 2,
+           "check_sentences": 2, "check_phrases": 1}
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_recipe, artifacts_root):
+    return build_with(tiny_recipe, artifacts_root, "t-windows-plain", [{"kind": "simplify"}]).artifact
+
+
+@pytest.fixture(scope="module")
+def windowed(tiny_recipe, artifacts_root):
+    return build_with(tiny_recipe, artifacts_root, "t-windows", [{"kind": "simplify"}, WINDOWS]).artifact
+
+
+@pytest.fixture(scope="module")
+def decoder(plain):
+    return WindowedDecoder(Synthesizer(plain))
+
+
+def test_window_spans_tile_the_range_without_slivers() -> None:
+    assert window_spans(10, 110, 24, 40) == [(10, 34), (34, 74), (74, 110)]  # 36 > 40 // 4: its own window
+    assert window_spans(0, 30, 24, 40) == [(0, 30)]  # 6 left < 10: folded into the first
+    assert window_spans(5, 6, 24, 40) == [(5, 6)]
+    for start, end in [(0, 1), (3, 500), (40, 41), (0, 1000)]:
+        spans = window_spans(start, end, 7, 33)
+        assert spans[0][0] == start and spans[-1][1] == end
+        assert all(a < b and b == c for (a, b), (c, _) in zip(spans, [*spans[1:], (end, 0)], strict=True))
+
+
+def test_speech_steps_skip_the_edge_silence_the_durations_give() -> None:
+    symbols = {1: "h", 2: "i", 3: "."}
+    durations = np.array([12, 3, 4, 9, 10])  # pad, h, i, '.', pad
+    assert speech_steps(durations, [1, 2, 3], symbols, 2, 6) == (2 * 10, 2 * (38 - 19 + 6))
+    assert speech_steps(durations, [1, 2], {1: "h", 2: "i"}, 40, 60) == (0, 2 * 38)  # never past the utterance
+
+
+def test_exact_statistics_reproduce_the_whole_model(decoder, plain) -> None:
+    """Front + generator fed this utterance's own statistics = the unsplit model (the split loses nothing)."""
+    synth = decoder.synth
+    for tokens in LENGTHS:
+        style = style_for(synth.packs["tiny_0"], len(tokens))
+        whole = synth.run_tokens(tokens, "tiny_0")
+        front = decoder.front(tokens, style)
+        np.testing.assert_array_equal(front.durations, whole.durations)
+        _, mean, var = decoder.exact_moments(tokens, style)
+        audio = decoder.window(front, 0, front.steps, stats_from_moments(mean, var))
+        assert len(audio) == len(whole.audio) == front.steps * STEP_SAMPLES
+        np.testing.assert_allclose(audio, whole.audio, atol=2e-3 * float(np.abs(whole.audio).max()))
+
+
+def test_windows_with_enough_overlap_equal_one_window(decoder) -> None:
+    """Cutting into windows changes nothing once the overlap covers the generator's receptive field."""
+    synth = decoder.synth
+    tokens = TOKENS * 4
+    style = style_for(synth.packs["tiny_0"], len(tokens))
+    front = decoder.front(tokens, style)
+    stats = stats_from_moments(*decoder.exact_moments(tokens, style)[1:])
+    whole = decoder.window(front, 0, front.steps, stats)
+    spans = window_spans(0, front.steps, 6, 16)
+    assert len(spans) > 4
+    decoder.settings = WindowSettings(overlap_steps=16)
+    pieces = np.concatenate([decoder.window(front, a, b, stats) for a, b in spans])
+    np.testing.assert_allclose(pieces, whole, atol=1e-4 * float(np.abs(whole).max()))
+    decoder.settings = WindowSettings(overlap_steps=0)  # no context: the seams differ
+    bare = np.concatenate([decoder.window(front, a, b, stats) for a, b in spans])
+    assert np.abs(bare - whole).max() > 1e-2 * float(np.abs(whole).max())
+
+
+def test_the_split_keeps_the_edges_input_feedable(tiny_recipe, artifacts_root) -> None:
+    capped = build_with(tiny_recipe, artifacts_root, "t-edges", [{"kind": "simplify"},
+                        {"kind": "edges", "lead_frames": 1, "trail_frames": 1}]).artifact
+    front, generator, channels = split(onnx.load(str(capped.model_file)))
+    assert "edge_keep" in {i.name for i in front.graph.input}
+    assert {i.name for i in generator.graph.input} == {"features", "source", "decoder_style", STATS_INPUT}
+    assert not [n for n in generator.graph.node if n.op_type == "InstanceNormalization"]
+    assert len(channels) > 0 and all(c > 0 for c in channels)
+
+
+def test_statistics_of_a_blend_are_the_mixed_moments() -> None:
+    rng = np.random.default_rng(0)
+    packs = {"a": rng.normal(size=(4, 1, 8)), "b": rng.normal(size=(4, 1, 8)), "c": rng.normal(size=(4, 1, 8))}
+    mean = rng.normal(size=(3, 2, 5)).astype(np.float32)
+    var = rng.uniform(0.5, 2.0, size=(3, 2, 5)).astype(np.float32)
+    table = StatsTable(["a", "b", "c"], np.array([10.0, 100.0], dtype=np.float32), mean, var)
+    weights = table.weights(blend_voice("a(3)+c(1)", packs), packs)
+    np.testing.assert_allclose(weights, [0.75, 0.0, 0.25], atol=1e-6)  # packs blend in float32
+    short, long = table.stats(weights, 12.0), table.stats(weights, 300.0)  # nearest bucket by length
+    mixed_mean = 0.75 * mean[0, 0] + 0.25 * mean[2, 0]
+    mixed_var = 0.75 * (var[0, 0] + mean[0, 0] ** 2) + 0.25 * (var[2, 0] + mean[2, 0] ** 2) - mixed_mean**2
+    np.testing.assert_allclose(short, stats_from_moments(mixed_mean, mixed_var), rtol=1e-5)
+    assert not np.allclose(short, long)
+    np.testing.assert_allclose(table.stats(table.weights(packs["b"], packs), 100.0)[0], mean[1, 1], rtol=1e-6)
+
+
+def test_the_stage_stores_statistics_and_speaks_window_by_window(windowed, plain) -> None:
+    record = windowed.manifest["stages"][-1]
+    assert record["stage"] == "windows" and record["gate"]["utterances"]
+    assert windowed.kokoro["windows"]["first_steps"] == 6
+    np.testing.assert_array_equal(  # the graph is the source's: evaluations and compare see the same audio
+        Synthesizer(windowed).run_tokens(TOKENS, "tiny_0").audio, Synthesizer(plain).run_tokens(TOKENS, "tiny_0").audio)
+    table = StatsTable.load(windowed.path / STATS_FILE)
+    assert table.voices == sorted(windowed.voice_packs()) and len(table.frames) > 1
+    decoder = WindowedDecoder.of_artifact(Synthesizer(windowed))
+    job = decoder.start(TOKENS * 3, windowed.voice_packs()["tiny_0"])
+    assert len(job.spans) > 2 and job.spans[0][1] - job.spans[0][0] == 6
+    audio = []
+    while not job.done:
+        audio.append(decoder.next_window(job))
+    assert all(np.all(np.isfinite(a)) and len(a) for a in audio)
+
+
+def test_windowed_serving_needs_the_stage(plain) -> None:
+    with pytest.raises(UserError, match="windows stage"):
+        WindowedDecoder.of_artifact(Synthesizer(plain))
+
+
+def test_windows_must_be_the_last_stage(tiny_recipe) -> None:
+    data = tiny_recipe.model_dump(mode="json", by_alias=True)
+    data["stages"] = [WINDOWS, {"kind": "simplify"}]
+    with pytest.raises(UserError, match="'windows' must be the last stage"):
+        parse_recipe(data)
+
+
+def test_a_job_in_windows_joins_like_the_job_whole() -> None:
+    """The joiner trims a windowed job only where it opens and closes: the job's samples as pushed whole, up to
+    where the end is cut (found on the closing part's own 10 ms grid, so within one 10 ms frame)."""
+    rate = 24_000
+    rng = np.random.default_rng(1)
+    speech = (0.3 * rng.normal(size=rate)).astype(np.float32)
+    job = np.concatenate([np.zeros(rate // 5, np.float32), speech, np.zeros(rate // 3, np.float32)])
+    whole = Joiner(rate, 10.0).push(job, last=False)
+    parts, joiner = [], Joiner(rate, 10.0)
+    cuts = [0, 7000, 15000, 21000, len(job)]
+    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+        parts.append(joiner.push(job[a:b], last=False, opens=i == 0, closes=b == len(job)))
+    joined = np.concatenate(parts)
+    assert abs(len(joined) - len(whole)) <= rate // 100
+    n = min(len(joined), len(whole))
+    np.testing.assert_array_equal(joined[:n], whole[:n])
+
+
+def test_a_server_streams_a_windowed_artifact(windowed) -> None:
+    import httpx
+
+    from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.serve import ServeConfig, running
+
+    config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120, windowed=True)
+    with running(resolve_artifact(str(windowed.path)), config) as base:
+        body = {"model": "kokoro", "input": "Hello there. How are you today? Fine, thanks.", "voice": "tiny_0",
+                "response_format": "pcm"}
+        with httpx.stream("POST", f"{base}/v1/audio/speech", json=body, timeout=120) as response:
+            assert response.status_code == 200
+            chunks = [c for c in response.iter_bytes() if c]
+        audio = np.frombuffer(b"".join(chunks), dtype=np.int16)
+        assert len(audio) > 24_000 // 2 and np.abs(audio).max() > 0
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        assert "kokoro_jobs_total" in metrics
+
+
+def test_serving_windowed_without_the_stage_is_refused(plain) -> None:
+    from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.serve import ServeConfig
+
+    with pytest.raises(UserError, match="windows stage"):
+        ServeConfig.for_selection(resolve_artifact(str(plain.path)), windowed=True)
