@@ -101,6 +101,7 @@ class WindowedJob:
     stats: np.ndarray
     spans: deque[tuple[int, int]]
     compute: float = 0.0  # seconds spent so far (front and windows)
+    samples: int = 0  # audio decoded so far
     opened: bool = True  # no window sent yet: the next one opens the job (the joiner trims its lead-in)
 
     @property
@@ -186,6 +187,7 @@ class WindowedDecoder:
         a, b = job.spans.popleft()
         audio = self.window(job.front, a, b, job.stats, run_options)
         job.compute += time.perf_counter() - began
+        job.samples += len(audio)
         return audio
 
     def speak(self, token_ids: list[int], pack: np.ndarray, speed: float = 1.0) -> tuple[np.ndarray, WindowedJob]:

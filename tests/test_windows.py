@@ -5,6 +5,7 @@ Quality on the real weights: tests/test_real_weights.py."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import onnx
@@ -170,23 +171,44 @@ def test_a_job_in_windows_joins_like_the_job_whole() -> None:
     np.testing.assert_array_equal(joined[:n], whole[:n])
 
 
-def test_a_server_streams_a_windowed_artifact(windowed) -> None:
-    import httpx
-
+@pytest.fixture(scope="module")
+def windowed_url(windowed):
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.serve import ServeConfig, running
 
     config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120, windowed=True)
     with running(resolve_artifact(str(windowed.path)), config) as base:
-        body = {"model": "kokoro", "input": "Hello there. How are you today? Fine, thanks.", "voice": "tiny_0",
+        yield base
+
+
+def test_a_server_streams_a_windowed_artifact_and_blends(windowed_url) -> None:
+    import httpx
+
+    for voice in ("tiny_0", "tiny_0(2)+tiny_1(1)"):
+        body = {"model": "kokoro", "input": "Hello there. How are you today? Fine, thanks.", "voice": voice,
                 "response_format": "pcm"}
-        with httpx.stream("POST", f"{base}/v1/audio/speech", json=body, timeout=120) as response:
+        with httpx.stream("POST", f"{windowed_url}/v1/audio/speech", json=body, timeout=120) as response:
             assert response.status_code == 200
-            chunks = [c for c in response.iter_bytes() if c]
-        audio = np.frombuffer(b"".join(chunks), dtype=np.int16)
+            audio = np.frombuffer(b"".join(c for c in response.iter_bytes() if c), dtype=np.int16)
         assert len(audio) > 24_000 // 2 and np.abs(audio).max() > 0
-        metrics = httpx.get(f"{base}/metrics", timeout=10).text
-        assert "kokoro_jobs_total" in metrics
+
+
+def test_a_disconnect_stops_a_windowed_job_between_windows(windowed_url) -> None:
+    import httpx
+
+    from tests.serve_helpers import metric
+    from tests.test_serve_load import LONG, body, idle, wait_for
+
+    cancelled = metric(windowed_url, "kokoro_cancelled_total")
+    with httpx.stream("POST", f"{windowed_url}/v1/audio/speech", json=body(LONG), timeout=120) as r:
+        assert r.status_code == 200
+        pieces = r.iter_raw()
+        next(pieces)
+    assert wait_for(lambda: idle(windowed_url), 10) < 5  # far sooner than decoding the rest of LONG
+    assert metric(windowed_url, "kokoro_cancelled_total") == cancelled + 1
+    jobs = metric(windowed_url, "kokoro_jobs_total")
+    time.sleep(0.5)
+    assert metric(windowed_url, "kokoro_jobs_total") == jobs and idle(windowed_url)  # nothing picked up again
 
 
 def test_serving_windowed_without_the_stage_is_refused(plain) -> None:

@@ -329,7 +329,7 @@ class Engine:
         closes = job.done
         if closes:
             stream.job = None
-            self._account(tokens, job.compute, len(audio) / self.sample_rate, stream.speed)
+            self._account(tokens, job.compute, job.samples / self.sample_rate, stream.speed)
         if not stream.cancelled:
             out = self.join(stream.joiner, tokens, audio, last and closes, stream.speed, opens=job.opened, closes=closes)
             job.opened = False
