@@ -21,6 +21,7 @@ from kokoro_opt.voices import style_for
 
 STEPS_PER_FRAME = 2  # the decoder's last frame-rate block upsamples by 2 before the generator
 
+
 def stats_from_moments(mean: np.ndarray, var: np.ndarray, eps: float = 1e-5) -> np.ndarray:
     """norm_stats (2, C): the mean and 1/sqrt(var + eps)."""
     return np.stack([mean, 1.0 / np.sqrt(np.maximum(var, 0.0) + eps)]).astype(np.float32)
@@ -99,7 +100,9 @@ class WindowedJob:
 
     front: FrontOutput
     stats: np.ndarray
+    speech: tuple[int, int]  # the steps decoded: the speech between the edge silences
     spans: deque[tuple[int, int]]
+    windows: int = 0  # how many windows the speech was cut into
     compute: float = 0.0  # seconds spent so far (front and windows)
     samples: int = 0  # audio decoded so far
     opened: bool = True  # no window sent yet: the next one opens the job (the joiner trims its lead-in)
@@ -178,7 +181,8 @@ class WindowedDecoder:
         s = self.settings
         start, end = speech_steps(front.durations, token_ids, self.synth.symbols, s.lead_frames, s.trail_frames)
         stats = self.table.stats(self.table.weights(pack, self.synth.packs), float(np.sum(front.durations)))
-        job = WindowedJob(front, stats, deque(window_spans(start, end, s.first_steps, s.steps)))
+        spans = window_spans(start, end, s.first_steps, s.steps)
+        job = WindowedJob(front, stats, (start, end), deque(spans), len(spans))
         job.compute = time.perf_counter() - began
         return job
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections import Counter
@@ -22,6 +23,14 @@ def copy_runtime(source: Artifact, out: Path, side_files: tuple[str, ...] = ()) 
     for name in side_files:
         if (source.path / name).exists():
             shutil.copy2(source.path / name, out / name)
+
+
+def set_runtime_meta(out: Path, key: str, value: Any) -> None:
+    """Record what the runtime needs from a stage (its settings) in the output's kokoro.json under `key`."""
+    path = out / "kokoro.json"
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    meta[key] = value
+    path.write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
 
 
 def graph_summary(model_path: Path) -> dict[str, Any]:

@@ -14,7 +14,6 @@ shortest utterances, 6 frames about half of that.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from kokoro_opt.edge_capping import (
     removed_frames,
 )
 from kokoro_opt.errors import UserError
-from kokoro_opt.passes.common import copy_runtime, stage_record
+from kokoro_opt.passes.common import copy_runtime, set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
 from kokoro_opt.recipe import EdgesStage
 
@@ -124,9 +123,7 @@ def run_edges(source: Artifact, cfg: EdgesStage, out: Path) -> dict[str, Any]:
     if failures:
         raise UserError(f"edge capping changes the speech beyond the budget: {'; '.join(failures)}",
                         "keep more frames (edges.lead_frames / trail_frames) or drop the edges stage")
-    meta = json.loads((out / "kokoro.json").read_text(encoding="utf-8"))
-    meta["edges"] = {"lead_frames": cfg.lead_frames, "trail_frames": cfg.trail_frames}
-    (out / "kokoro.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+    set_runtime_meta(out, "edges", {"lead_frames": cfg.lead_frames, "trail_frames": cfg.trail_frames})
     return stage_record("edges", cfg, out, started, sliced=sorted(sliced), gate=scores)
 
 

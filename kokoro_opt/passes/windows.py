@@ -14,7 +14,6 @@ and refuses the artifact below the budget.
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import time
@@ -26,10 +25,10 @@ import numpy as np
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
-from kokoro_opt.passes.common import copy_runtime, stage_record
+from kokoro_opt.passes.common import copy_runtime, set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
 from kokoro_opt.recipe import WindowsStage
-from kokoro_opt.windowed import STATS_FILE, STEP_SAMPLES, StatsTable, WindowedDecoder, WindowSettings, speech_steps
+from kokoro_opt.windowed import STATS_FILE, STEP_SAMPLES, StatsTable, WindowedDecoder, WindowSettings
 
 PIECE_TOKENS = (12, 24, 48)  # calibration sentences are also cut into pieces of these sizes: every length is covered
 
@@ -74,9 +73,8 @@ def measure(decoder: WindowedDecoder, cfg: WindowsStage) -> dict[str, Any]:
         tokens = tokenize(phonemize(utterance.sentence.text), synth.vocab)[:510]
         pack = synth.packs[utterance.voice]
         whole = synth.run_tokens(tokens, pack)
-        windowed, _ = decoder.speak(tokens, pack)
-        start, end = speech_steps(whole.durations, tokens, synth.symbols, decoder.settings.lead_frames,
-                                  decoder.settings.trail_frames)
+        windowed, job = decoder.speak(tokens, pack)
+        start, end = job.speech  # the front's durations are the whole model's
         reference = whole.audio[start * STEP_SAMPLES : end * STEP_SAMPLES]
         if len(reference) != len(windowed):
             raise UserError(f"windowed decoding gave {len(windowed)} samples where the durations say {len(reference)}",
@@ -86,17 +84,11 @@ def measure(decoder: WindowedDecoder, cfg: WindowsStage) -> dict[str, Any]:
             "utterance": utterance.sentence.id,
             "kind": utterance.sentence.kind,
             "tokens": len(tokens),
-            "windows": len(window_count(start, end, decoder.settings)),
+            "windows": job.windows,
             "pesq": round(pesq, 3) if math.isfinite(pesq) else None,
             "high_band_db": round(M.high_band_ratio_db(reference, windowed, synth.sample_rate), 3),
         })
     return {"utterances": rows, **summarise(rows)}
-
-
-def window_count(start: int, end: int, settings: WindowSettings) -> list[tuple[int, int]]:
-    from kokoro_opt.windowed import window_spans
-
-    return window_spans(start, end, settings.first_steps, settings.steps)
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -153,9 +145,7 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any
         raise UserError(f"windowed decoding changes the speech beyond the budget: {'; '.join(failures)}",
                         "measure the statistics on more sentences (windows.calibration_sentences) or drop the windows stage")
     decoder.table.save(out / STATS_FILE)
-    meta = json.loads((out / "kokoro.json").read_text(encoding="utf-8"))
-    meta["windows"] = {k: getattr(settings, k) for k in settings.__dataclass_fields__}
-    (out / "kokoro.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+    set_runtime_meta(out, "windows", {k: getattr(settings, k) for k in settings.__dataclass_fields__})
     return stage_record("windows", cfg, out, started, calibration_utterances=len(pieces),
                         statistics_seconds=round(measured, 1), gate=scores)
 
