@@ -163,10 +163,12 @@ def split(model: Any) -> list[Any]:
             helper.make_node("Squeeze", [p + "inv4", p + "zero"], [p + "inv"], name=p + "inv"),
             helper.make_node("Reshape", [scale, p + "affine_shape"], [p + "scale"], name=p + "scale"),
             helper.make_node("Reshape", [bias, p + "affine_shape"], [p + "bias"], name=p + "bias"),
+            # x * gain + (bias - mean * gain): two passes over the activations instead of three
             helper.make_node("Mul", [p + "inv", p + "scale"], [p + "gain"], name=p + "gain"),
-            helper.make_node("Sub", [x, p + "mean"], [p + "centred"], name=p + "centred"),
-            helper.make_node("Mul", [p + "centred", p + "gain"], [p + "scaled"], name=p + "scaled"),
-            helper.make_node("Add", [p + "scaled", p + "bias"], [node.output[0]], name=p + "out"),
+            helper.make_node("Mul", [p + "mean", p + "gain"], [p + "mean_gain"], name=p + "mean_gain"),
+            helper.make_node("Sub", [p + "bias", p + "mean_gain"], [p + "shift"], name=p + "shift"),
+            helper.make_node("Mul", [x, p + "gain"], [p + "scaled"], name=p + "scaled"),
+            helper.make_node("Add", [p + "scaled", p + "shift"], [node.output[0]], name=p + "out"),
         ]
     del g.node[:]
     g.node.extend(new_nodes)
@@ -178,7 +180,7 @@ def _norm_channels(model: Any, found: GeneratorAnchors) -> dict[str, int]:
     """Channels of each generator norm, read from its scale's producer shape by a shape-inferred copy."""
     import onnx
 
-    inferred = onnx.shape_inference.infer_shapes(model)
+    inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
     known = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
     by_name = {node.name: node for node in model.graph.node}
     inits = {i.name: i for i in model.graph.initializer}
@@ -193,6 +195,20 @@ def _norm_channels(model: Any, found: GeneratorAnchors) -> dict[str, int]:
             raise KeyError(f"the channel count of {name}")
         channels[name] = int(dims[-1].dim_value)
     return channels
+
+
+def _without_weights(model: Any) -> Any:
+    """The graph with its large initializers turned into typed inputs: what shape inference needs, without
+    copying the weights (a whole copy was the peak of loading a windowed server)."""
+    from onnx import helper
+
+    inputs = {i.name for i in model.graph.input}
+    small = [i for i in model.graph.initializer if np.prod(i.dims) <= 64]
+    weights = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+               for i in model.graph.initializer if np.prod(i.dims) > 64 and i.name not in inputs]
+    graph = helper.make_graph(model.graph.node, model.graph.name, [*model.graph.input, *weights],
+                              model.graph.output, initializer=small)
+    return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
 
 
 def moments_model(model: Any) -> tuple[Any, list[str]]:

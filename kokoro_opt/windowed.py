@@ -8,7 +8,6 @@ the result against whole-sentence decoding.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +16,7 @@ import numpy as np
 from kokoro_opt.decoder_windows import FRONT_OUTPUTS, STATS_INPUT, STEP_SAMPLES, moments_model, split
 from kokoro_opt.edge_capping import final_silence_tokens
 from kokoro_opt.errors import UserError
+from kokoro_opt.feeds import model_feeds
 from kokoro_opt.voices import style_for
 
 STEPS_PER_FRAME = 2  # the decoder's last frame-rate block upsamples by 2 before the generator
@@ -35,14 +35,18 @@ def pooled(moments: list[tuple[float, np.ndarray, np.ndarray]]) -> tuple[np.ndar
     return mean, second - mean * mean
 
 
+def window_end(start: int, end: int, size: int, sliver: int) -> int:
+    """Where a window of about `size` steps from `start` stops: a rest shorter than `sliver` steps is folded in."""
+    stop = min(start + max(size, 1), end)
+    return end if end - stop < sliver else stop
+
+
 def window_spans(start: int, end: int, first: int, size: int) -> list[tuple[int, int]]:
     """[a, b) spans covering steps [start, end): a short first window for the first sound, then `size`-step
     ones; a last window shorter than a quarter of `size` is folded into the one before."""
     spans: list[tuple[int, int]] = []
     while start < end:
-        stop = min(start + (first if not spans else size), end)
-        if end - stop < size // 4:
-            stop = end
+        stop = window_end(start, end, first if not spans else size, size // 4)
         spans.append((start, stop))
         start = stop
     return spans
@@ -96,20 +100,25 @@ class FrontOutput:
 
 @dataclass
 class WindowedJob:
-    """A job in progress: its front ran, `spans` are the windows still to decode."""
+    """A job in progress: its front ran, steps [cursor, speech end) are still to decode."""
 
     front: FrontOutput
     stats: np.ndarray
     speech: tuple[int, int]  # the steps decoded: the speech between the edge silences
-    spans: deque[tuple[int, int]]
-    windows: int = 0  # how many windows the speech was cut into
+    cursor: int = 0  # the next step to decode
+    windows: int = 0  # windows decoded so far
+    front_seconds: float = 0.0
     compute: float = 0.0  # seconds spent so far (front and windows)
     samples: int = 0  # audio decoded so far
     opened: bool = True  # no window sent yet: the next one opens the job (the joiner trims its lead-in)
 
     @property
     def done(self) -> bool:
-        return not self.spans
+        return self.cursor >= self.speech[1]
+
+    @property
+    def steps_left(self) -> int:
+        return self.speech[1] - self.cursor
 
 
 def _serialized(graphs: Any, index: int) -> bytes:
@@ -136,8 +145,9 @@ class WindowedDecoder:
         self.table = table
         self.settings = settings or WindowSettings()
         # one graph at a time, so the peak while loading stays near one model's size
-        self.front_session = make_session(_serialized(graphs, 0), synth.settings, spinning=False)
-        self.generator_session = make_session(_serialized(graphs, 1), synth.settings, spinning=False)
+        self.front_session = make_session(_serialized(graphs, 0), synth.settings, spinning=False, shared_arena=True)
+        self.generator_session = make_session(_serialized(graphs, 1), synth.settings, spinning=False, shared_arena=True)
+        self._front_inputs = [i.name for i in self.front_session.get_inputs()]
         self._moments: Any = None
 
     @staticmethod
@@ -155,7 +165,7 @@ class WindowedDecoder:
         return cls(synth, StatsTable.load(artifact.path / STATS_FILE), WindowSettings.of(artifact.kokoro["windows"]))
 
     def front(self, token_ids: list[int], style: np.ndarray, speed: float = 1.0, run_options: Any = None) -> FrontOutput:
-        feeds = self.synth.feeds(token_ids, style, speed)
+        feeds = model_feeds(token_ids, style, speed, names=self._front_inputs)
         outputs = [np.asarray(x) for x in self.front_session.run(list(FRONT_OUTPUTS), feeds, run_options)]
         return FrontOutput(outputs[0], outputs[1], outputs[2], outputs[3].reshape(-1))
 
@@ -181,15 +191,19 @@ class WindowedDecoder:
         s = self.settings
         start, end = speech_steps(front.durations, token_ids, self.synth.symbols, s.lead_frames, s.trail_frames)
         stats = self.table.stats(self.table.weights(pack, self.synth.packs), float(np.sum(front.durations)))
-        spans = window_spans(start, end, s.first_steps, s.steps)
-        job = WindowedJob(front, stats, (start, end), deque(spans), len(spans))
-        job.compute = time.perf_counter() - began
+        job = WindowedJob(front, stats, (start, end), cursor=start)
+        job.front_seconds = job.compute = time.perf_counter() - began
         return job
 
-    def next_window(self, job: WindowedJob, run_options: Any = None) -> np.ndarray:
+    def next_window(self, job: WindowedJob, steps: int | None = None, run_options: Any = None) -> np.ndarray:
+        """Decode the job's next window: `steps` long, or by default the settings' first / later window size."""
         began = time.perf_counter()
-        a, b = job.spans.popleft()
+        s = self.settings
+        size = steps if steps is not None else (s.first_steps if job.windows == 0 else s.steps)
+        a = job.cursor
+        b = window_end(a, job.speech[1], size, s.steps // 4)
         audio = self.window(job.front, a, b, job.stats, run_options)
+        job.cursor, job.windows = b, job.windows + 1
         job.compute += time.perf_counter() - began
         job.samples += len(audio)
         return audio

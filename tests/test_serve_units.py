@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import struct
 import time
 from collections import deque
@@ -18,11 +19,12 @@ import soundfile as sf
 from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.bench import playback
+from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.encoders import make_encoder, supported_formats
-from kokoro_opt.serve.engine import Engine, ServeConfig
+from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.join import END_KEEP, LEAD_KEEP, PAUSES, Joiner, boundary, edge_silence
 from kokoro_opt.serve.openai_compat import OPENAI_VOICES, openai_voice_map, voice_entries
-from kokoro_opt.serve.plan import CostModel, make_pieces, take_job
+from kokoro_opt.serve.plan import CostModel, make_pieces, queue_seconds, take_job, window_steps
 from kokoro_opt.text import chunk_text
 
 SR = 24_000
@@ -103,6 +105,28 @@ def test_cost_model() -> None:
     for _ in range(20):
         cost.observe(100, 1.0, 2.2)  # the machine got twice as slow
     assert cost.load == pytest.approx(2.0, rel=0.01) and cost.tokens_within(2.2) == 100
+
+
+def test_window_sizes_follow_who_is_listening() -> None:
+    step = 0.0125
+    def size(**kw: Any) -> int:
+        return window_steps(24, 80, step_seconds=step, **{"streaming": True, "heard": False, "cover_seconds": 0.0, **kw})
+
+    assert size() == 24  # a new listener alone: a short first window, first audio soon
+    assert size(heard=True) == 80  # later windows: full size
+    assert size(streaming=False) == 160  # nobody hears it before it ends: few windows, a phrase in one
+    # three more listeners wait for their first windows (0.45 s of work): this one must last that long
+    covered = size(cover_seconds=0.45)
+    assert covered == math.ceil(0.45 / 0.7 / step) and covered * step >= 0.45 / 0.7
+    assert size(cover_seconds=5.0) == 80  # never more than a later window: the others' first audio waits on it
+    assert size(cover_seconds=0.01) == 24
+    # later windows: cut short so each other listener, served in deadline order, still gets audio in time
+    assert size(heard=True, fit_steps=50) == 50 and size(heard=True, fit_steps=3) == 40  # half of `steps` at least
+    assert queue_seconds([], 0.06) == math.inf
+    assert queue_seconds([1.0], 0.06) == pytest.approx(0.7 - 0.06)
+    # three buffers running dry together leave less room than the tightest one alone suggests
+    assert queue_seconds([0.3, 0.3, 0.3], 0.06) == pytest.approx(0.7 * 0.3 - 3 * 0.06)
+    assert queue_seconds([2.0, 0.3], 0.06) == pytest.approx(0.7 * 0.3 - 0.06)
 
 
 class _FakeEncoder:

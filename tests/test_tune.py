@@ -201,7 +201,7 @@ def test_tune_writes_tuned_json_resumes_without_duplicates_and_serve_uses_it(tun
 
     from kokoro_opt.cli import app
     from kokoro_opt.select import tuned_selection
-    from kokoro_opt.serve.engine import ServeConfig
+    from kokoro_opt.serve.config import ServeConfig
 
     env, recipe = tune_env, _recipe(tune_env, "e2e")
     first = _run(env, recipe)

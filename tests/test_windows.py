@@ -134,10 +134,15 @@ def test_the_stage_stores_statistics_and_speaks_window_by_window(windowed, plain
     assert table.voices == sorted(windowed.voice_packs()) and len(table.frames) > 1
     decoder = WindowedDecoder.of_artifact(Synthesizer(windowed))
     job = decoder.start(TOKENS * 3, windowed.voice_packs()["tiny_0"])
-    assert len(job.spans) > 2 and job.spans[0][1] - job.spans[0][0] == 6
-    audio = []
+    assert job.steps_left > 40
+    audio = [decoder.next_window(job)]  # the stored first window size
+    assert len(audio[0]) == 6 * STEP_SAMPLES
+    audio.append(decoder.next_window(job, steps=10))  # a size the server chose
+    assert len(audio[1]) == 10 * STEP_SAMPLES
     while not job.done:
         audio.append(decoder.next_window(job))
+    assert job.windows == len(audio) > 3 and job.cursor == job.speech[1]
+    assert sum(map(len, audio)) == (job.speech[1] - job.speech[0]) * STEP_SAMPLES
     assert all(np.all(np.isfinite(a)) and len(a) for a in audio)
 
 

@@ -22,8 +22,9 @@ from starlette.types import Receive, Scope, Send
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
+from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.encoders import MEDIA_TYPES, make_encoder, supported_formats
-from kokoro_opt.serve.engine import Engine, ServeConfig, Stream
+from kokoro_opt.serve.engine import Engine, Stream
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.openai_compat import (
     OPENAI_MODELS,

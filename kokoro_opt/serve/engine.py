@@ -6,7 +6,10 @@ worker in this order: first chunks first (oldest request first), so every new li
 early; then *earliest playback deadline first*, where a stream's deadline is when its listener runs
 out of audio (first byte time + seconds sent), so a stream about to underrun goes before one that is
 ahead. Admission is bounded, so first chunks cannot starve running streams for long. Job size adapts
-to the same deadlines (see `plan.py` and `_budget`).
+to the same deadlines (see `plan.py` and `_budget`). Windowed (`--windowed`), the unit of work is a
+job's front plus its first window, or one more window, and window sizes follow the deadlines too
+(`plan.window_steps`): a new listener's first window lasts while the others waiting get theirs, and a
+later one is cut short when it would leave another listener without audio.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,76 +28,20 @@ import numpy as np
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime import open_synthesizer
 from kokoro_opt.select import Selection
+from kokoro_opt.serve.config import ServeConfig, edges_missing, windows_missing
 from kokoro_opt.serve.encoders import Encoder
 from kokoro_opt.serve.join import PAUSES, Joiner, boundary
 from kokoro_opt.serve.metrics import Metrics
-from kokoro_opt.serve.plan import CostModel, make_pieces, take_job
+from kokoro_opt.serve.plan import CostModel, make_pieces, queue_seconds, take_job, window_steps
 from kokoro_opt.synth import Speaker, Synthesizer, release_freed_memory
-from kokoro_opt.text import CONTEXT_TOKENS
 from kokoro_opt.voices import style_for
-from kokoro_opt.windowed import WindowedDecoder, WindowedJob
+from kokoro_opt.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
 
 log = logging.getLogger("kokoro_opt.serve")
 
 SAFETY = 0.7  # a job may use this share of the tightest listener's buffered audio: estimates are rough
 FIRST_JOB_BUDGET = 0  # a streaming request's first job: its first piece alone (see `_budget`)
 _WARMUP_TEXT = "Warming up, so that the first listener never waits for a cold start."
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    first_chunk_tokens: int = 40  # the first job: small, so first audio comes fast
-    chunk_tokens: int = 200  # the largest later job (merged pieces), at most 510
-    piece_tokens: int | None = None  # sentences are packed into pieces up to this; None = 2 x first_chunk_tokens
-    crossfade_ms: float = 10.0
-    trim_silence: bool = True  # cut Kokoro's ~0.9 s of silence at each seam to a natural pause (join.py)
-    cap_edges: bool = False  # the decoder skips most of that silence (an artifact with the edges stage)
-    windowed: bool = False  # front once per job, generator in windows (an artifact with the windows stage)
-    max_queue: int = 4  # admitted requests (chunking, waiting or streaming); more get 429
-    request_timeout: float = 300.0
-    max_input_chars: int = 4096  # OpenAI's limit
-    max_body_bytes: int = 64 * 1024
-    api_key: str | None = None
-    default_voice: str | None = None  # None: the OpenAI default 'alloy', mapped
-    warmup: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("first_chunk_tokens", "chunk_tokens", "max_queue", "max_input_chars", "max_body_bytes"):
-            if getattr(self, name) < 1:
-                raise UserError(f"{name} must be at least 1", "use a positive number")
-        if not self.first_chunk_tokens <= self.chunk_tokens <= CONTEXT_TOKENS:
-            raise UserError(
-                f"chunk sizes {self.first_chunk_tokens}/{self.chunk_tokens} are out of order",
-                f"use first_chunk_tokens <= chunk_tokens <= {CONTEXT_TOKENS}",
-            )
-        if self.crossfade_ms < 0 or self.request_timeout <= 0:
-            raise UserError("crossfade_ms must be >= 0 and request_timeout > 0")
-
-    @property
-    def pieces(self) -> int:
-        return min(self.piece_tokens or 2 * self.first_chunk_tokens, self.chunk_tokens)
-
-    @classmethod
-    def for_selection(cls, selection: Selection, **overrides: Any) -> ServeConfig:
-        """Tuned chunking from the selection, then explicit (non-None) overrides on top."""
-        known = set(cls.__dataclass_fields__)
-        tuned = {k: v for k, v in selection.chunking.items() if k in known}
-        config = cls(**{**tuned, **{k: v for k, v in overrides.items() if v is not None}})
-        if config.cap_edges and not selection.artifact.kokoro.get("edges"):
-            raise UserError(edges_missing(selection.artifact.name), "serve an artifact built with it, or drop --cap-edges")
-        if config.windowed and not selection.artifact.kokoro.get("windows"):
-            raise UserError(windows_missing(selection.artifact.name), "serve an artifact built with it, or drop --windowed")
-        if config.windowed and config.cap_edges:  # windows decode only the speech already, with its real context
-            raise UserError("--windowed and --cap-edges both skip the edge silence", "use one of them (--windowed)")
-        return config
-
-
-def edges_missing(artifact: str | None) -> str:
-    return f"cap_edges needs an ONNX artifact built with the edges stage; {artifact or 'this artifact'} has none"
-
-
-def windows_missing(artifact: str | None) -> str:
-    return f"windowed needs an ONNX artifact built with the windows stage; {artifact or 'this artifact'} has none"
 
 
 class Stream:
@@ -136,7 +82,8 @@ class Engine:
         self.synth: Speaker | None = None  # a Synthesizer (ONNX Runtime) or, on macOS, a CoreMLSynthesizer
         self.ready = threading.Event()
         self.error: BaseException | None = None
-        self.cost = CostModel()  # calibrated at warm-up, then follows the machine's load
+        self.cost = CostModel()  # a job's cost (windowed: its front's), calibrated at warm-up, then follows the load
+        self.window_cost = CostModel()  # windowed: a window's cost by its steps
         self._cond = threading.Condition()
         self._streams: list[Stream] = []
         self._running: Stream | None = None
@@ -175,7 +122,10 @@ class Engine:
         sel = self.selection
         log.info("serving artifact %s (%s) at %s: %s", sel.artifact.id, sel.artifact.name, sel.artifact.path, sel.reason)
         started = time.perf_counter()
-        self.attach(open_synthesizer(sel.artifact, sel.settings))
+        if self.config.windowed:  # windowed jobs never run the whole graph: never load it
+            self.attach(Synthesizer(sel.artifact, sel.settings, load=False))
+        else:
+            self.attach(open_synthesizer(sel.artifact, sel.settings))
         log.info("loaded in %.1f s (session settings: %s)", time.perf_counter() - started, sel.settings)
         if self.config.warmup:
             self._warm_up()
@@ -195,7 +145,7 @@ class Engine:
         self._space = synth.vocab.get(" ")
 
     def _warm_up(self) -> None:
-        """Load espeak, run both job sizes (the first run of a session is slow), fit the cost model."""
+        """Load espeak, run both job sizes (the first run of a session is slow), fit the cost models."""
         synth = self.synth
         assert synth is not None
         started = time.perf_counter()
@@ -203,16 +153,28 @@ class Engine:
         pack = synth.packs[synth.voices[0]]
         flat = [t for p in pieces for t in p] or [self._space or 1]
         timings: dict[int, float] = {}
+        windows: dict[int, float] = {}
         for size in (self.config.first_chunk_tokens, self.config.first_chunk_tokens, self.config.chunk_tokens):
             tokens = (flat * (size // len(flat) + 1))[:size]
             t0 = time.perf_counter()
-            self._synthesize(tokens, pack, 1.0, None)
-            timings[size] = time.perf_counter() - t0  # the repeated small size keeps its second, warm timing
+            if self.windows is not None:
+                job = self.windows.start(tokens, pack)
+                timings[size] = job.front_seconds  # windowed: a job's front is what cannot be interleaved
+                while not job.done:
+                    t1, first = time.perf_counter(), job.cursor
+                    self.windows.next_window(job)
+                    windows[job.cursor - first] = time.perf_counter() - t1
+            else:
+                self._synthesize(tokens, pack, 1.0, None)
+                timings[size] = time.perf_counter() - t0  # the repeated small size keeps its second, warm timing
         small, large = self.config.first_chunk_tokens, self.config.chunk_tokens
         self.cost.calibrate((small, timings[small]), (large, timings[large]))
+        if windows:
+            self.window_cost.calibrate(min(windows.items()), max(windows.items()))
         log.info(
-            "warmed up in %.1f s; a job costs %.0f ms + %.1f ms per token",
+            "warmed up in %.1f s; a job%s costs %.0f ms + %.1f ms per token",
             time.perf_counter() - started,
+            "'s front" if self.windows else "",
             1000 * self.cost.fixed,
             1000 * self.cost.per_token,
         )
@@ -288,6 +250,25 @@ class Engine:
         tokens, last = self.next_job(stream.pieces, self._budget(stream, time.monotonic()))
         return stream, tokens, last
 
+    def _window_steps(self, stream: Stream) -> int:
+        """`plan.window_steps` for this stream, with the other listeners priced by the cost models."""
+        assert self.windows is not None
+        settings = self.windows.settings
+        waiting = [s for s in self._streams if s.streaming and s.first_out is None and s is not stream]
+        cover = 0.0
+        if waiting:
+            cover = sum(self.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
+            cover += len(waiting) * self.window_cost.predict(settings.first_steps)
+            cover += self.window_cost.predict(settings.steps)
+        now = time.monotonic()
+        slacks = [s.deadline() - now for s in self._streams if s.streaming and s.first_out is not None and s is not stream]
+        fit = queue_seconds(slacks, self.window_cost.predict(settings.first_steps), SAFETY)
+        fit = min(fit, SAFETY * (stream.deadline() - now))  # and its own listener's, where it can
+        return window_steps(settings.first_steps, settings.steps, streaming=stream.streaming,
+                            heard=stream.first_out is not None, cover_seconds=cover,
+                            step_seconds=STEP_SAMPLES / self.sample_rate, safety=SAFETY,
+                            fit_steps=self.window_cost.tokens_within(fit))
+
     def _serve(self) -> None:
         import onnxruntime as ort
 
@@ -324,12 +305,16 @@ class Engine:
         assert self.windows is not None
         if stream.job is None:
             stream.job = (tokens, last, self.windows.start(tokens, stream.pack, stream.speed, stream.run_options))
+            self.cost.observe(len(tokens), stream.speed, stream.job[2].front_seconds)
         job = stream.job[2]
-        audio = self.windows.next_window(job, stream.run_options)
+        began, first = time.perf_counter(), job.cursor
+        audio = self.windows.next_window(job, self._window_steps(stream), stream.run_options)
+        self.window_cost.observe(job.cursor - first, 1.0, time.perf_counter() - began)
         closes = job.done
         if closes:
             stream.job = None
-            self._account(tokens, job.compute, job.samples / self.sample_rate, stream.speed)
+            if self.metrics:
+                self.metrics.observe_job(job.compute, job.samples / self.sample_rate)
         if not stream.cancelled:
             out = self.join(stream.joiner, tokens, audio, last and closes, stream.speed, opens=job.opened, closes=closes)
             job.opened = False
@@ -380,8 +365,6 @@ class Engine:
         assert synth is not None
         if not isinstance(synth, Synthesizer):  # Core ML has no run options: a cancelled job finishes its chunk
             return synth.run_tokens(tokens, pack, speed).audio
-        if self.windows is not None:  # warm-up: the windowed path, whole
-            return self.windows.speak(tokens, pack, speed)[0]
         feeds = synth.feeds(tokens, style_for(pack, len(tokens)), speed, self.config.cap_edges)
         audio = synth.session.run(None, feeds, run_options)[0]
         return np.asarray(audio, dtype=np.float32).reshape(-1) / synth.audio_gain

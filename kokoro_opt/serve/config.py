@@ -1,0 +1,66 @@
+"""How `kokoro-opt serve` runs: chunk sizes, streaming modes, limits. Validated up front, with the fix named."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.select import Selection
+from kokoro_opt.text import CONTEXT_TOKENS
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    first_chunk_tokens: int = 40  # the first job: small, so first audio comes fast
+    chunk_tokens: int = 200  # the largest later job (merged pieces), at most 510
+    piece_tokens: int | None = None  # sentences are packed into pieces up to this; None = 2 x first_chunk_tokens
+    crossfade_ms: float = 10.0
+    trim_silence: bool = True  # cut Kokoro's ~0.9 s of silence at each seam to a natural pause (join.py)
+    cap_edges: bool = False  # the decoder skips most of that silence (an artifact with the edges stage)
+    windowed: bool = False  # front once per job, generator in windows (an artifact with the windows stage)
+    max_queue: int = 4  # admitted requests (chunking, waiting or streaming); more get 429
+    request_timeout: float = 300.0
+    max_input_chars: int = 4096  # OpenAI's limit
+    max_body_bytes: int = 64 * 1024
+    api_key: str | None = None
+    default_voice: str | None = None  # None: the OpenAI default 'alloy', mapped
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("first_chunk_tokens", "chunk_tokens", "max_queue", "max_input_chars", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be at least 1", "use a positive number")
+        if not self.first_chunk_tokens <= self.chunk_tokens <= CONTEXT_TOKENS:
+            raise UserError(
+                f"chunk sizes {self.first_chunk_tokens}/{self.chunk_tokens} are out of order",
+                f"use first_chunk_tokens <= chunk_tokens <= {CONTEXT_TOKENS}",
+            )
+        if self.crossfade_ms < 0 or self.request_timeout <= 0:
+            raise UserError("crossfade_ms must be >= 0 and request_timeout > 0")
+
+    @property
+    def pieces(self) -> int:
+        return min(self.piece_tokens or 2 * self.first_chunk_tokens, self.chunk_tokens)
+
+    @classmethod
+    def for_selection(cls, selection: Selection, **overrides: Any) -> ServeConfig:
+        """Tuned chunking from the selection, then explicit (non-None) overrides on top."""
+        known = set(cls.__dataclass_fields__)
+        tuned = {k: v for k, v in selection.chunking.items() if k in known}
+        config = cls(**{**tuned, **{k: v for k, v in overrides.items() if v is not None}})
+        if config.cap_edges and not selection.artifact.kokoro.get("edges"):
+            raise UserError(edges_missing(selection.artifact.name), "serve an artifact built with it, or drop --cap-edges")
+        if config.windowed and not selection.artifact.kokoro.get("windows"):
+            raise UserError(windows_missing(selection.artifact.name), "serve an artifact built with it, or drop --windowed")
+        if config.windowed and config.cap_edges:  # windows decode only the speech already, with its real context
+            raise UserError("--windowed and --cap-edges both skip the edge silence", "use one of them (--windowed)")
+        return config
+
+
+def edges_missing(artifact: str | None) -> str:
+    return f"cap_edges needs an ONNX artifact built with the edges stage; {artifact or 'this artifact'} has none"
+
+
+def windows_missing(artifact: str | None) -> str:
+    return f"windowed needs an ONNX artifact built with the windows stage; {artifact or 'this artifact'} has none"
