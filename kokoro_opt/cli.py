@@ -177,6 +177,7 @@ def serve(
     windowed: Annotated[
         bool, typer.Option(help="front once per job, generator in windows (needs an artifact with the windows stage)")
     ] = False,
+    audio_cache_mb: Annotated[float, typer.Option(help="responses kept to answer repeats at once; 0: off")] = 8.0,
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (POST /v1/audio/speech), streaming."""
     from kokoro_opt.select import resolve_artifact
@@ -196,6 +197,7 @@ def serve(
         crossfade_ms=crossfade_ms,
         cap_edges=cap_edges,
         windowed=windowed,
+        audio_cache_mb=audio_cache_mb,
     )
     serve_forever(selection, config, host, port)
 
@@ -260,40 +262,6 @@ def _peers(all_peers: bool, chosen: list[str] | None) -> tuple[str, ...]:
 AsJson = Annotated[bool, typer.Option("--json", help="print the results as JSON on stdout")]
 
 
-def _evaluate_config(manifest: dict[str, Any], **overrides: Any) -> Any:
-    """The recipe's evaluate settings (from the artifact manifest), then the command-line overrides."""
-    from kokoro_opt.recipe import EvaluateConfig
-
-    stored = manifest.get("recipe", {}).get("evaluate", {})
-    base = EvaluateConfig(**{k: v for k, v in stored.items() if k in EvaluateConfig.model_fields})
-    return base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
-
-
-def _evaluation_targets(targets: list[str], root: Path, tracking_uri: str | None) -> list[Any]:
-    from kokoro_opt.artifacts import open_artifact
-    from kokoro_opt.select import artifact_by_id
-    from kokoro_opt.store import Store
-
-    found = []
-    for target in targets:
-        if target == "all":
-            found.extend(Store(root).artifacts())
-        elif target.endswith((".yaml", ".yml")):
-            from kokoro_opt.build import build as run_build
-            from kokoro_opt.locks import lock_path
-            from kokoro_opt.recipe import load_recipe
-
-            # every stage cached: cheap when built
-            found.append(run_build(load_recipe(target), root, console=err, lock=lock_path(Path(target))).artifact)
-        elif Path(target).exists():
-            found.append(open_artifact(target))
-        else:  # an artifact id: here, or pushed from another machine
-            found.append(artifact_by_id(target, root, tracking_uri, say=_say))
-    if not found:
-        raise UserError(f"no artifacts under {root}", "build one first: kokoro-opt build recipes/fp32.yaml")
-    return found
-
-
 @app.command()
 @user_errors
 def evaluate(
@@ -314,11 +282,12 @@ def evaluate(
     """Evaluate artifacts against their fp32 reference and log each to MLflow; already-logged evaluations are skipped."""
     from kokoro_opt.evaluate.report import results_json
     from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
+    from kokoro_opt.evaluate.targets import evaluate_config, evaluation_targets
 
     overrides = {"runs": runs, "warmup": warmup, "threads": threads, "sentences": sentences, "phrases": phrases, "asr": asr}
     results: list[Any] = []
-    for i, artifact in enumerate(_evaluation_targets(targets, artifacts, tracking_uri)):
-        config = _evaluate_config(artifact.manifest, **overrides)
+    for i, artifact in enumerate(evaluation_targets(targets, artifacts, tracking_uri, err, _say)):
+        config = evaluate_config(artifact.manifest, **overrides)
         results += evaluate_artifacts(
             [artifact],
             config,
@@ -356,11 +325,12 @@ def compare(
     from kokoro_opt.artifacts import open_artifact
     from kokoro_opt.evaluate.report import DETAIL_COLUMNS, print_machine, results_json, results_table
     from kokoro_opt.evaluate.run import compare_artifacts
+    from kokoro_opt.evaluate.targets import evaluate_config
     from kokoro_opt.machine import fingerprint
     from kokoro_opt.store import Store
 
     chosen = [open_artifact(f) for f in folders] if folders else Store(artifacts).artifacts()
-    config = _evaluate_config(
+    config = evaluate_config(
         chosen[0].manifest if chosen else {},
         runs=runs, warmup=warmup, threads=threads, sentences=sentences, phrases=phrases, asr=asr,
     )  # fmt: skip

@@ -43,6 +43,7 @@ def url(tiny_artifact):
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.serve import ServeConfig, running
 
-    config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120)
+    # no audio cache: these tests repeat inputs and time, cancel or count their synthesis (test_audio_cache.py)
+    config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120, audio_cache_mb=0)
     with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
         yield base

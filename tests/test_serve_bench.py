@@ -30,11 +30,12 @@ def test_bench_starts_a_server_and_reports(tiny_artifact) -> None:
     assert json.dumps(bench.to_json(scenarios))  # serializable for --json
     # the server's memory, read from its /metrics after each scenario
     assert 50 < single["rss_mb"] <= single["peak_rss_mb"] < 4000 and "RSS MB" in text
-    # each short phrase alone: streaming first bytes and the complete wav
+    # each short phrase alone: streaming first bytes, the complete wav (both synthesized), then a repeat
     alone = {(s.text, s.mode): s.summary() for s in scenarios if s.text}
-    assert set(alone) == {(p, m) for p in phrases for m in ("stream", "full")}
+    assert set(alone) == {(p, m) for p in phrases for m in ("stream", "full", "repeat")}
     assert all(v["ok"] == 1 and v["ttfa_p50"] <= v["total_p50"] for v in alone.values())
     assert "short phrases" in text and "checkbox checked" in text and "first bytes p50" in text
+    assert "repeat p50" in text and "not from the audio cache" in text
 
 
 def test_bench_against_nothing_is_a_clean_error() -> None:

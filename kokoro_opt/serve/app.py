@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
+from kokoro_opt.serve.cache import AudioCache, CacheKey
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.encoders import MEDIA_TYPES, make_encoder, supported_formats
 from kokoro_opt.serve.engine import Engine, Stream
@@ -77,6 +78,13 @@ class _State:
         self.engine, self.config, self.metrics = engine, config, metrics
         self.inflight = 0  # touched only on the event loop
         self._aliases: dict[str, str] | None = None
+        self.cache = AudioCache(int(config.audio_cache_mb * 1024 * 1024))
+
+    def cache_key(self, req: SpeechRequest) -> CacheKey | None:
+        """Where this request's response is kept; None when the cache is off, or for SSE events."""
+        if self.cache.max_bytes <= 0 or req.stream_format == "sse":
+            return None
+        return CacheKey(req.input, req.voice, req.speed, req.response_format, req.stream)
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -255,6 +263,14 @@ def create_app(selection: Selection, config: ServeConfig | None = None, *, engin
         req = _parse(await _read_json(request, config.max_body_bytes), state)
         require_ready()
         pack = state.pack(req.voice)
+        label = "true" if req.stream else "false"
+        key = state.cache_key(req)
+        cached = state.cache.get(key) if key and "no-cache" not in request.headers.get("cache-control", "") else None
+        if cached is not None:  # a repeat: no synthesis, no queue slot
+            metrics.cache_hits.inc()
+            metrics.requests.labels(req.response_format, label, "200").inc()
+            metrics.ttfa.labels(label).observe(time.perf_counter() - started)
+            return Response(cached, media_type=MEDIA_TYPES[req.response_format])
         if state.inflight >= config.max_queue:
             raise ApiError(429, f"server busy: {state.inflight} requests in progress (limit {config.max_queue})",
                            type_="rate_limit_error", code="rate_limit_exceeded",
@@ -262,7 +278,6 @@ def create_app(selection: Selection, config: ServeConfig | None = None, *, engin
         state.inflight += 1
         outcome = {"status": "cancelled"}
         stream: Stream | None = None
-        label = "true" if req.stream else "false"
 
         def close() -> None:
             state.inflight -= 1
@@ -306,17 +321,24 @@ def create_app(selection: Selection, config: ServeConfig | None = None, *, engin
             elapsed = time.perf_counter() - started
             metrics.ttfa.labels(label).observe(elapsed)
             metrics.response.labels(label).observe(elapsed)
+            if key:
+                state.cache.put(key, body)
             return Response(body, media_type=MEDIA_TYPES[req.response_format])
 
         async def body() -> AsyncIterator[bytes]:
             first = True
             sent = 0
+            kept: list[bytes] | None = [] if key else None  # the body, for the cache, while it fits there
             try:
                 async for data in _chunks(stream, deadline):
                     if first:
                         metrics.ttfa.labels(label).observe(time.perf_counter() - started)
                         first = False
                     sent += len(data)
+                    if kept is not None and sent <= state.cache.entry_limit:
+                        kept.append(data)
+                    else:
+                        kept = None
                     yield sse_delta(data) if req.stream_format == "sse" else data
             except ApiError as exc:
                 outcome["status"] = str(exc.status)
@@ -329,6 +351,8 @@ def create_app(selection: Selection, config: ServeConfig | None = None, *, engin
             if req.stream_format == "sse":
                 yield sse_done(tokens, stream.audio_out)
             outcome["status"] = "200"
+            if key and kept is not None:
+                state.cache.put(key, b"".join(kept))
             metrics.response.labels(label).observe(time.perf_counter() - started)
 
         sse = req.stream_format == "sse"

@@ -26,6 +26,7 @@ class ServeConfig:
     api_key: str | None = None
     default_voice: str | None = None  # None: the OpenAI default 'alloy', mapped
     warmup: bool = True
+    audio_cache_mb: float = 8.0  # finished responses kept for repeats (cache.py): ~130 phrases as pcm; 0: off
 
     def __post_init__(self) -> None:
         for name in ("first_chunk_tokens", "chunk_tokens", "max_queue", "max_input_chars", "max_body_bytes"):
@@ -36,8 +37,8 @@ class ServeConfig:
                 f"chunk sizes {self.first_chunk_tokens}/{self.chunk_tokens} are out of order",
                 f"use first_chunk_tokens <= chunk_tokens <= {CONTEXT_TOKENS}",
             )
-        if self.crossfade_ms < 0 or self.request_timeout <= 0:
-            raise UserError("crossfade_ms must be >= 0 and request_timeout > 0")
+        if self.crossfade_ms < 0 or self.request_timeout <= 0 or self.audio_cache_mb < 0:
+            raise UserError("crossfade_ms and audio_cache_mb must be >= 0 and request_timeout > 0")
 
     @property
     def pieces(self) -> int:

@@ -28,6 +28,7 @@ class Metrics:
         self.audio_seconds = Counter("kokoro_audio_seconds", "Seconds of audio synthesized", registry=r)
         self.synth_seconds = Counter("kokoro_synthesis_seconds", "Seconds the worker spent synthesizing", registry=r)
         self.jobs = Counter("kokoro_jobs", "Synthesis jobs run (merged pieces)", registry=r)
+        self.cache_hits = Counter("kokoro_cache_hits", "Requests answered from the audio cache (repeats)", registry=r)
         self.cancelled = Counter("kokoro_cancelled", "Requests cancelled (client gone or timed out)", registry=r)
         self.dropped = Counter("kokoro_dropped_pieces", "Queued pieces dropped by cancellation", registry=r)
         self.queue_depth = Gauge("kokoro_queue_depth", "Text pieces waiting for synthesis", registry=r)

@@ -1,0 +1,45 @@
+"""What `kokoro-opt evaluate` / `compare` are pointed at, as artifacts, and the evaluation settings to use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kokoro_opt.errors import UserError
+
+
+def evaluate_config(manifest: dict[str, Any], **overrides: Any) -> Any:
+    """The recipe's evaluate settings (from the artifact manifest), then the command-line overrides."""
+    from kokoro_opt.recipe import EvaluateConfig
+
+    stored = manifest.get("recipe", {}).get("evaluate", {})
+    base = EvaluateConfig(**{k: v for k, v in stored.items() if k in EvaluateConfig.model_fields})
+    return base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+
+
+def evaluation_targets(targets: list[str], root: Path, tracking_uri: str | None, console: Any,
+                       say: Callable[[str], None]) -> list[Any]:
+    """Artifacts for each target: `all` (every one under `root`), a recipe (built; cheap when every stage
+    is cached), an artifact folder, or an artifact id (here, or pushed from another machine)."""
+    from kokoro_opt.artifacts import open_artifact
+    from kokoro_opt.select import artifact_by_id
+    from kokoro_opt.store import Store
+
+    found = []
+    for target in targets:
+        if target == "all":
+            found.extend(Store(root).artifacts())
+        elif target.endswith((".yaml", ".yml")):
+            from kokoro_opt.build import build
+            from kokoro_opt.locks import lock_path
+            from kokoro_opt.recipe import load_recipe
+
+            found.append(build(load_recipe(target), root, console=console, lock=lock_path(Path(target))).artifact)
+        elif Path(target).exists():
+            found.append(open_artifact(target))
+        else:
+            found.append(artifact_by_id(target, root, tracking_uri, say=say))
+    if not found:
+        raise UserError(f"no artifacts under {root}", "build one first: kokoro-opt build recipes/fp32.yaml")
+    return found

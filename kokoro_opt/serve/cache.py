@@ -1,0 +1,63 @@
+"""Finished responses of recent requests, by what was asked: a repeated utterance is answered without
+synthesis.
+
+Screen readers speak the same short phrases ("button", "checkbox checked", "link, Settings") thousands
+of times an hour; a repeat is answered from here in milliseconds instead of a front and a generator
+run. Synthesis is deterministic for a given input, voice and speed, so a stored body is what the
+engine would make again (a streamed one joined at the seams of that run).
+
+A request sent with `Cache-Control: no-cache` is always synthesized (the benchmark measures synthesis
+that way); its result is still stored. The store is bounded in bytes and evicts the least recently
+used; a body larger than a sixteenth of it is not kept, so long paragraphs do not push out phrases.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """Everything a response's bytes depend on, for one served artifact."""
+
+    text: str
+    voice: str
+    speed: float
+    response_format: str
+    streaming: bool
+
+
+class AudioCache:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._bodies: OrderedDict[CacheKey, bytes] = OrderedDict()
+        self._size = 0
+
+    @property
+    def entry_limit(self) -> int:
+        """The largest body kept."""
+        return self.max_bytes // 16
+
+    def get(self, key: CacheKey) -> bytes | None:
+        body = self._bodies.get(key)
+        if body is not None:
+            self._bodies.move_to_end(key)
+        return body
+
+    def put(self, key: CacheKey, body: bytes) -> None:
+        if not body or len(body) > self.entry_limit:
+            return
+        old = self._bodies.pop(key, None)
+        self._size += len(body) - (len(old) if old is not None else 0)
+        self._bodies[key] = body
+        while self._size > self.max_bytes:
+            _, evicted = self._bodies.popitem(last=False)
+            self._size -= len(evicted)
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
+    @property
+    def size(self) -> int:
+        return self._size
