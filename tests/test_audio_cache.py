@@ -74,6 +74,11 @@ def test_what_changes_the_audio_misses_and_no_cache_synthesizes(cached_url: str)
     assert fresh.status_code == 200 and metric(cached_url, "kokoro_jobs_total") > jobs
     assert speak(cached_url, stream_format="sse").status_code == 200  # events are never stored
     assert metric(cached_url, "kokoro_cache_hits_total") == hits
+    private = {"input": "Password field.", "stream": True}
+    assert speak(cached_url, headers={"Cache-Control": "no-store"}, **private).status_code == 200  # not kept
+    jobs = metric(cached_url, "kokoro_jobs_total")
+    assert speak(cached_url, **private).status_code == 200
+    assert metric(cached_url, "kokoro_jobs_total") > jobs and metric(cached_url, "kokoro_cache_hits_total") == hits
 
 
 def test_the_cache_can_be_turned_off(url: str) -> None:

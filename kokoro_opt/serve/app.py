@@ -264,8 +264,9 @@ def create_app(selection: Selection, config: ServeConfig | None = None, *, engin
         require_ready()
         pack = state.pack(req.voice)
         label = "true" if req.stream else "false"
-        key = state.cache_key(req)
-        cached = state.cache.get(key) if key and "no-cache" not in request.headers.get("cache-control", "") else None
+        directives = request.headers.get("cache-control", "").lower()
+        key = None if "no-store" in directives else state.cache_key(req)  # no-store: neither read nor kept
+        cached = state.cache.get(key) if key and "no-cache" not in directives else None
         if cached is not None:  # a repeat: no synthesis, no queue slot
             metrics.cache_hits.inc()
             metrics.requests.labels(req.response_format, label, "200").inc()

@@ -7,8 +7,9 @@ run. Synthesis is deterministic for a given input, voice and speed, so a stored 
 engine would make again (a streamed one joined at the seams of that run).
 
 A request sent with `Cache-Control: no-cache` is always synthesized (the benchmark measures synthesis
-that way); its result is still stored. The store is bounded in bytes and evicts the least recently
-used; a body larger than a sixteenth of it is not kept, so long paragraphs do not push out phrases.
+that way); its result is still stored. With `no-store` it is neither answered from here nor kept.
+The store is bounded in bytes and evicts the least recently used; a body larger than a sixteenth of
+it is not kept, so long paragraphs do not push out phrases.
 """
 
 from __future__ import annotations
