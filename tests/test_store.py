@@ -38,11 +38,26 @@ def project_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return project
 
 
+@pytest.fixture
+def seeded(tiny_artifact):
+    """`seeded(root)`: a new artifact root holding the session's tiny export, nothing else. What these
+    tests check happens after the export, which costs ~10 s a build on a fresh root."""
+    source = Store(tiny_artifact.path.parent.parent)
+    key = stage_chain(tiny_artifact)[0].key
+
+    def seed(root: Path) -> Path:
+        shutil.copytree(source.stage_path("export", key), Store(root).stage_path("export", key))
+        return root
+
+    return seed
+
+
 def cached(result) -> dict[str, bool]:
     return {entry["kind"]: entry["cached"] for entry in result.stages}
 
 
-def test_editing_the_calibration_corpus_rebuilds_smooth_and_quantize_not_export(tiny_recipe, project_copy, tmp_path) -> None:
+def test_editing_the_calibration_corpus_rebuilds_smooth_and_quantize_not_export(tiny_recipe, project_copy, tmp_path,
+                                                                               seeded) -> None:
     recipe = recipe_with(
         tiny_recipe,
         "t-keys",
@@ -52,7 +67,7 @@ def test_editing_the_calibration_corpus_rebuilds_smooth_and_quantize_not_export(
             {"kind": "quantize", "mode": "static", "calibration_sentences": 2},
         ],
     )
-    root = tmp_path / "artifacts"
+    root = seeded(tmp_path / "artifacts")
     first = build(recipe, root)
     assert cached(build(recipe, root)) == {"export": True, "simplify": True, "smooth": True, "quantize": True}
 
@@ -107,18 +122,18 @@ def test_manifest_records_chain_parent_reference_and_machine(tiny_recipe, artifa
     assert not (result.artifact.path / "stage.log").exists() or (result.artifact.path / "stage.log").stat().st_size > 0
 
 
-def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tiny_recipe, tmp_path, capsys) -> None:
+def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tiny_recipe, tmp_path, capsys, seeded) -> None:
     recipe = recipe_with(tiny_recipe, "t-lock", [TINY_MIXED])
     lock = lock_path(tmp_path / "t-lock.yaml")
-    analysed = build(recipe, tmp_path / "a", lock=lock)
+    analysed = build(recipe, seeded(tmp_path / "a"), lock=lock)
     assert analysed.lock_written == lock
     entry = read_lock(lock)["0:quantize"]
     record = analysed.artifact.manifest["stages"][-1]
     assert record["mixed"]["decisions_from"] == "analysis"
     assert entry.decisions == record["decisions"] and entry.machine["id"]
 
-    # another machine: an empty artifact root, the committed lock
-    locked = build(recipe, tmp_path / "b", lock=lock)
+    # another machine: an artifact root without the quantize stage, the committed lock
+    locked = build(recipe, seeded(tmp_path / "b"), lock=lock)
     record = locked.artifact.manifest["stages"][-1]
     assert record["mixed"]["decisions_from"] == "lock" and record["mixed"]["final_quality"]["passes"]
     assert record["mixed"]["calibration_from"] == "lock" and not record["seconds"]["calibration"]
@@ -130,7 +145,7 @@ def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tin
     data = json.loads(lock.read_text())
     del data["stages"]["0:quantize"]["decisions"]["calibration"]
     lock.write_text(json.dumps(data))
-    completed = build(recipe, tmp_path / "c", lock=lock)
+    completed = build(recipe, seeded(tmp_path / "c"), lock=lock)
     assert completed.lock_written == lock and read_lock(lock)["0:quantize"] == entry
     assert completed.artifact.manifest["stages"][-1]["mixed"]["calibration_from"] == "measured"
     assert (completed.artifact.path / "model.onnx").read_bytes() == (analysed.artifact.path / "model.onnx").read_bytes()
@@ -146,7 +161,7 @@ def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tin
     assert read_lock(lock)["0:quantize"].decision_key != entry.decision_key
 
 
-def test_a_recipe_that_extends_a_locked_one_applies_its_lock(tiny_recipe, tmp_path) -> None:
+def test_a_recipe_that_extends_a_locked_one_applies_its_lock(tiny_recipe, tmp_path, seeded) -> None:
     """`int8-mixed-ort.yaml` appends a stage to `int8-mixed.yaml`: its quantize stage is the same, and so
     are its decisions, taken from `int8-mixed.lock.json` instead of analysed again."""
     import yaml
@@ -154,27 +169,27 @@ def test_a_recipe_that_extends_a_locked_one_applies_its_lock(tiny_recipe, tmp_pa
     parent = recipe_with(tiny_recipe, "t-parent", [TINY_MIXED])
     parent_file = tmp_path / "t-parent.yaml"
     parent_file.write_text(yaml.safe_dump(parent.model_dump(mode="json", by_alias=True)))
-    build(parent, tmp_path / "a", lock=lock_path(parent_file))
+    build(parent, seeded(tmp_path / "a"), lock=lock_path(parent_file))
     child_file = tmp_path / "t-child.yaml"
     child_file.write_text(yaml.safe_dump({"extends": "t-parent.yaml", "name": "t-child", "append_stages": [{"kind": "ort"}]}))
-    child = build(load_recipe(child_file), tmp_path / "b", lock=lock_path(child_file))
+    child = build(load_recipe(child_file), seeded(tmp_path / "b"), lock=lock_path(child_file))
     quantize = next(record for record in child.artifact.manifest["stages"] if record["stage"] == "quantize")
     assert quantize["mixed"]["decisions_from"] == "lock" and quantize["mixed"]["calibration_from"] == "lock"
     assert child.lock_written is None and not lock_path(child_file).exists()
 
 
-def test_a_lock_that_no_longer_holds_fails_the_build_clearly(tiny_recipe, tmp_path) -> None:
+def test_a_lock_that_no_longer_holds_fails_the_build_clearly(tiny_recipe, tmp_path, seeded) -> None:
     strict = {**TINY_MIXED, "op_types": ["Conv", "MatMul"], "max_high_band_db": 0.02, "min_block_time_share": 0.05}
     recipe = recipe_with(tiny_recipe, "t-lock-gate", [strict])
     lock = lock_path(tmp_path / "t-lock-gate.yaml")
-    analysed = build(recipe, tmp_path / "a", lock=lock)
+    analysed = build(recipe, seeded(tmp_path / "a"), lock=lock)
     blocks = analysed.artifact.manifest["stages"][-1]["mixed"]
     every_block = sorted(set(blocks["int8_blocks"]) | set(blocks["fallback_blocks"]))
     data = json.loads(lock.read_text())
     data["stages"]["0:quantize"]["decisions"]["int8_units"] = every_block  # what a stale analysis would say
     lock.write_text(json.dumps(data))
     with pytest.raises(UserError, match="no longer meets the quality budget on this machine"):
-        build(recipe, tmp_path / "b", lock=lock)
+        build(recipe, seeded(tmp_path / "b"), lock=lock)
     assert not list((tmp_path / "b" / "t-lock-gate").glob("*/manifest.json"))
 
     data["stages"]["0:quantize"]["decisions"]["int8_units"] = ["no/such/block"]
