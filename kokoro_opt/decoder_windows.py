@@ -4,16 +4,19 @@ On CPU the generator (the upsampling HiFi-GAN half of the decoder) is 82-91% of 
 an utterance's first sound waits for all of it. `split` cuts the model into two graphs (in memory, when
 a windowed server loads; ~1 s):
 
-- the front: ALBERT, the LSTMs, the duration, F0 and energy predictors, the decoder's frame-rate
-  blocks and the harmonic source, on the whole sentence. Outputs the generator's inputs.
-- the generator: the generator on any span of those inputs. Its InstanceNorms normalize with
-  statistics fed as `norm_stats` instead of the span's own: a window's own statistics are far off
-  the sentence's (measured PESQ 2.0-2.7 on 1 s windows), per-voice statistics measured on calibration
-  utterances of about the same length are close (kokoro_opt/windowed.py, docs/serving.md).
+- the front: ALBERT, the LSTMs, the duration, F0 and energy predictors and the decoder's frame-rate
+  blocks, on the whole sentence. Outputs the generator's inputs, all at its step rate.
+- the generator: the harmonic source and the generator on any span of those inputs. Its InstanceNorms
+  normalize with statistics fed as `norm_stats` instead of the span's own: a window's own statistics
+  are far off the sentence's (measured PESQ 2.0-2.7 on 1 s windows), per-voice statistics measured on
+  calibration utterances of about the same length are close (kokoro_opt/windowed.py, docs/serving.md).
 
-SineGen's phase is a running sum from the sentence's first frame, so the harmonic source is computed
-by the front and only sliced per window. A window [a, b) is decoded with `overlap` steps of context on
-each side and cut back to [a, b): the generator's receptive field is a few steps wide.
+SineGen's phase is a running sum from the sentence's first frame. SineGen sums it per step and then
+interpolates it to audio samples, so the front stops at that per-step phase and each window turns its
+slice into sines, the source and the source's STFT. That work is per audio sample, and moving it out
+took a quarter of the front's time off (docs/serving.md). A window [a, b) is decoded with `overlap`
+steps of context on each side and cut back to [a, b): the generator's receptive field is a few steps
+wide.
 """
 
 from __future__ import annotations
@@ -23,28 +26,42 @@ from typing import Any
 
 import numpy as np
 
+from kokoro_opt.edge_capping import PREFIX as EDGES_PREFIX
 from kokoro_opt.edge_capping import SOURCE_CONSUMER, float_source
 
 GENERATOR_ENTRY = "/decoder/generator/LeakyRelu"  # input 0: the frame-rate blocks' output, 2 steps per frame
 GENERATOR_PREFIX = "/decoder/generator/"
+F0_ENTRY = "/decoder/generator/f0_upsamp/Resize"  # input 0: F0 per step, repeated to audio samples
+SINE = "/decoder/generator/m_source/l_sin_gen/Sin"  # reads the phase interpolated to audio samples
 STATS_INPUT = "norm_stats"
 STEP_SAMPLES = 300  # audio samples per generator input step (12.5 ms at 24 kHz)
-FRONT_OUTPUTS = ("features", "source", "decoder_style", "durations")
+FRONT_OUTPUTS = ("features", "f0", "phase", "decoder_style", "durations")
 
 
 @dataclass(frozen=True)
 class GeneratorAnchors:
     features: str  # (1, C, steps): the generator's input
-    source: str  # (1, 22, 60 * steps + 1): the harmonic source's STFT
+    f0: str  # (1, 1, steps): F0 in Hz
+    phase: str  # (1, harmonics, steps): SineGen's running phase per harmonic, before it is interpolated
     style: str  # (1, 128): the decoder's half of the style vector
     norms: tuple[str, ...]  # the generator's InstanceNormalization nodes, in graph order
+
+
+def _sample_rate_input(sine: Any, producers: dict[str, Any]) -> str:
+    """The per-step tensor the Resize ahead of `sine` interpolates to audio samples (through Transposes)."""
+    node = producers.get(sine.input[0])
+    while node is not None and node.op_type == "Transpose":
+        node = producers.get(node.input[0])
+    if node is None or node.op_type != "Resize":
+        raise KeyError(f"the Resize ahead of {SINE}")
+    return str(node.input[0])
 
 
 def anchors(model: Any) -> GeneratorAnchors:
     """The generator's boundary tensors; a KeyError names what is missing."""
     by_name = {node.name: node for node in model.graph.node}
     producers = {out: node for node in model.graph.node for out in node.output}
-    for name in (GENERATOR_ENTRY, SOURCE_CONSUMER):
+    for name in (GENERATOR_ENTRY, F0_ENTRY, SINE):
         if name not in by_name:
             raise KeyError(name)
     style_readers = [n for n in model.graph.node if n.name.startswith(GENERATOR_PREFIX) and "/fc/" in n.name
@@ -55,7 +72,8 @@ def anchors(model: Any) -> GeneratorAnchors:
                   if n.op_type == "InstanceNormalization" and n.name.startswith(GENERATOR_PREFIX))
     return GeneratorAnchors(
         features=by_name[GENERATOR_ENTRY].input[0],
-        source=float_source(by_name[SOURCE_CONSUMER].input[0], producers),
+        f0=by_name[F0_ENTRY].input[0],
+        phase=_sample_rate_input(by_name[SINE], producers),
         style=style_readers[0].input[0],
         norms=norms,
     )
@@ -121,6 +139,29 @@ def _renamed(model: Any, names: dict[str, str]) -> Any:
     return model
 
 
+def _edge_slice(model: Any) -> Any:
+    """The Slice the edges stage puts between the harmonic source and the generator, if any. It keeps every
+    frame unless `edge_keep` is fed, which windowed decoding never does, so windows bypass it."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    by_name = {node.name: node for node in model.graph.node}
+    node = producers.get(float_source(by_name[SOURCE_CONSUMER].input[0], producers))
+    return node if node is not None and node.op_type == "Slice" and node.name.startswith(EDGES_PREFIX) else None
+
+
+def _bypass(model: Any, node: Any) -> None:
+    """Drop `node` (one data input, one output) from `model`: its readers read its data input instead."""
+    g = model.graph
+    kept = [n for n in g.node if n.name != node.name]
+    for reader in kept:
+        reader.input[:] = [node.input[0] if t == node.output[0] else t for t in reader.input]
+    del g.node[:]
+    g.node.extend(kept)
+    read = {t for n in g.node for t in n.input}
+    inputs = [v for v in g.input if v.name in read]
+    del g.input[:]
+    g.input.extend(inputs)
+
+
 def split(model: Any) -> list[Any]:
     """[front, generator with fed statistics, channels of each generator norm] from a whole-model graph."""
     from onnx import TensorProto, helper, numpy_helper
@@ -128,12 +169,20 @@ def split(model: Any) -> list[Any]:
     found = anchors(model)
     constants = {i.name for i in model.graph.initializer}
     inputs = [i.name for i in model.graph.input if i.name not in constants]
-    boundary = (found.features, found.source, found.style)
+    boundary = (found.features, found.f0, found.phase, found.style)
     front = cut(model, inputs, [*boundary, "durations"], FRONT_OUTPUTS)
-    generator = cut(model, list(boundary), ["audio"], ["audio"], input_names=FRONT_OUTPUTS[:3])
+    edge_slice = _edge_slice(model)
+    held = list(edge_slice.input[1:]) if edge_slice is not None else []
+    generator = cut(model, [*boundary, *held], ["audio"], ["audio"], input_names=[*FRONT_OUTPUTS[:4], *held])
+    if edge_slice is not None:
+        _bypass(generator, edge_slice)
+    g = generator.graph
+    known = {"", *(i.name for i in g.initializer), *(v.name for v in g.input), *(o for n in g.node for o in n.output)}
+    strays = [t for n in g.node for t in n.input if t not in known]
+    if strays or len(g.input) != 4:  # the cut walked past the boundary into the front
+        raise KeyError(f"the generator reads {strays[:1] or [v.name for v in g.input]} besides its boundary")
 
     shapes = _norm_channels(model, found)
-    g = generator.graph
     offset = 0
     new_nodes = []
     for node in g.node:

@@ -84,7 +84,8 @@ class FrontOutput:
     """One utterance's front: the generator's inputs for every step, and the durations."""
 
     features: np.ndarray
-    source: np.ndarray
+    f0: np.ndarray
+    phase: np.ndarray
     decoder_style: np.ndarray
     durations: np.ndarray
 
@@ -92,10 +93,12 @@ class FrontOutput:
     def steps(self) -> int:
         return int(self.features.shape[2])
 
-    @property
-    def source_rate(self) -> int:
-        """Harmonic-source STFT frames per step (the centred STFT adds one at the end)."""
-        return (int(self.source.shape[2]) - 1) // max(self.steps, 1)
+    def phase_from(self, lo: int, hi: int) -> np.ndarray:
+        """Steps [lo, hi) of the running phase, less whole turns per harmonic: the sines are the same, and
+        the window interpolates small numbers instead of ones that grow with the utterance (1e5 rad by 10 s)."""
+        span = self.phase[:, :, lo:hi].astype(np.float64)
+        turns = np.floor(span[:, :, :1] / (2 * np.pi)) * (2 * np.pi)
+        return np.ascontiguousarray(span - turns, dtype=np.float32)
 
 
 @dataclass
@@ -167,17 +170,17 @@ class WindowedDecoder:
     def front(self, token_ids: list[int], style: np.ndarray, speed: float = 1.0, run_options: Any = None) -> FrontOutput:
         feeds = model_feeds(token_ids, style, speed, names=self._front_inputs)
         outputs = [np.asarray(x) for x in self.front_session.run(list(FRONT_OUTPUTS), feeds, run_options)]
-        return FrontOutput(outputs[0], outputs[1], outputs[2], outputs[3].reshape(-1))
+        return FrontOutput(*outputs[:4], outputs[4].reshape(-1))
 
     def window(self, front: FrontOutput, start: int, end: int, stats: np.ndarray, run_options: Any = None) -> np.ndarray:
         """Audio of steps [start, end), decoded with the overlap's steps of context each side."""
         overlap = self.settings.overlap_steps
         lo, hi = max(start - overlap, 0), min(end + overlap, front.steps)
-        rate = front.source_rate
         feeds = {
             FRONT_OUTPUTS[0]: np.ascontiguousarray(front.features[:, :, lo:hi]),
-            FRONT_OUTPUTS[1]: np.ascontiguousarray(front.source[:, :, lo * rate : hi * rate + 1]),
-            FRONT_OUTPUTS[2]: front.decoder_style,
+            FRONT_OUTPUTS[1]: np.ascontiguousarray(front.f0[:, :, lo:hi]),
+            FRONT_OUTPUTS[2]: front.phase_from(lo, hi),
+            FRONT_OUTPUTS[3]: front.decoder_style,
             STATS_INPUT: stats,
         }
         audio = np.asarray(self.generator_session.run(None, feeds, run_options)[0], dtype=np.float32).reshape(-1)

@@ -20,6 +20,7 @@ from kokoro_opt.voices import blend_voice, style_for
 from kokoro_opt.windowed import (
     STATS_FILE,
     STEP_SAMPLES,
+    FrontOutput,
     StatsTable,
     WindowedDecoder,
     WindowSettings,
@@ -103,9 +104,26 @@ def test_the_split_keeps_the_edges_input_feedable(tiny_recipe, artifacts_root) -
                         {"kind": "edges", "lead_frames": 1, "trail_frames": 1}]).artifact
     front, generator, channels = split(onnx.load(str(capped.model_file)))
     assert "edge_keep" in {i.name for i in front.graph.input}
-    assert {i.name for i in generator.graph.input} == {"features", "source", "decoder_style", STATS_INPUT}
+    assert {i.name for i in generator.graph.input} == {"features", "f0", "phase", "decoder_style", STATS_INPUT}
+    # the harmonic source (sines per audio sample, its STFT) runs per window, not in the front
+    assert not [n for n in front.graph.node if n.op_type in ("Sin", "Atan")]
     assert not [n for n in generator.graph.node if n.op_type == "InstanceNormalization"]
     assert len(channels) > 0 and all(c > 0 for c in channels)
+
+
+def test_a_window_phase_drops_whole_turns_only() -> None:
+    """Each window's phase starts within one turn, per harmonic, and gives the same sines as the running sum."""
+    rng = np.random.default_rng(0)
+    running = np.cumsum(rng.uniform(0, 40, size=(1, 9, 3000)), axis=2).astype(np.float32)  # ~6e4 rad at the end
+    front = FrontOutput(np.zeros((1, 4, 3000), np.float32), np.zeros((1, 1, 3000), np.float32), running,
+                        np.zeros((1, 128), np.float32), np.zeros(3, np.int64))
+    for lo, hi in [(0, 24), (1000, 1080), (2900, 3000)]:
+        window = front.phase_from(lo, hi)
+        assert window.dtype == np.float32 and window.shape == (1, 9, hi - lo)
+        assert np.all((window[:, :, 0] >= 0) & (window[:, :, 0] < 2 * np.pi))
+        np.testing.assert_allclose(np.sin(window), np.sin(running[:, :, lo:hi].astype(np.float64)), atol=1e-2)
+        turns = (running[:, :, lo:hi].astype(np.float64) - window) / (2 * np.pi)
+        np.testing.assert_allclose(turns, np.round(turns), atol=1e-3)
 
 
 def test_statistics_of_a_blend_are_the_mixed_moments() -> None:

@@ -150,6 +150,6 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any
                         statistics_seconds=round(measured, 1), gate=scores)
 
 
-PASS = Pass("windows", WindowsStage, run_windows, version="1", libraries=("onnx", "onnxruntime"),
+PASS = Pass("windows", WindowsStage, run_windows, version="2", libraries=("onnx", "onnxruntime"),
             produces=(*CARRIED, STATS_FILE),
             reads=("kokoro_opt/data/eval_corpus.yaml", "calibration/sentences.txt"))
