@@ -10,6 +10,8 @@ a windowed server loads; ~1 s):
   normalize with statistics fed as `norm_stats` instead of the span's own: a window's own statistics
   are far off the sentence's (measured PESQ 2.0-2.7 on 1 s windows), per-voice statistics measured on
   calibration utterances of about the same length are close (kokoro_opt/windowed.py, docs/serving.md).
+  With the statistics fed, its chains between two INT8 convolutions become per-channel lookup tables
+  (kokoro_opt/int8_lookup.py).
 
 SineGen's phase is a running sum from the sentence's first frame. SineGen sums it per step and then
 interpolates it to audio samples, so the front stops at that per-step phase and each window turns its
@@ -28,6 +30,7 @@ import numpy as np
 
 from kokoro_opt.edge_capping import PREFIX as EDGES_PREFIX
 from kokoro_opt.edge_capping import SOURCE_CONSUMER, float_source
+from kokoro_opt.int8_lookup import tabulate
 
 GENERATOR_ENTRY = "/decoder/generator/LeakyRelu"  # input 0: the frame-rate blocks' output, 2 steps per frame
 GENERATOR_PREFIX = "/decoder/generator/"
@@ -162,8 +165,10 @@ def _bypass(model: Any, node: Any) -> None:
     g.input.extend(inputs)
 
 
-def split(model: Any) -> list[Any]:
-    """[front, generator with fed statistics, channels of each generator norm] from a whole-model graph."""
+def split(model: Any, lookup_tables: bool = True) -> list[Any]:
+    """[front, generator with fed statistics, channels of each generator norm] from a whole-model graph.
+    With fed statistics the generator's INT8 conv-to-conv chains become per-channel lookup tables
+    (kokoro_opt/int8_lookup.py: the same output, ~10% less time); `lookup_tables=False` keeps the chains."""
     from onnx import TensorProto, helper, numpy_helper
 
     found = anchors(model)
@@ -179,7 +184,7 @@ def split(model: Any) -> list[Any]:
     g = generator.graph
     known = {"", *(i.name for i in g.initializer), *(v.name for v in g.input), *(o for n in g.node for o in n.output)}
     strays = [t for n in g.node for t in n.input if t not in known]
-    if strays or len(g.input) != 4:  # the cut walked past the boundary into the front
+    if strays or len(g.input) != len(boundary):  # the cut walked past the boundary into the front
         raise KeyError(f"the generator reads {strays[:1] or [v.name for v in g.input]} besides its boundary")
 
     shapes = _norm_channels(model, found)
@@ -222,6 +227,8 @@ def split(model: Any) -> list[Any]:
     del g.node[:]
     g.node.extend(new_nodes)
     g.input.append(helper.make_tensor_value_info(STATS_INPUT, TensorProto.FLOAT, [2, offset]))
+    if lookup_tables:
+        tabulate(generator, list(FRONT_OUTPUTS[:3]))
     return [front, generator, tuple(shapes[n] for n in found.norms)]
 
 
