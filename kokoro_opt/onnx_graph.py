@@ -61,15 +61,16 @@ def drop_unused_initializers(model: Any) -> None:
     model.graph.initializer.extend(kept)
 
 
-def replace_nodes(model: Any, replaced: dict[str, list[Any]]) -> None:
+def replace_nodes(model: Any, replaced: dict[str, list[Any]], drop_unused: bool = True) -> None:
     """Each node whose first output is a key of `replaced` gives way to its list, in place (keyed by
-    output: node names may be empty); then initializers nothing reads any more are dropped. A
-    pattern's replacement goes where its last node was, so everything the pattern read is computed
-    by then."""
+    output: node names may be empty); then, with `drop_unused`, initializers nothing reads any more
+    are dropped (which copies every kept one: pass False when the rewrite frees none). A pattern's
+    replacement goes where its last node was, so everything the pattern read is computed by then."""
     ordered = [new for node in model.graph.node for new in replaced.get(node.output[0], [node])]
     del model.graph.node[:]
     model.graph.node.extend(ordered)
-    drop_unused_initializers(model)
+    if drop_unused:
+        drop_unused_initializers(model)
 
 
 def subgraphs(node: Any) -> Iterator[Any]:
