@@ -67,7 +67,7 @@ def speech_steps(durations: np.ndarray, token_ids: list[int], symbols: dict[int,
 class WindowSettings:
     """How a job is cut into windows (generator steps of 12.5 ms), stored by the `windows` stage."""
 
-    first_steps: int = 24
+    first_steps: int = 12
     steps: int = 80
     overlap_steps: int = 8
     lead_frames: int = 2

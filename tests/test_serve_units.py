@@ -129,6 +129,35 @@ def test_window_sizes_follow_who_is_listening() -> None:
     assert queue_seconds([2.0, 0.3], 0.06) == pytest.approx(0.7 * 0.3 - 0.06)
 
 
+def test_a_first_window_lasts_while_the_next_one_runs() -> None:
+    """A lone listener's first window is as short as the setting allows, yet holds audio for as long as
+    its next window takes (by the fitted window cost): a slower machine gets a longer first window."""
+    from types import SimpleNamespace
+
+    from kokoro_opt.serve.engine import SAFETY
+    from kokoro_opt.windowed import STEP_SAMPLES, WindowSettings
+
+    async def sizes() -> list[tuple[int, float]]:
+        engine = Engine(cast(Selection, None), ServeConfig())
+        settings = WindowSettings()
+        engine.windows = cast(Any, SimpleNamespace(settings=settings))
+        engine.window_cost.calibrate((12, 0.06), (80, 0.2))
+        pack = np.zeros((510, 1, 256), np.float32)
+        lone = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), True)
+        out = []
+        for load in (0.5, 1.0, 2.0):  # a fast machine, the fitted one, a slow phase
+            engine.window_cost.load = load
+            out.append((engine._window_steps(lone), engine.window_cost.predict(max(settings.first_steps, settings.steps // 2))))
+        return out
+
+    step = STEP_SAMPLES / 24_000
+    (fast, _), (fitted, next_window), (slow, slow_next) = asyncio.run(sizes())
+    assert fast == WindowSettings().first_steps == 12  # the setting is the floor
+    assert fitted > fast  # at the fitted cost the floor would not last
+    assert fitted * step * SAFETY >= next_window > (fitted - 1) * step * SAFETY
+    assert slow * step * SAFETY >= slow_next and slow > fitted
+
+
 class _FakeEncoder:
     def encode(self, audio: np.ndarray) -> bytes:
         return b""

@@ -14,7 +14,7 @@ import pytest
 from kokoro_opt.decoder_windows import STATS_INPUT, split
 from kokoro_opt.errors import UserError
 from kokoro_opt.recipe import parse_recipe
-from kokoro_opt.serve.join import Joiner
+from kokoro_opt.serve.join import PAUSES, Joiner
 from kokoro_opt.synth import Synthesizer
 from kokoro_opt.voices import blend_voice, style_for
 from kokoro_opt.windowed import (
@@ -176,18 +176,22 @@ def test_windows_must_be_the_last_stage(tiny_recipe) -> None:
         parse_recipe(data)
 
 
-def test_a_job_in_windows_joins_like_the_job_whole() -> None:
+@pytest.mark.parametrize("cuts", [(7000, 15000, 21000), (7000, 29500, 33000)], ids=["speech-to-the-end", "silent-last-parts"])
+@pytest.mark.parametrize("pause", ["word", "sentence"])
+def test_a_job_in_windows_joins_like_the_job_whole(cuts: tuple[int, ...], pause: str) -> None:
     """The joiner trims a windowed job only where it opens and closes: the job's samples as pushed whole, up to
-    where the end is cut (found on the closing part's own 10 ms grid, so within one 10 ms frame)."""
+    where the end is cut (found on a 10 ms grid, so within one 10 ms frame). When the speech ends before the
+    closing part, the silence after it is held back, then cut to the pause like the whole job's (measured:
+    a silent last window left 0.41 s of dead air inside a sentence)."""
     rate = 24_000
     rng = np.random.default_rng(1)
     speech = (0.3 * rng.normal(size=rate)).astype(np.float32)
-    job = np.concatenate([np.zeros(rate // 5, np.float32), speech, np.zeros(rate // 3, np.float32)])
-    whole = Joiner(rate, 10.0).push(job, last=False)
+    job = np.concatenate([np.zeros(rate // 5, np.float32), speech, 1e-5 * speech[: rate // 3]])  # then -90 dB
+    whole = Joiner(rate, 10.0).push(job, last=False, pause=PAUSES[pause])
     parts, joiner = [], Joiner(rate, 10.0)
-    cuts = [0, 7000, 15000, 21000, len(job)]
-    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
-        parts.append(joiner.push(job[a:b], last=False, opens=i == 0, closes=b == len(job)))
+    bounds = [0, *cuts, len(job)]
+    for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+        parts.append(joiner.push(job[a:b], last=False, pause=PAUSES[pause], opens=i == 0, closes=b == len(job)))
     joined = np.concatenate(parts)
     assert abs(len(joined) - len(whole)) <= rate // 100
     n = min(len(joined), len(whole))

@@ -8,8 +8,8 @@ out of audio (first byte time + seconds sent), so a stream about to underrun goe
 ahead. Admission is bounded, so first chunks cannot starve running streams for long. Job size adapts
 to the same deadlines (see `plan.py` and `_budget`). Windowed (`--windowed`), the unit of work is a
 job's front plus its first window, or one more window, and window sizes follow the deadlines too
-(`plan.window_steps`): a new listener's first window lasts while the others waiting get theirs, and a
-later one is cut short when it would leave another listener without audio.
+(`plan.window_steps`): a new listener's first window lasts while its next one runs and the others
+waiting get theirs, and a later one is cut short when it would leave another listener without audio.
 """
 
 from __future__ import annotations
@@ -255,11 +255,12 @@ class Engine:
         assert self.windows is not None
         settings = self.windows.settings
         waiting = [s for s in self._streams if s.streaming and s.first_out is None and s is not stream]
-        cover = 0.0
+        # A first window lasts while this stream's next window runs (alone: the smallest a heard stream
+        # gets), and while every other new listener gets its front and first window.
+        cover = self.window_cost.predict(settings.steps if waiting else max(settings.first_steps, settings.steps // 2))
         if waiting:
-            cover = sum(self.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
+            cover += sum(self.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
             cover += len(waiting) * self.window_cost.predict(settings.first_steps)
-            cover += self.window_cost.predict(settings.steps)
         now = time.monotonic()
         slacks = [s.deadline() - now for s in self._streams if s.streaming and s.first_out is not None and s is not stream]
         fit = queue_seconds(slacks, self.window_cost.predict(settings.first_steps), SAFETY)

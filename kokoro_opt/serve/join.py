@@ -31,16 +31,18 @@ def boundary(tokens: list[int], symbols: dict[int, str]) -> str:
     return "word"
 
 
-def edge_silence(audio: np.ndarray, sample_rate: int) -> tuple[int, int]:
-    """Samples of silence at the start and at the end (0, 0 when nothing is audible)."""
+def edge_silence(audio: np.ndarray, sample_rate: int, peak: float | None = None) -> tuple[int, int]:
+    """Samples of silence at the start and at the end, relative to `peak` (default: the audio's own).
+    Nothing audible: (0, 0) against its own peak, all of it against a given one."""
     frame = max(1, sample_rate // 100)
     n = len(audio) // frame
     if n == 0:
         return 0, 0
     rms = np.sqrt(np.mean(np.square(audio[: n * frame].reshape(n, frame), dtype=np.float64), axis=1))
-    loud = np.flatnonzero(rms > float(np.abs(audio).max()) * 10 ** (SILENCE_DB / 20))
+    reference = float(np.abs(audio).max()) if peak is None else peak
+    loud = np.flatnonzero(rms > reference * 10 ** (SILENCE_DB / 20))
     if len(loud) == 0:
-        return 0, 0
+        return (0, 0) if peak is None else (len(audio), len(audio))
     return int(loud[0]) * frame, len(audio) - (int(loud[-1]) + 1) * frame
 
 
@@ -54,17 +56,27 @@ class Joiner:
         self.fade_in = rise.astype(np.float32)
         self.fade_out = (1.0 - rise).astype(np.float32)  # the two gains sum to 1: no bump on correlated edges
         self.tail: np.ndarray | None = None
+        self.level = 0.0  # the current job's peak so far: parts of a job are silent against it, not their own
+        self.held = np.zeros(0, np.float32)  # silence that ended the job's last part: a pause, or where it ends
 
     def _trimmed(self, audio: np.ndarray, last: bool, pause: float, opens: bool, closes: bool) -> np.ndarray:
-        lead, tail = edge_silence(audio, self.sample_rate)
+        if opens:
+            self.level, self.held = 0.0, self.held[:0]
+        self.level = max(self.level, float(np.abs(audio).max(initial=0.0)))
+        if self.level == 0.0:  # nothing audible yet: leave it alone
+            return audio
+        audio, self.held = np.concatenate([self.held, audio]), self.held[:0]
+        lead, tail = edge_silence(audio, self.sample_rate, self.level)
         start = max(0, lead - round(LEAD_KEEP * self.sample_rate)) if opens else 0
-        if not closes:
-            return audio[start:]
+        end = max(start, len(audio) - tail)
+        if not closes:  # hold the trailing silence until the next part says whether speech goes on
+            self.held = audio[end:]
+            return audio[start:end]
         keep = END_KEEP if last else pause + self.n / self.sample_rate  # the crossfade overlaps the kept pause
         cut = tail - round(keep * self.sample_rate)
-        if cut < 0 and not last and np.any(audio):  # a seam with less silence than its pause (capped edges)
+        if cut < 0 and not last:  # a seam with less silence than its pause (capped edges)
             return np.concatenate([audio[start:], np.zeros(-cut, dtype=np.float32)])
-        return audio[start : len(audio) - cut]
+        return audio[start : max(start, len(audio) - cut)]
 
     def push(self, audio: np.ndarray, last: bool, pause: float = PAUSES["sentence"], *, opens: bool = True,
              closes: bool = True) -> np.ndarray:

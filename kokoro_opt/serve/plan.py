@@ -87,9 +87,9 @@ def window_steps(first: int, steps: int, *, streaming: bool, heard: bool, cover_
     A listener already hearing audio gets `steps`, or `fit_steps` if fewer fit before the other listeners
     need theirs, but never below half of `steps`: smaller windows are mostly overlap, and four streams of
     them fell behind for good (measured: 12 of 12 underran with a floor of 24 steps). A new
-    listener's first window is `first` steps, or, when other new listeners wait for their first audio
-    (first windows go first), enough audio to last `cover_seconds` (their fronts and first windows plus
-    this stream's next window), up to `steps`.
+    listener's first window is `first` steps, or enough audio to last `cover_seconds`, up to `steps`: the
+    engine prices this stream's next window and, when other new listeners wait for their first audio
+    (first windows go first), their fronts and first windows too.
     """
     if not streaming:
         return 2 * steps
