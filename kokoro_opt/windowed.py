@@ -69,7 +69,7 @@ class WindowSettings:
 
     first_steps: int = 12
     steps: int = 80
-    overlap_steps: int = 8
+    overlap_steps: int = 4
     lead_frames: int = 2
     trail_frames: int = 6
 

@@ -106,9 +106,9 @@ def test_edge_capping_keeps_the_speech_within_its_budget(fp32, tmp_path: Path) -
 
 def test_windowed_decoding_keeps_the_speech_within_its_budget(fp32, tmp_path: Path) -> None:
     """The windows stage on the real weights, small: statistics from 2 calibration sentences (the recipe
-    uses 6), the gate on 3 sentences and 3 phrases, with a budget for that (measured on fp32: 3.65 mean,
-    worst sentence 3.36). Exact statistics would score 4.3-4.5; int8-mixed with the recipe's 6 sentences
-    3.89 on 8 sentences and 3.79 on 12 phrases. The gate refuses what a strict budget does not allow."""
+    uses 6), the gate on 3 sentences and 3 phrases, with a budget for that (measured on fp32: 3.64 mean,
+    worst sentence 3.33). Exact statistics would score 4.3-4.5; int8-mixed with the recipe's 6 sentences
+    3.87 on 8 sentences and 3.80 on 12 phrases. The gate refuses what a strict budget does not allow."""
     from kokoro_opt.passes.windows import gate_failures, run_windows
     from kokoro_opt.recipe import WindowsStage
 
