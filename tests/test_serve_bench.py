@@ -26,6 +26,7 @@ def test_bench_starts_a_server_and_reports(tiny_artifact) -> None:
     assert single["ttfa_p50"] <= single["total_p50"] and single["audio_s"] > 0.5
     assert crowd["ok"] == 2 and crowd["rejected_429"] == 1  # the third client is over the queue limit of 2
     text = out.getvalue()
+    assert "stream x3: HTTP 429: server busy" in text  # the rejection is labelled with its scenario and status
     assert tiny_artifact.id in text and "TTFA50" in text and "ratio" in text
     assert json.dumps(bench.to_json(scenarios))  # serializable for --json
     # the server's memory, read from its /metrics after each scenario
