@@ -32,7 +32,7 @@ from kokoro_opt.serve.config import ServeConfig, edges_missing, windows_missing
 from kokoro_opt.serve.encoders import Encoder
 from kokoro_opt.serve.join import PAUSES, Joiner, boundary
 from kokoro_opt.serve.metrics import Metrics
-from kokoro_opt.serve.plan import CostModel, make_pieces, queue_seconds, take_job, window_steps
+from kokoro_opt.serve.plan import CostModel, make_pieces, queue_seconds, smallest_heard_window, take_job, window_steps
 from kokoro_opt.synth import Speaker, Synthesizer, release_freed_memory
 from kokoro_opt.voices import style_for
 from kokoro_opt.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
@@ -257,7 +257,8 @@ class Engine:
         waiting = [s for s in self._streams if s.streaming and s.first_out is None and s is not stream]
         # A first window lasts while this stream's next window runs (alone: the smallest a heard stream
         # gets), and while every other new listener gets its front and first window.
-        cover = self.window_cost.predict(settings.steps if waiting else max(settings.first_steps, settings.steps // 2))
+        own_next = settings.steps if waiting else smallest_heard_window(settings.first_steps, settings.steps)
+        cover = self.window_cost.predict(own_next)
         if waiting:
             cover += sum(self.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
             cover += len(waiting) * self.window_cost.predict(settings.first_steps)

@@ -32,8 +32,8 @@ def boundary(tokens: list[int], symbols: dict[int, str]) -> str:
 
 
 def edge_silence(audio: np.ndarray, sample_rate: int, peak: float | None = None) -> tuple[int, int]:
-    """Samples of silence at the start and at the end, relative to `peak` (default: the audio's own).
-    Nothing audible: (0, 0) against its own peak, all of it against a given one."""
+    """Samples of silence at the start and at the end, relative to `peak` (default: the audio's own);
+    all of it when nothing is audible."""
     frame = max(1, sample_rate // 100)
     n = len(audio) // frame
     if n == 0:
@@ -42,7 +42,7 @@ def edge_silence(audio: np.ndarray, sample_rate: int, peak: float | None = None)
     reference = float(np.abs(audio).max()) if peak is None else peak
     loud = np.flatnonzero(rms > reference * 10 ** (SILENCE_DB / 20))
     if len(loud) == 0:
-        return (0, 0) if peak is None else (len(audio), len(audio))
+        return len(audio), len(audio)
     return int(loud[0]) * frame, len(audio) - (int(loud[-1]) + 1) * frame
 
 

@@ -79,6 +79,11 @@ def queue_seconds(slacks: list[float], min_window: float, safety: float = 0.7) -
     return min((safety * s - k * min_window for k, s in enumerate(sorted(slacks), start=1)), default=math.inf)
 
 
+def smallest_heard_window(first: int, steps: int) -> int:
+    """The fewest steps a listener already hearing audio gets in one window (see `window_steps`)."""
+    return max(first, steps // 2)
+
+
 def window_steps(first: int, steps: int, *, streaming: bool, heard: bool, cover_seconds: float,
                  step_seconds: float, fit_steps: int | None = None, safety: float = 0.7) -> int:
     """Generator steps in a windowed job's next window.
@@ -94,6 +99,6 @@ def window_steps(first: int, steps: int, *, streaming: bool, heard: bool, cover_
     if not streaming:
         return 2 * steps
     if heard:
-        return max(first, steps // 2, min(steps, steps if fit_steps is None else fit_steps))
+        return max(smallest_heard_window(first, steps), min(steps, steps if fit_steps is None else fit_steps))
     needed = math.ceil(cover_seconds / safety / step_seconds)
     return max(first, min(needed, steps))
