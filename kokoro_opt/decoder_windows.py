@@ -11,7 +11,8 @@ a windowed server loads; ~1 s):
   are far off the sentence's (measured PESQ 2.0-2.7 on 1 s windows), per-voice statistics measured on
   calibration utterances of about the same length are close (kokoro_opt/windowed.py, docs/serving.md).
   With the statistics fed, its chains between two INT8 convolutions become per-channel lookup tables
-  (kokoro_opt/int8_lookup.py).
+  (kokoro_opt/int8_lookup.py). What depends on the style and statistics alone (the norms' gains,
+  those tables) is computed once per job, not per window (kokoro_opt/hoisting.py, at load time).
 
 SineGen's phase is a running sum from the sentence's first frame. SineGen sums it per step and then
 interpolates it to audio samples, so the front stops at that per-step phase and each window turns its

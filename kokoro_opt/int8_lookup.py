@@ -6,11 +6,12 @@ So between a resblock's two INT8 convolutions the whole chain
     DequantizeLinear -> the norm (Mul, Add) -> the Snake polynomial (8 passes) -> QuantizeLinear
 
 is, within one run, a fixed function of each channel's input level: 256 levels in, 256 out. `tabulate`
-runs that very chain once per run on a [1, C, 256] tensor of every level, which makes the table, and
+runs that very chain on a [1, C, 256] tensor of every level, which makes the table, and
 replaces the ~12 passes over the activations with a Cast and a GatherElements. Nothing is
 approximated: each output is what the chain gives its input level (tests/test_int8_lookup.py).
 Measured on the windowed int8-mixed: an 80-step window in 0.85-0.89x the time at 1, 2 and 4 threads
-(`benchmarks/lookup_tables.py`, docs/serving.md).
+(`benchmarks/generator_variants.py`, docs/serving.md). The tables depend on the job's style and
+statistics alone, so kokoro_opt/hoisting.py computes them once per job.
 
 In the whole model the norms compute their statistics from the activations themselves, so the chain
 is not a fixed function there and nothing is rewritten.
@@ -22,20 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from kokoro_opt.onnx_graph import GraphIndex, replace_nodes
+from kokoro_opt.onnx_graph import GraphIndex, dependent_tensors, replace_nodes
 
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Sin", "Cos", "Floor", "Round", "Clip",
                "LeakyRelu", "Relu", "Tanh", "Sigmoid"}
 LEVELS = 256
-
-
-def _moving(model: Any, activations: list[str]) -> set[str]:
-    """Every tensor computed from `activations` (the graph inputs that have a time axis)."""
-    moving = set(activations)
-    for node in model.graph.node:  # graph order is topological
-        if any(name in moving for name in node.input):
-            moving.update(node.output)
-    return moving
 
 
 def chain_from(index: GraphIndex, dq: Any, moving: set[str]) -> tuple[list[Any], Any] | None:
@@ -76,23 +68,43 @@ def _copy(node: Any, inputs: list[str], outputs: list[str], name: str) -> Any:
                             **{a.name: helper.get_attribute_value(a) for a in node.attribute})
 
 
-def _table_nodes(dq: Any, chain: list[Any], end: Any, prefix: str, dtype: np.dtype) -> tuple[list[Any], list[Any]]:
-    """(nodes, initializers) that run the chain on every level of each channel and look the input up."""
+def conv_channels(index: GraphIndex, q: str) -> int | None:
+    """Channels of `q` when it is a quantized convolution's output (QuantizeLinear <- Conv <- a weight,
+    possibly through its DequantizeLinear): known from the weight, without running anything."""
+    quantize = index.producer.get(q)
+    conv = index.producer.get(quantize.input[0]) if quantize is not None and quantize.op_type == "QuantizeLinear" else None
+    if conv is None or conv.op_type != "Conv" or len(conv.input) < 2:
+        return None
+    weight = index.producer.get(conv.input[1])
+    name = weight.input[0] if weight is not None and weight.op_type == "DequantizeLinear" else conv.input[1]
+    init = index.initializers.get(name)
+    return int(init.dims[0]) if init is not None and len(init.dims) >= 1 else None
+
+
+def _table_nodes(dq: Any, chain: list[Any], end: Any, prefix: str, dtype: np.dtype,
+                 channels: int | None) -> tuple[list[Any], list[Any]]:
+    """(nodes, initializers) that run the chain on every level of each channel and look the input up.
+    With `channels` known the grid is a constant, so the table depends on the job's inputs alone and
+    kokoro_opt/hoisting.py computes it once per job; otherwise it takes the channel count from the input."""
     from onnx import TensorProto, helper, numpy_helper
 
     levels = np.arange(LEVELS, dtype=np.uint8).view(dtype).reshape(1, 1, LEVELS)  # entry i: the level i reads as
-    inits = [
-        numpy_helper.from_array(levels, prefix + "levels"),
-        numpy_helper.from_array(np.array([1], dtype=np.int64), prefix + "one"),
-        numpy_helper.from_array(np.array([LEVELS], dtype=np.int64), prefix + "width"),
-    ]
     q = dq.input[0]
-    nodes = [  # every level, for each of q's channels
-        helper.make_node("Shape", [q], [prefix + "channels"], name=prefix + "channels", start=1, end=2),
-        helper.make_node("Concat", [prefix + "one", prefix + "channels", prefix + "width"], [prefix + "shape"],
-                         name=prefix + "shape", axis=0),
-        helper.make_node("Expand", [prefix + "levels", prefix + "shape"], [prefix + "grid"], name=prefix + "grid"),
-    ]
+    if channels is not None:
+        inits = [numpy_helper.from_array(np.repeat(levels, channels, axis=1), prefix + "grid")]
+        nodes = []
+    else:
+        inits = [
+            numpy_helper.from_array(levels, prefix + "levels"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), prefix + "one"),
+            numpy_helper.from_array(np.array([LEVELS], dtype=np.int64), prefix + "width"),
+        ]
+        nodes = [  # every level, for each of q's channels
+            helper.make_node("Shape", [q], [prefix + "channels"], name=prefix + "channels", start=1, end=2),
+            helper.make_node("Concat", [prefix + "one", prefix + "channels", prefix + "width"], [prefix + "shape"],
+                             name=prefix + "shape", axis=0),
+            helper.make_node("Expand", [prefix + "levels", prefix + "shape"], [prefix + "grid"], name=prefix + "grid"),
+        ]
     renamed = {q: prefix + "grid"}
     for node in [dq, *chain, end]:  # the chain itself, on the grid: the table
         renamed.update({out: prefix + out for out in node.output})
@@ -113,7 +125,7 @@ def tabulate(model: Any, activations: list[str]) -> int:
     from onnx import numpy_helper
 
     index = GraphIndex(model)
-    moving = _moving(model, activations)
+    moving = dependent_tensors(model, activations)
     replaced: dict[str, list[Any]] = {}
     new_inits: list[Any] = []
     for dq in list(model.graph.node):
@@ -127,7 +139,8 @@ def tabulate(model: Any, activations: list[str]) -> int:
         if found is None:
             continue
         chain, end = found
-        nodes, inits = _table_nodes(dq, chain, end, f"{dq.name or dq.output[0]}/table/", dtype)
+        nodes, inits = _table_nodes(dq, chain, end, f"{dq.name or dq.output[0]}/table/", dtype,
+                                     conv_channels(index, dq.input[0]))
         new_inits += inits
         replaced[dq.output[0]] = []
         replaced.update({node.output[0]: [] for node in chain})

@@ -53,6 +53,15 @@ class PatternIndex(GraphIndex):
         return (a, b) if a in self.const else (b, a)
 
 
+def dependent_tensors(model: Any, inputs: list[str]) -> set[str]:
+    """Every tensor computed from `inputs` (top level; a node reading one makes all its outputs depend on it)."""
+    found = set(inputs)
+    for node in model.graph.node:  # graph order is topological
+        if any(name in found for name in node.input):
+            found.update(node.output)
+    return found
+
+
 def drop_unused_initializers(model: Any) -> None:
     """Remove initializers no top-level node reads any more (left behind by a rewrite)."""
     used = {name for node in model.graph.node for name in node.input}

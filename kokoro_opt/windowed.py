@@ -8,7 +8,7 @@ the result against whole-sentence decoding.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from kokoro_opt.decoder_windows import FRONT_OUTPUTS, STATS_INPUT, STEP_SAMPLES,
 from kokoro_opt.edge_capping import final_silence_tokens
 from kokoro_opt.errors import UserError
 from kokoro_opt.feeds import model_feeds
+from kokoro_opt.hoisting import hoist
 from kokoro_opt.voices import style_for
 
 STEPS_PER_FRAME = 2  # the decoder's last frame-rate block upsamples by 2 before the generator
@@ -114,6 +115,7 @@ class WindowedJob:
     compute: float = 0.0  # seconds spent so far (front and windows)
     samples: int = 0  # audio decoded so far
     opened: bool = True  # no window sent yet: the next one opens the job (the joiner trims its lead-in)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # the generator's per-job part (hoisting.py)
 
     @property
     def done(self) -> bool:
@@ -132,16 +134,18 @@ def _serialized(graphs: Any, index: int) -> bytes:
 
 
 class WindowedDecoder:
-    """An artifact's graph split in memory (`split`): `start` runs the front and plans the windows,
-    `next_window` decodes one. Statistics come from the artifact's table (`windows` stage)."""
+    """An artifact's graph split in memory (`split`): `start` runs the front and the generator's per-job
+    part (`hoist`), `next_window` decodes one window. Statistics come from the artifact's table (`windows`
+    stage). `lookup_tables` and `hoisting` exist to measure what each saves (benchmarks/generator_variants.py)."""
 
-    def __init__(self, synth: Any, table: StatsTable | None = None, settings: WindowSettings | None = None) -> None:
+    def __init__(self, synth: Any, table: StatsTable | None = None, settings: WindowSettings | None = None, *,
+                 lookup_tables: bool = True, hoisting: bool = True) -> None:
         import onnx
 
         from kokoro_opt.synth import make_session
 
         model = onnx.load(str(synth.model_file))
-        graphs = split(model)
+        graphs = split(model, lookup_tables)
         del model
         self.channels = graphs[2]
         self.synth = synth
@@ -149,7 +153,17 @@ class WindowedDecoder:
         self.settings = settings or WindowSettings()
         # one graph at a time, so the peak while loading stays near one model's size
         self.front_session = make_session(_serialized(graphs, 0), synth.settings, spinning=False, shared_arena=True)
+        self.constants_session: Any = None
+        self.constant_names: tuple[str, ...] = ()
+        if hoisting:
+            hoisted = hoist(graphs[1], list(FRONT_OUTPUTS[:3]), [FRONT_OUTPUTS[3], STATS_INPUT])
+            graphs[1] = hoisted.window
+            self.constant_names = hoisted.names
+            self.constants_session = make_session(hoisted.constants.SerializeToString(), synth.settings,
+                                                  spinning=False, shared_arena=True)
+            del hoisted
         self.generator_session = make_session(_serialized(graphs, 1), synth.settings, spinning=False, shared_arena=True)
+        self._window_inputs = {i.name for i in self.generator_session.get_inputs()}
         self._front_inputs = [i.name for i in self.front_session.get_inputs()]
         self._moments: Any = None
 
@@ -172,8 +186,17 @@ class WindowedDecoder:
         outputs = [np.asarray(x) for x in self.front_session.run(list(FRONT_OUTPUTS), feeds, run_options)]
         return FrontOutput(*outputs[:4], outputs[4].reshape(-1))
 
-    def window(self, front: FrontOutput, start: int, end: int, stats: np.ndarray, run_options: Any = None) -> np.ndarray:
-        """Audio of steps [start, end), decoded with the overlap's steps of context each side."""
+    def job_constants(self, front: FrontOutput, stats: np.ndarray, run_options: Any = None) -> dict[str, np.ndarray]:
+        """The generator's per-job tensors (kokoro_opt/hoisting.py); empty when not hoisting."""
+        if self.constants_session is None:
+            return {}
+        feeds = {FRONT_OUTPUTS[3]: front.decoder_style, STATS_INPUT: stats}
+        return dict(zip(self.constant_names, self.constants_session.run(None, feeds, run_options), strict=True))
+
+    def window(self, front: FrontOutput, start: int, end: int, stats: np.ndarray, run_options: Any = None,
+               constants: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """Audio of steps [start, end), decoded with the overlap's steps of context each side; `constants`
+        are the job's (`job_constants`), computed here when not given."""
         overlap = self.settings.overlap_steps
         lo, hi = max(start - overlap, 0), min(end + overlap, front.steps)
         feeds = {
@@ -182,7 +205,9 @@ class WindowedDecoder:
             FRONT_OUTPUTS[2]: front.phase_from(lo, hi),
             FRONT_OUTPUTS[3]: front.decoder_style,
             STATS_INPUT: stats,
+            **(constants if constants is not None else self.job_constants(front, stats, run_options)),
         }
+        feeds = {name: value for name, value in feeds.items() if name in self._window_inputs}
         audio = np.asarray(self.generator_session.run(None, feeds, run_options)[0], dtype=np.float32).reshape(-1)
         return audio[(start - lo) * STEP_SAMPLES : (end - lo) * STEP_SAMPLES] / self.synth.audio_gain
 
@@ -194,7 +219,7 @@ class WindowedDecoder:
         s = self.settings
         start, end = speech_steps(front.durations, token_ids, self.synth.symbols, s.lead_frames, s.trail_frames)
         stats = self.table.stats(self.table.weights(pack, self.synth.packs), float(np.sum(front.durations)))
-        job = WindowedJob(front, stats, (start, end), cursor=start)
+        job = WindowedJob(front, stats, (start, end), cursor=start, constants=self.job_constants(front, stats, run_options))
         job.front_seconds = job.compute = time.perf_counter() - began
         return job
 
@@ -205,7 +230,7 @@ class WindowedDecoder:
         size = steps if steps is not None else (s.first_steps if job.windows == 0 else s.steps)
         a = job.cursor
         b = window_end(a, job.speech[1], size, s.steps // 4)
-        audio = self.window(job.front, a, b, job.stats, run_options)
+        audio = self.window(job.front, a, b, job.stats, run_options, job.constants)
         job.cursor, job.windows = b, job.windows + 1
         job.compute += time.perf_counter() - began
         job.samples += len(audio)

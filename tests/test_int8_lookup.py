@@ -39,6 +39,11 @@ def chain_model(dtype: np.dtype, residual: bool = False) -> onnx.ModelProto:
         helper.make_node("QuantizeLinear", [last, "out_scale", "out_zero"], ["q_out"], axis=1),
         helper.make_node("DequantizeLinear", ["q_out", "out_scale", "out_zero"], ["out"], axis=1),
     ]
+    return features_style_model(nodes, inits)
+
+
+def features_style_model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto]) -> onnx.ModelProto:
+    """A graph of `nodes`: `features` [1, C, T] (moves with time) and `style` [1, C, 1] in, `out` [1, C, T] out."""
     graph = helper.make_graph(
         nodes, "chain",
         [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, C, T]),
@@ -99,3 +104,5 @@ def test_the_windowed_generator_of_a_quantized_kokoro_sounds_the_same_with_table
     tables, reference = run(tabled, feeds), run(chains, feeds)
     np.testing.assert_allclose(tables, reference, atol=1e-3 * float(np.abs(reference).max()))  # equal here
     assert decoder.window(front, 0, front.steps, stats).size == front.steps * 300
+    tables_per_job = [name for name in decoder.constant_names if "/table/" in name]
+    assert len(tables_per_job) == len(lookups)  # every table is computed once per job, not per window

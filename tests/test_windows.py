@@ -99,6 +99,23 @@ def test_windows_with_enough_overlap_equal_one_window(decoder) -> None:
     assert np.abs(bare - whole).max() > 1e-2 * float(np.abs(whole).max())
 
 
+def test_the_per_job_part_computed_once_gives_every_window_the_same_audio(decoder, plain) -> None:
+    """Hoisting the style and statistics work out of the windows (kokoro_opt/hoisting.py) changes where it
+    runs, not what it computes: the same windows as the generator run whole each time."""
+    per_window = WindowedDecoder(decoder.synth, settings=decoder.settings, hoisting=False)
+    assert decoder.constant_names and per_window.constants_session is None
+    synth = decoder.synth
+    tokens = TOKENS * 4
+    style = style_for(synth.packs["tiny_0"], len(tokens))
+    front = decoder.front(tokens, style)
+    stats = stats_from_moments(*decoder.exact_moments(tokens, style)[1:])
+    constants = decoder.job_constants(front, stats)
+    for a, b in window_spans(0, front.steps, 6, 16):
+        hoisted = decoder.window(front, a, b, stats, constants=constants)
+        whole = per_window.window(front, a, b, stats)
+        np.testing.assert_allclose(hoisted, whole, atol=1e-5 * float(np.abs(whole).max()) + 1e-9)
+
+
 def test_the_split_keeps_the_edges_input_feedable(tiny_recipe, artifacts_root) -> None:
     capped = build_with(tiny_recipe, artifacts_root, "t-edges", [{"kind": "simplify"},
                         {"kind": "edges", "lead_frames": 1, "trail_frames": 1}]).artifact

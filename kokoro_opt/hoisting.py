@@ -1,0 +1,57 @@
+"""The windowed generator's job-invariant part, computed once per job instead of once per window.
+
+Within one job the generator's style vector and its normalization statistics are fixed, so everything
+computed from them alone is the same in every window: the AdaIN gains and shifts, the Snake
+constants folded into them, the per-channel lookup tables of kokoro_opt/int8_lookup.py. In one graph
+ONNX Runtime recomputes all of it for every window (about 800 of the ~1,700 nodes a window runs).
+`hoist` cuts the generator in two:
+
+- `constants`: (the style, the statistics) -> those tensors, run when a job starts;
+- `window`: the window's features, F0 and phase plus those tensors -> audio.
+
+The same nodes compute the same values; only where they run changes (tests/test_windows.py checks the
+audio against the uncut generator). Nodes that read weights alone (a weight's DequantizeLinear) stay
+with their readers, so ONNX Runtime still fuses them into its INT8 kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kokoro_opt.onnx_graph import dependent_tensors
+
+
+@dataclass(frozen=True)
+class Hoisted:
+    constants: Any  # ModelProto: the job inputs -> `names`
+    window: Any  # ModelProto: the moving inputs, the job inputs it reads directly, `names` -> its outputs
+    names: tuple[str, ...]  # the job's constants, in the order `constants` outputs them
+
+
+def hoist(model: Any, moving: list[str], job: list[str]) -> Hoisted:
+    """Cut `model` into the part computed from the `job` inputs alone and the rest (see the module docstring)."""
+    import onnx
+
+    from kokoro_opt.decoder_windows import cut
+
+    varies = dependent_tensors(model, moving)
+    per_job = dependent_tensors(model, job) - varies
+    window_reads = {t for node in model.graph.node if node.output and node.output[0] in varies for t in node.input}
+    names = [out for node in model.graph.node for out in node.output
+             if out in per_job and out in window_reads and out not in job]
+    if not names:
+        raise KeyError(f"nothing in the graph is computed from {job} alone")
+    constants = cut(model, job, names, names)
+    typed = onnx.shape_inference.infer_shapes(constants)
+    types = {v.name: v.type for v in [*typed.graph.output, *typed.graph.value_info]}
+    unknown = [n for n in names if n not in types or not types[n].tensor_type.elem_type]
+    if unknown:
+        raise KeyError(f"the element type of {unknown[0]}")
+    direct = [name for name in job if name in window_reads]
+    outputs = [o.name for o in model.graph.output]
+    window = cut(model, [*moving, *direct, *names], outputs, outputs)
+    for value in window.graph.input:
+        if value.name in types:
+            value.type.CopyFrom(types[value.name])
+    return Hoisted(constants, window, tuple(names))

@@ -1,0 +1,81 @@
+"""The windowed generator's per-job part runs once per job (kokoro_opt/hoisting.py): the same output as
+the uncut graph, with the lookup tables and style vectors computed apart and weights left in place."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from kokoro_opt.hoisting import hoist
+from kokoro_opt.int8_lookup import tabulate
+from tests.test_int8_lookup import C, T, features_style_model
+
+
+def conv_chain_model() -> onnx.ModelProto:
+    """features -> INT8 Conv -> Q/DQ -> x * (style + 1) -> sin -> Q/DQ -> out: a resblock's conv-to-conv chain
+    (its lookup table depends on the style alone) and a weight DequantizeLinear (which must stay put)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.integers(-100, 100, (C, C, 3)).astype(np.int8), "w_q"),
+        numpy_helper.from_array(np.full(C, 0.01, np.float32), "w_scale"),
+        numpy_helper.from_array(np.zeros(C, np.int8), "w_zero"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "a_scale"),
+        numpy_helper.from_array(np.array(128, np.uint8), "a_zero"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["features", "a_scale", "a_zero"], ["fq"]),
+        helper.make_node("DequantizeLinear", ["fq", "a_scale", "a_zero"], ["fx"]),
+        helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w"], axis=0),
+        helper.make_node("Conv", ["fx", "w"], ["conv"], pads=[1, 1]),
+        helper.make_node("QuantizeLinear", ["conv", "a_scale", "a_zero"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "a_scale", "a_zero"], ["x"]),
+        helper.make_node("Add", ["style", "one"], ["gain"]),
+        helper.make_node("Mul", ["x", "gain"], ["scaled"]),
+        helper.make_node("Sin", ["scaled"], ["sine"]),
+        helper.make_node("QuantizeLinear", ["sine", "a_scale", "a_zero"], ["q_out"]),
+        helper.make_node("DequantizeLinear", ["q_out", "a_scale", "a_zero"], ["out"]),
+    ]
+    return features_style_model(nodes, inits)
+
+
+def session(model: onnx.ModelProto) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("tables", [False, True])
+def test_the_per_job_part_runs_once_apart_and_the_output_is_the_same(tables: bool) -> None:
+    model = conv_chain_model()
+    if tables:
+        assert tabulate(model, ["features"]) == 1
+    hoisted = hoist(model, ["features"], ["style"])
+    window_nodes = {n.op_type for n in hoisted.window.graph.node}
+    constants_reads = {t for n in hoisted.constants.graph.node for t in n.input}
+    assert "features" not in constants_reads  # nothing that moves with time runs once per job
+    assert "DequantizeLinear" in window_nodes  # the weight's: ONNX Runtime fuses it into its INT8 Conv
+    if tables:  # the table is computed from the style alone: only the lookup is left per window
+        assert window_nodes == {"QuantizeLinear", "DequantizeLinear", "Conv", "Cast", "GatherElements"}
+        assert any(name.endswith("/table/q_out") for name in hoisted.names)
+    else:
+        assert hoisted.names == ("gain",) and "Add" not in window_nodes
+
+    rng = np.random.default_rng(1)
+    window = session(hoisted.window)
+    reads = {i.name for i in window.get_inputs()}
+    for _ in range(3):
+        feeds = {"features": rng.normal(0, 2, (1, C, T)).astype(np.float32),
+                 "style": rng.normal(0, 1, (1, C, 1)).astype(np.float32)}
+        constants = dict(zip(hoisted.names, session(hoisted.constants).run(None, {"style": feeds["style"]}), strict=True))
+        apart = window.run(None, {k: v for k, v in {**feeds, **constants}.items() if k in reads})[0]
+        whole = session(model).run(None, feeds)[0]
+        np.testing.assert_array_equal(apart, whole)
+        assert np.abs(whole).max() > 0.1  # a real signal, not zeros on both sides
+
+
+def test_a_graph_with_no_per_job_part_is_refused() -> None:
+    model = conv_chain_model()
+    with pytest.raises(KeyError, match="computed from"):
+        hoist(model, ["features", "style"], [])
