@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kokoro_opt.onnx_graph import dependent_tensors
+from kokoro_opt.onnx_graph import dependent_tensors, node_reads
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def hoist(model: Any, moving: list[str], job: list[str]) -> Hoisted:
 
     varies = dependent_tensors(model, moving)
     per_job = dependent_tensors(model, job) - varies
-    window_reads = {t for node in model.graph.node if node.output and node.output[0] in varies for t in node.input}
+    window_reads = {t for node in model.graph.node if set(node.output) & varies for t in node_reads(node)}
     names = [out for node in model.graph.node for out in node.output
              if out in per_job and out in window_reads and out not in job]
     if not names:
@@ -46,7 +46,7 @@ def hoist(model: Any, moving: list[str], job: list[str]) -> Hoisted:
     typed = onnx.shape_inference.infer_shapes(constants)
     types = {v.name: v.type for v in [*typed.graph.output, *typed.graph.value_info]}
     unknown = [n for n in names if n not in types or not types[n].tensor_type.elem_type]
-    if unknown:
+    if unknown:  # e.g. after an op that ONNX's shape inference does not know
         raise KeyError(f"the element type of {unknown[0]}")
     direct = [name for name in job if name in window_reads]
     outputs = [o.name for o in model.graph.output]

@@ -53,12 +53,17 @@ class PatternIndex(GraphIndex):
         return (a, b) if a in self.const else (b, a)
 
 
+def node_reads(node: Any) -> set[str]:
+    """What a top-level node reads: its inputs and what its Loop/If bodies read from around them."""
+    return {name for name in node.input if name} | {t for sub in subgraphs(node) for t in outer_names(sub)}
+
+
 def dependent_tensors(model: Any, inputs: list[str]) -> set[str]:
     """Every tensor computed from `inputs` (top level; a node reading one makes all its outputs depend on it)."""
     found = set(inputs)
     for node in model.graph.node:  # graph order is topological
-        if any(name in found for name in node.input):
-            found.update(node.output)
+        if node_reads(node) & found:
+            found.update(name for name in node.output if name)
     return found
 
 

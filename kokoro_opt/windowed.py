@@ -7,8 +7,9 @@ the result against whole-sentence decoding.
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,8 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.feeds import model_feeds
 from kokoro_opt.hoisting import hoist
 from kokoro_opt.voices import style_for
+
+log = logging.getLogger(__name__)
 
 STEPS_PER_FRAME = 2  # the decoder's last frame-rate block upsamples by 2 before the generator
 
@@ -111,11 +114,11 @@ class WindowedJob:
     speech: tuple[int, int]  # the steps decoded: the speech between the edge silences
     cursor: int = 0  # the next step to decode
     windows: int = 0  # windows decoded so far
-    front_seconds: float = 0.0
+    front_seconds: float = 0.0  # the front and the generator's per-job part: what cannot be interleaved
     compute: float = 0.0  # seconds spent so far (front and windows)
     samples: int = 0  # audio decoded so far
     opened: bool = True  # no window sent yet: the next one opens the job (the joiner trims its lead-in)
-    constants: dict[str, np.ndarray] = field(default_factory=dict)  # the generator's per-job part (hoisting.py)
+    constants: dict[str, np.ndarray] | None = None  # the generator's per-job tensors (hoisting.py)
 
     @property
     def done(self) -> bool:
@@ -151,17 +154,21 @@ class WindowedDecoder:
         self.synth = synth
         self.table = table
         self.settings = settings or WindowSettings()
-        # one graph at a time, so the peak while loading stays near one model's size
+        # the front's session before the generator is cut again: the front holds most of the weights
         self.front_session = make_session(_serialized(graphs, 0), synth.settings, spinning=False, shared_arena=True)
         self.constants_session: Any = None
         self.constant_names: tuple[str, ...] = ()
         if hoisting:
-            hoisted = hoist(graphs[1], list(FRONT_OUTPUTS[:3]), [FRONT_OUTPUTS[3], STATS_INPUT])
-            graphs[1] = hoisted.window
-            self.constant_names = hoisted.names
-            self.constants_session = make_session(hoisted.constants.SerializeToString(), synth.settings,
-                                                  spinning=False, shared_arena=True)
-            del hoisted
+            try:
+                hoisted = hoist(graphs[1], list(FRONT_OUTPUTS[:3]), [FRONT_OUTPUTS[3], STATS_INPUT])
+            except KeyError as exc:  # still correct, only slower: every window computes its per-job part
+                log.warning("the generator's per-job part stays in its windows: %s not found", exc)
+            else:
+                graphs[1] = hoisted.window
+                self.constant_names = hoisted.names
+                self.constants_session = make_session(hoisted.constants.SerializeToString(), synth.settings,
+                                                      spinning=False, shared_arena=True)
+                del hoisted
         self.generator_session = make_session(_serialized(graphs, 1), synth.settings, spinning=False, shared_arena=True)
         self._window_inputs = {i.name for i in self.generator_session.get_inputs()}
         self._front_inputs = [i.name for i in self.front_session.get_inputs()]

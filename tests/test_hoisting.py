@@ -10,7 +10,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 from kokoro_opt.hoisting import hoist
-from kokoro_opt.int8_lookup import tabulate
+from kokoro_opt.int8_lookup import conv_channels, tabulate
+from kokoro_opt.onnx_graph import GraphIndex
 from tests.test_int8_lookup import C, T, features_style_model
 
 
@@ -79,3 +80,16 @@ def test_a_graph_with_no_per_job_part_is_refused() -> None:
     model = conv_chain_model()
     with pytest.raises(KeyError, match="computed from"):
         hoist(model, ["features", "style"], [])
+
+
+@pytest.mark.parametrize(("op", "weight_shape", "group", "channels"), [
+    ("Conv", (6, 2, 3), 2, 6),  # [C_out, C_in / group, k]: 6 out of 4 in, in 2 groups
+    ("Conv", (3, 4, 1), 1, 3),
+    ("ConvTranspose", (4, 6, 3), 1, None),  # [C_in, C_out / group, k]: not read, its table keeps the input's shape
+])
+def test_a_tables_channel_count_comes_from_the_convolution_weight(op, weight_shape, group, channels) -> None:
+    weight = numpy_helper.from_array(np.ones(weight_shape, np.float32), "w")
+    nodes = [helper.make_node(op, ["x", "w"], ["conv"], group=group),
+             helper.make_node("QuantizeLinear", ["conv", "s", "z"], ["q"])]
+    graph = helper.make_graph(nodes, "g", [], [], initializer=[weight])
+    assert conv_channels(GraphIndex(helper.make_model(graph)), "q") == channels

@@ -91,15 +91,19 @@ def test_windows_with_enough_overlap_equal_one_window(decoder) -> None:
     whole = decoder.window(front, 0, front.steps, stats)
     spans = window_spans(0, front.steps, 6, 16)
     assert len(spans) > 4
-    decoder.settings = WindowSettings(overlap_steps=16)
-    pieces = np.concatenate([decoder.window(front, a, b, stats) for a, b in spans])
-    np.testing.assert_allclose(pieces, whole, atol=1e-4 * float(np.abs(whole).max()))
-    decoder.settings = WindowSettings(overlap_steps=0)  # no context: the seams differ
-    bare = np.concatenate([decoder.window(front, a, b, stats) for a, b in spans])
-    assert np.abs(bare - whole).max() > 1e-2 * float(np.abs(whole).max())
+    default = decoder.settings
+    try:
+        decoder.settings = WindowSettings(overlap_steps=16)
+        pieces = np.concatenate([decoder.window(front, a, b, stats) for a, b in spans])
+        np.testing.assert_allclose(pieces, whole, atol=1e-4 * float(np.abs(whole).max()))
+        decoder.settings = WindowSettings(overlap_steps=0)  # no context: the seams differ
+        bare = np.concatenate([decoder.window(front, a, b, stats) for a, b in spans])
+        assert np.abs(bare - whole).max() > 1e-2 * float(np.abs(whole).max())
+    finally:
+        decoder.settings = default  # the module's other tests share this decoder
 
 
-def test_the_per_job_part_computed_once_gives_every_window_the_same_audio(decoder, plain) -> None:
+def test_the_per_job_part_computed_once_gives_every_window_the_same_audio(decoder) -> None:
     """Hoisting the style and statistics work out of the windows (kokoro_opt/hoisting.py) changes where it
     runs, not what it computes: the same windows as the generator run whole each time."""
     per_window = WindowedDecoder(decoder.synth, settings=decoder.settings, hoisting=False)

@@ -82,7 +82,7 @@ class Engine:
         self.synth: Speaker | None = None  # a Synthesizer (ONNX Runtime) or, on macOS, a CoreMLSynthesizer
         self.ready = threading.Event()
         self.error: BaseException | None = None
-        self.cost = CostModel()  # a job's cost (windowed: its front's), calibrated at warm-up, then follows the load
+        self.cost = CostModel()  # a job's cost (windowed: front and per-job part), fitted at warm-up, then follows the load
         self.window_cost = CostModel()  # windowed: a window's cost by its steps
         self._cond = threading.Condition()
         self._streams: list[Stream] = []
@@ -158,7 +158,7 @@ class Engine:
             tokens = (flat * (size // len(flat) + 1))[:size]
             if self.windows is not None:
                 job = self.windows.start(tokens, pack)
-                timings[size] = job.front_seconds  # windowed: a job's front is what cannot be interleaved
+                timings[size] = job.front_seconds  # windowed: a job's front (and per-job part) cannot be interleaved
                 while not job.done:
                     spent, first = job.compute, job.cursor
                     self.windows.next_window(job)
