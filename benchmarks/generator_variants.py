@@ -37,18 +37,16 @@ def main() -> None:
     from kokoro_opt.machine import describe, fingerprint
     from kokoro_opt.synth import SessionSettings, Synthesizer
     from kokoro_opt.text import chunk_text
-    from kokoro_opt.windowed import STATS_FILE, StatsTable, WindowedDecoder, WindowSettings
+    from kokoro_opt.windowed import WindowedDecoder
 
     artifact = open_artifact(args.artifact)
     table = Table(title=f"windowed generator, {artifact.name} {artifact.id} ({describe(fingerprint())})")
     for column in ("threads", "window steps", "chains ms", "tables ms", "hoisted ms", "tables / chains",
                    "hoisted / tables", "per-job part ms", "max |diff|"):
         table.add_column(column, justify="right")
-    stats_table = StatsTable.load(artifact.path / STATS_FILE)
-    settings_of_stage = WindowSettings.of(artifact.kokoro["windows"])
     for threads in THREADS:
         synth = Synthesizer(artifact, SessionSettings(intra_op_num_threads=threads), load=False)
-        decoders = {name: WindowedDecoder(synth, stats_table, settings_of_stage, **flags) for name, flags in VARIANTS.items()}
+        decoders = {name: WindowedDecoder.of_artifact(synth, **flags) for name, flags in VARIANTS.items()}
         tokens = [t for c in chunk_text(TEXT, synth.vocab, first_chunk_tokens=400, chunk_tokens=400) for t in c.token_ids]
         job = decoders["hoisted"].start(tokens, synth.packs[synth.voices[0]])
         start = job.speech[0]

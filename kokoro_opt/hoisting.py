@@ -38,8 +38,7 @@ def hoist(model: Any, moving: list[str], job: list[str]) -> Hoisted:
     varies = dependent_tensors(model, moving)
     per_job = dependent_tensors(model, job) - varies
     window_reads = {t for node in model.graph.node if set(node.output) & varies for t in node_reads(node)}
-    names = [out for node in model.graph.node for out in node.output
-             if out in per_job and out in window_reads and out not in job]
+    names = [out for node in model.graph.node for out in node.output if out in per_job and out in window_reads]
     if not names:
         raise KeyError(f"nothing in the graph is computed from {job} alone")
     constants = cut(model, job, names, names)

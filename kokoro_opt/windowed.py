@@ -182,11 +182,13 @@ class WindowedDecoder:
                             "serve an artifact whose recipe ends with `- kind: windows`, or drop --windowed")
 
     @classmethod
-    def of_artifact(cls, synth: Any) -> WindowedDecoder:
-        """The decoder with the statistics and settings the artifact's `windows` stage stored."""
+    def of_artifact(cls, synth: Any, **variant: bool) -> WindowedDecoder:
+        """The decoder with the statistics and settings the artifact's `windows` stage stored; `variant`:
+        `lookup_tables` / `hoisting` (see the class)."""
         cls.check(synth.artifact)
         artifact = synth.artifact
-        return cls(synth, StatsTable.load(artifact.path / STATS_FILE), WindowSettings.of(artifact.kokoro["windows"]))
+        return cls(synth, StatsTable.load(artifact.path / STATS_FILE), WindowSettings.of(artifact.kokoro["windows"]),
+                   **variant)
 
     def front(self, token_ids: list[int], style: np.ndarray, speed: float = 1.0, run_options: Any = None) -> FrontOutput:
         feeds = model_feeds(token_ids, style, speed, names=self._front_inputs)
