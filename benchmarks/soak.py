@@ -1,7 +1,7 @@
 """Memory over a long soak: a server under four concurrent clients for `--minutes`, its resident
 memory sampled from /metrics, printed as a table (and optionally written as JSON).
 
-    .venv/bin/python benchmarks/soak.py --artifact artifacts/int8-mixed/<id> --minutes 30 [--windowed]
+    .venv/bin/python benchmarks/soak.py --artifact artifacts/int8-mixed/<id> --minutes 30 [--windowed [--workers 2]]
 
 The four clients loop over a mix a real deployment sees: the bench paragraph streamed as pcm, short
 phrases as wav, mp3 and opus, a voice blend, SSE, and an empty input (the error path). A flat
@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--windowed", action="store_true", help="serve with --windowed (an artifact with the windows stage)")
+    parser.add_argument("--workers", type=int, default=1, help="serve with --workers (2 needs --windowed)")
     args = parser.parse_args()
     console = Console(width=120)
     counts = {"requests": 0, "ok": 0, "rejected": 0, "unexpected": 0}
@@ -78,6 +79,7 @@ def main() -> None:
     samples: list[dict[str, float]] = []
     serve = ["--artifact", args.artifact, "--artifacts", args.artifacts, "--max-queue", str(args.clients)]
     serve += ["--windowed"] if args.windowed else []
+    serve += ["--workers", str(args.workers)] if args.workers != 1 else []
     with spawned_server(serve) as url:
         started = time.monotonic()
         rss, peak = rss_mb(url)
@@ -95,7 +97,7 @@ def main() -> None:
         stop.set()
         for w in workers:
             w.join()
-    mode = ", windowed" if args.windowed else ""
+    mode = (", windowed" if args.windowed else "") + (f", {args.workers} workers" if args.workers != 1 else "")
     table = Table(title=f"soak: {args.artifact}{mode}, {args.clients} clients, {args.minutes:g} min")
     for column in ("minute", "RSS MB", "peak MB", "requests"):
         table.add_column(column, justify="right")

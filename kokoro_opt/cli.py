@@ -178,6 +178,9 @@ def serve(
         bool, typer.Option(help="front once per job, generator in windows (needs an artifact with the windows stage)")
     ] = False,
     audio_cache_mb: Annotated[float, typer.Option(help="responses kept to answer repeats at once; 0: off")] = 8.0,
+    workers: Annotated[
+        int, typer.Option(help="streams worked for at once, with --windowed: 2 gives fewer underruns, more memory")
+    ] = 1,
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (POST /v1/audio/speech), streaming."""
     from kokoro_opt.select import resolve_artifact
@@ -198,6 +201,7 @@ def serve(
         cap_edges=cap_edges,
         windowed=windowed,
         audio_cache_mb=audio_cache_mb,
+        workers=workers,
     )
     serve_forever(selection, config, host, port)
 
@@ -222,6 +226,7 @@ def bench_serve(
     ] = True,
     cap_edges: Annotated[bool, typer.Option(help="start the server with --cap-edges")] = False,
     windowed: Annotated[bool, typer.Option(help="start the server with --windowed")] = False,
+    workers: Annotated[int, typer.Option(help="start the server with --workers")] = 1,
 ) -> None:
     """Benchmark the server: TTFA p50/p95, full-response time, RTF, gaps and underruns, streaming vs not."""
     import json
@@ -229,7 +234,7 @@ def bench_serve(
     from kokoro_opt.serve import bench
 
     counts = [int(c) for c in clients.split(",") if c.strip()]
-    flags = ["--cap-edges"] * cap_edges + ["--windowed"] * windowed
+    flags = ["--cap-edges"] * cap_edges + ["--windowed"] * windowed + ["--workers", str(workers)] * (workers != 1)
     args = bench.serve_args(url, artifact, artifacts, max_queue, flags)
     scenarios = bench.run(
         url, args, counts, requests, text or bench.PARAGRAPH, voice, response_format, full, api_key, console,

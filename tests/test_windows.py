@@ -265,3 +265,66 @@ def test_serving_windowed_without_the_stage_is_refused(plain) -> None:
 
     with pytest.raises(UserError, match="windows stage"):
         ServeConfig.for_selection(resolve_artifact(str(plain.path)), windowed=True)
+
+
+def _served_alone_and_together(windowed, workers: int) -> tuple[list[bytes], list[bytes], int]:
+    """Two non-streaming requests on an engine with `workers`: each served alone, then both at once."""
+    import asyncio
+
+    from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.serve import ServeConfig
+    from kokoro_opt.serve.encoders import make_encoder
+    from kokoro_opt.serve.engine import Engine
+
+    texts = ("Hello there. How are you today? Fine, thanks.", "The lamp was lit at dusk, and its beam swept the sea.")
+    engine = Engine(resolve_artifact(str(windowed.path)),
+                    ServeConfig(first_chunk_tokens=20, chunk_tokens=120, windowed=True, workers=workers))
+    engine.start()
+    try:
+        assert engine.ready.wait(120) and engine.synth is not None, engine.error
+        pack = engine.synth.packs["tiny_0"]
+
+        async def collect(stream) -> bytes:
+            parts = []
+            while (item := await asyncio.wait_for(stream.queue.get(), 120)) is not None:
+                assert isinstance(item, bytes), item
+                parts.append(item)
+            return b"".join(parts)
+
+        def request(text: str):  # non-streaming: the same windows whatever the load (plan.window_steps)
+            return engine.submit(engine.plan(text), pack, 1.0, make_encoder("pcm", engine.sample_rate, False), False)
+
+        async def serve(together: bool) -> list[bytes]:
+            if not together:
+                return [await collect(request(t)) for t in texts]
+            return list(await asyncio.gather(*(collect(request(t)) for t in texts)))
+
+        alone = asyncio.run(serve(False))
+        most_alone = engine.most_running
+        together = asyncio.run(serve(True))
+    finally:
+        engine.stop()
+    assert most_alone == 1
+    return alone, together, engine.most_running
+
+
+def test_two_workers_serve_two_requests_at_once_with_the_same_audio(windowed) -> None:
+    """--workers 2 (windowed) runs two requests' windows at once on the shared sessions, and each request's
+    audio is what it is served alone (where one worker ran one unit at a time)."""
+    alone, together, most = _served_alone_and_together(windowed, workers=2)
+    assert most == 2
+    for solo, shared in zip(alone, together, strict=True):
+        a, b = (np.frombuffer(x, dtype=np.int16).astype(np.int32) for x in (solo, shared))
+        assert len(a) == len(b) > 24_000 // 2 and np.abs(a - b).max() <= 1  # the same windows: at most 1 LSB apart
+
+
+def test_more_workers_need_windowed_serving(plain) -> None:
+    from kokoro_opt.serve import ServeConfig
+    from tests.test_build import run_cli
+
+    result = run_cli("serve", "--artifact", str(plain.path), "--workers", "2")  # refused before it binds a port
+    assert result.returncode == 2 and "workers=2 needs windowed serving" in result.stderr, result.stderr
+    assert "--windowed" in result.stderr and "Traceback" not in result.stderr
+    with pytest.raises(UserError, match="workers must be 1 to 8"):
+        ServeConfig(workers=0, windowed=True)
+    assert ServeConfig(workers=2, windowed=True).workers == 2

@@ -9,6 +9,8 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
 from kokoro_opt.text import CONTEXT_TOKENS
 
+MAX_WORKERS = 8
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -19,6 +21,7 @@ class ServeConfig:
     trim_silence: bool = True  # cut Kokoro's ~0.9 s of silence at each seam to a natural pause (join.py)
     cap_edges: bool = False  # the decoder skips most of that silence (an artifact with the edges stage)
     windowed: bool = False  # front once per job, generator in windows (an artifact with the windows stage)
+    workers: int = 1  # streams worked for at once; more than 1 windowed only (engine.py)
     max_queue: int = 4  # admitted requests (chunking, waiting or streaming); more get 429
     request_timeout: float = 300.0
     max_input_chars: int = 4096  # OpenAI's limit
@@ -37,6 +40,12 @@ class ServeConfig:
                 f"chunk sizes {self.first_chunk_tokens}/{self.chunk_tokens} are out of order",
                 f"use first_chunk_tokens <= chunk_tokens <= {CONTEXT_TOKENS}",
             )
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise UserError(f"workers must be 1 to {MAX_WORKERS}, not {self.workers}", "use --workers 1 or 2")
+        if self.workers > 1 and not self.windowed:
+            raise UserError(f"workers={self.workers} needs windowed serving: whole-graph jobs run one at a time "
+                            "(two at once measured slower)", "add --windowed with an artifact built with the windows "
+                            "stage, or drop --workers")
         if self.crossfade_ms < 0 or self.request_timeout <= 0 or self.audio_cache_mb < 0:
             raise UserError("crossfade_ms and audio_cache_mb must be >= 0 and request_timeout > 0")
 

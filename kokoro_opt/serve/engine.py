@@ -1,15 +1,20 @@
-"""The synthesis engine: one loaded artifact, one worker thread, a fair queue of text pieces.
+"""The synthesis engine: one loaded artifact, worker threads, a fair queue of text pieces.
 
-With 2 cores one ORT run using every intra-op thread beats two runs fighting over them, so a single
-worker does all synthesis (and encoding) and the event loop only moves bytes. Requests share the
-worker in this order: first chunks first (oldest request first), so every new listener hears audio
-early; then *earliest playback deadline first*, where a stream's deadline is when its listener runs
-out of audio (first byte time + seconds sent), so a stream about to underrun goes before one that is
-ahead. Admission is bounded, so first chunks cannot starve running streams for long. Job size adapts
-to the same deadlines (see `plan.py` and `_budget`). Windowed (`--windowed`), the unit of work is a
-job's front plus its first window, or one more window, and window sizes follow the deadlines too
-(`plan.window_steps`): a new listener's first window lasts while its next one runs and the others
-waiting get theirs, and a later one is cut short when it would leave another listener without audio.
+By default one worker does all synthesis (and encoding): with 2 cores one ORT run using every intra-op
+thread beats two runs fighting over them (benchmarks/concurrent_units.py: two whole-graph jobs at once
+took 1.03-1.04x the time of the same two in turn). Windowed (`--windowed --workers 2`), two workers may
+run two streams' units at once on the same sessions: fronts and windows are small graphs that leave
+cores idle (1.04-1.18x the throughput), so four streams together underran less and finished sooner, at
+~50 MB more memory and a later median first audio (docs/serving.md). The event loop only moves bytes.
+Requests share the workers in this order: first chunks first (oldest request first), so every new
+listener hears audio early; then *earliest playback deadline first*, where a stream's deadline is when
+its listener runs out of audio (first byte time + seconds sent), so a stream about to underrun goes
+before one that is ahead. A stream runs on one worker at a time. Admission is bounded, so first chunks
+cannot starve running streams for long. Job size adapts to the same deadlines (see `plan.py` and
+`_budget`). Windowed, the unit of work is a job's front plus its first window, or one more window, and
+window sizes follow the deadlines too (`plan.window_steps`): a new listener's first window lasts while
+its next one runs and the others waiting get theirs, and a later one is cut short when it would leave
+another listener without audio.
 """
 
 from __future__ import annotations
@@ -86,27 +91,35 @@ class Engine:
         self.window_cost = CostModel()  # windowed: a window's cost by its steps
         self._cond = threading.Condition()
         self._streams: list[Stream] = []
-        self._running: Stream | None = None
+        self._running: set[Stream] = set()  # streams a worker is running a job or window for
+        self.most_running = 0  # the most units ever run at once (what `workers` allows, if the load asks)
         self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._space: int | None = None
         self.windows: WindowedDecoder | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load, warm up and serve on the worker thread; `ready` is set once warm."""
-        self._thread = threading.Thread(target=self._main, name="kokoro-worker", daemon=True)
-        self._thread.start()
+        """Load, warm up and serve on the worker threads; `ready` is set once warm."""
+        self._threads = [threading.Thread(target=self._main, name="kokoro-worker", daemon=True)]
+        self._threads[0].start()
 
     def stop(self, timeout: float = 10.0) -> None:
         with self._cond:
             self._stopping = True
-            if self._running is not None and self._running.run_options is not None:
-                self._running.run_options.terminate = True
+            for stream in self._running:
+                if stream.run_options is not None:
+                    stream.run_options.terminate = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for thread in list(self._threads):
+            thread.join(max(deadline - time.monotonic(), 0.0))
+
+    @property
+    def workers(self) -> int:
+        """Streams worked for at once (see the module docs): more than one only windowed."""
+        return self.config.workers if self.windows is not None else 1
 
     def _main(self) -> None:
         try:
@@ -116,6 +129,10 @@ class Engine:
             log.exception("loading the artifact failed")
             return
         self.ready.set()
+        for n in range(2, self.workers + 1):  # the sessions are shared: ONNX Runtime runs them concurrently
+            thread = threading.Thread(target=self._serve, name=f"kokoro-worker-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
         self._serve()
 
     def _load(self) -> None:
@@ -208,7 +225,7 @@ class Engine:
             stream.job = None
             if stream in self._streams:
                 self._streams.remove(stream)
-            if self._running is stream and stream.run_options is not None:
+            if stream in self._running and stream.run_options is not None:
                 stream.run_options.terminate = True
         if self.metrics:
             self.metrics.cancelled.inc()
@@ -219,7 +236,7 @@ class Engine:
             return sum(len(s.pieces) for s in self._streams)
 
     def busy(self) -> bool:
-        return self._running is not None
+        return bool(self._running)
 
     def retry_after(self, active: int) -> int:
         """Seconds until a slot likely frees: the smallest remaining work, shared fairly among `active`."""
@@ -241,7 +258,7 @@ class Engine:
 
     def _pick(self) -> tuple[Stream, list[int], bool] | None:
         """The stream to work for next and, unless it continues a windowed job, its next job."""
-        runnable = [s for s in self._streams if s.pieces or s.job]
+        runnable = [s for s in self._streams if (s.pieces or s.job) and s not in self._running]
         if not runnable:
             return None
         stream = min(runnable, key=lambda s: (not (s.streaming and s.jobs == 0), s.deadline(), s.id))
@@ -259,9 +276,9 @@ class Engine:
         # gets), and while every other new listener gets its front and first window.
         own_next = settings.steps if waiting else smallest_heard_window(settings.first_steps, settings.steps)
         cover = self.window_cost.predict(own_next)
-        if waiting:
-            cover += sum(self.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
-            cover += len(waiting) * self.window_cost.predict(settings.first_steps)
+        if waiting:  # their fronts and first windows, shared among the workers
+            others = sum(self.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
+            cover += (others + len(waiting) * self.window_cost.predict(settings.first_steps)) / self.workers
         now = time.monotonic()
         slacks = [s.deadline() - now for s in self._streams if s.streaming and s.first_out is not None and s is not stream]
         fit = queue_seconds(slacks, self.window_cost.predict(settings.first_steps), SAFETY)
@@ -283,7 +300,8 @@ class Engine:
                     return
                 stream, tokens, last = job
                 stream.run_options = ort.RunOptions()
-                self._running = stream
+                self._running.add(stream)
+                self.most_running = max(self.most_running, len(self._running))
             try:
                 if self.windows is not None:
                     self._window_step(stream, tokens, last)
@@ -298,8 +316,9 @@ class Engine:
                     self._finish(stream, exc)
             finally:
                 with self._cond:
-                    self._running = None
+                    self._running.discard(stream)
                     stream.run_options = None
+                    self._cond.notify_all()  # the stream's next unit may go to a waiting worker
 
     def _window_step(self, stream: Stream, tokens: list[int], last: bool) -> None:
         """One unit of windowed work: a job's front and first window, or its next window. Each window is
@@ -307,11 +326,15 @@ class Engine:
         assert self.windows is not None
         if stream.job is None:
             stream.job = (tokens, last, self.windows.start(tokens, stream.pack, stream.speed, stream.run_options))
-            self.cost.observe(len(tokens), stream.speed, stream.job[2].front_seconds)
+            with self._cond:  # two workers observe
+                self.cost.observe(len(tokens), stream.speed, stream.job[2].front_seconds)
         job = stream.job[2]
         spent, first = job.compute, job.cursor  # the job times its own windows
-        audio = self.windows.next_window(job, self._window_steps(stream), stream.run_options)
-        self.window_cost.observe(job.cursor - first, 1.0, job.compute - spent)
+        with self._cond:
+            steps = self._window_steps(stream)
+        audio = self.windows.next_window(job, steps, stream.run_options)
+        with self._cond:
+            self.window_cost.observe(job.cursor - first, 1.0, job.compute - spent)
         closes = job.done
         if closes:
             stream.job = None
@@ -372,7 +395,8 @@ class Engine:
         return np.asarray(audio, dtype=np.float32).reshape(-1) / synth.audio_gain
 
     def _account(self, tokens: list[int], compute: float, audio_s: float, speed: float) -> None:
-        self.cost.observe(len(tokens), speed, compute)
+        with self._cond:
+            self.cost.observe(len(tokens), speed, compute)
         if self.metrics:
             self.metrics.observe_job(compute, audio_s)
 
