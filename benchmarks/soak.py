@@ -77,6 +77,8 @@ def main() -> None:
                     counts["unexpected"] += status not in (expected, 429)
 
     samples: list[dict[str, float]] = []
+    if args.workers != 1 and not args.windowed:
+        parser.error("--workers 2 needs --windowed (whole-graph serving runs one job at a time)")
     serve = ["--artifact", args.artifact, "--artifacts", args.artifacts, "--max-queue", str(args.clients)]
     serve += ["--windowed"] if args.windowed else []
     serve += ["--workers", str(args.workers)] if args.workers != 1 else []

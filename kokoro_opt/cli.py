@@ -234,6 +234,10 @@ def bench_serve(
     from kokoro_opt.serve import bench
 
     counts = [int(c) for c in clients.split(",") if c.strip()]
+    if url is None:  # refused here, in full, rather than as the started server's last stderr line
+        from kokoro_opt.serve import ServeConfig
+
+        ServeConfig(windowed=windowed, workers=workers)
     flags = ["--cap-edges"] * cap_edges + ["--windowed"] * windowed + ["--workers", str(workers)] * (workers != 1)
     args = bench.serve_args(url, artifact, artifacts, max_queue, flags)
     scenarios = bench.run(

@@ -129,10 +129,11 @@ class Engine:
             log.exception("loading the artifact failed")
             return
         self.ready.set()
-        for n in range(2, self.workers + 1):  # the sessions are shared: ONNX Runtime runs them concurrently
-            thread = threading.Thread(target=self._serve, name=f"kokoro-worker-{n}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        with self._cond:  # `stop` joins what is started before it: none after it
+            for n in range(2, self.workers + 1) if not self._stopping else ():
+                thread = threading.Thread(target=self._serve, name=f"kokoro-worker-{n}", daemon=True)
+                thread.start()  # the sessions are shared: ONNX Runtime runs them concurrently
+                self._threads.append(thread)
         self._serve()
 
     def _load(self) -> None:
@@ -402,10 +403,11 @@ class Engine:
 
     def _emit(self, stream: Stream, out: np.ndarray, last: bool) -> None:
         data = stream.encoder.encode(out) + (stream.encoder.finish() if last else b"")
-        stream.jobs += 1
-        if stream.first_out is None:
-            stream.first_out = time.monotonic()
-        stream.audio_out += len(out) / self.sample_rate
+        with self._cond:  # another worker reads them to schedule (`deadline`, `_budget`)
+            stream.jobs += 1
+            if stream.first_out is None:
+                stream.first_out = time.monotonic()
+            stream.audio_out += len(out) / self.sample_rate
         if data:
             stream.put(data)
         if last:

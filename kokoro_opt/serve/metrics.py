@@ -33,7 +33,7 @@ class Metrics:
         self.dropped = Counter("kokoro_dropped_pieces", "Queued pieces dropped by cancellation", registry=r)
         self.queue_depth = Gauge("kokoro_queue_depth", "Text pieces waiting for synthesis", registry=r)
         self.active = Gauge("kokoro_active_requests", "Admitted requests (being chunked, queued or streaming)", registry=r)
-        self.busy = Gauge("kokoro_worker_busy", "1 while the worker runs a job", registry=r)
+        self.busy = Gauge("kokoro_worker_busy", "1 while a worker runs a job or window", registry=r)
         self.ready = Gauge("kokoro_ready", "1 once the model is loaded and warmed up", registry=r)
         self.rss = Gauge("kokoro_process_rss_bytes", "Resident memory of the server process", registry=r)
         self.rss.set_function(lambda: float(_process().memory_info().rss))
