@@ -21,6 +21,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from kokoro_opt.errors import UserError
+from kokoro_opt.serve import ServeConfig
 from kokoro_opt.serve.bench import PARAGRAPH, PHRASES, spawned_server
 from kokoro_opt.tables import print_table
 
@@ -55,6 +57,10 @@ def main() -> None:
     parser.add_argument("--windowed", action="store_true", help="serve with --windowed (an artifact with the windows stage)")
     parser.add_argument("--workers", type=int, default=1, help="serve with --workers (2 needs --windowed)")
     args = parser.parse_args()
+    try:  # the server's own rules (workers, windowed), before one is started
+        ServeConfig(windowed=args.windowed, workers=args.workers)
+    except UserError as exc:
+        parser.error(str(exc))
     console = Console(width=120)
     counts = {"requests": 0, "ok": 0, "rejected": 0, "unexpected": 0}
     lock, stop = threading.Lock(), threading.Event()
@@ -77,8 +83,6 @@ def main() -> None:
                     counts["unexpected"] += status not in (expected, 429)
 
     samples: list[dict[str, float]] = []
-    if args.workers != 1 and not args.windowed:
-        parser.error("--workers 2 needs --windowed (whole-graph serving runs one job at a time)")
     serve = ["--artifact", args.artifact, "--artifacts", args.artifacts, "--max-queue", str(args.clients)]
     serve += ["--windowed"] if args.windowed else []
     serve += ["--workers", str(args.workers)] if args.workers != 1 else []
