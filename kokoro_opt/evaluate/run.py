@@ -287,8 +287,10 @@ def compare_artifacts(
     plot: Path | None = None,
     log: bool = True,
     root: Path | None = None,
+    probe: int | None = None,
 ) -> tuple[list[EvalResult], Path | None]:
-    """Every artifact, its reference and (optionally) the peers, all in ONE interleaved session."""
+    """Every artifact, its reference and (optionally) the peers, all in ONE interleaved session.
+    `probe`: memory-probe and edge-check only the first N models (the artifacts come first); all by default."""
     from kokoro_opt.evaluate import tracking
     from kokoro_opt.evaluate.report import pareto_png
     from kokoro_opt.evaluate.runners import runner_groups
@@ -303,7 +305,7 @@ def compare_artifacts(
     loaded = _load_all(list(unique.values()), config.threads, console)
     if not loaded:
         raise UserError("no model could be loaded", "see the messages above")
-    results = measure(loaded, config, corpus, console)
+    results = measure(loaded, config, corpus, console, probe=probe)
     png = pareto_png(results, plot) if plot else None
     if log:
         settings = evaluation_settings(config, corpus, None)
