@@ -241,7 +241,16 @@ def bench_serve(
     flags = ["--cap-edges"] * cap_edges + ["--windowed"] * windowed + ["--workers", str(workers)] * (workers != 1)
     args = bench.serve_args(url, artifact, artifacts, max_queue, flags)
     scenarios = bench.run(
-        url, args, counts, requests, text or bench.PARAGRAPH, voice, response_format, full, api_key, console,
+        url,
+        args,
+        counts,
+        requests,
+        text or bench.PARAGRAPH,
+        voice,
+        response_format,
+        full,
+        api_key,
+        console,
         phrases=bench.PHRASES if phrases else (),
     )
     if json_out:

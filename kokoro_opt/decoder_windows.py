@@ -68,12 +68,16 @@ def anchors(model: Any) -> GeneratorAnchors:
     for name in (GENERATOR_ENTRY, F0_ENTRY, SINE):
         if name not in by_name:
             raise KeyError(name)
-    style_readers = [n for n in model.graph.node if n.name.startswith(GENERATOR_PREFIX) and "/fc/" in n.name
-                     and n.op_type in ("Gemm", "MatMul")]
+    style_readers = [
+        n
+        for n in model.graph.node
+        if n.name.startswith(GENERATOR_PREFIX) and "/fc/" in n.name and n.op_type in ("Gemm", "MatMul")
+    ]
     if not style_readers:
         raise KeyError(GENERATOR_PREFIX + "*/fc/Gemm")
-    norms = tuple(n.name for n in model.graph.node
-                  if n.op_type == "InstanceNormalization" and n.name.startswith(GENERATOR_PREFIX))
+    norms = tuple(
+        n.name for n in model.graph.node if n.op_type == "InstanceNormalization" and n.name.startswith(GENERATOR_PREFIX)
+    )
     return GeneratorAnchors(
         features=by_name[GENERATOR_ENTRY].input[0],
         f0=by_name[F0_ENTRY].input[0],
@@ -83,8 +87,13 @@ def anchors(model: Any) -> GeneratorAnchors:
     )
 
 
-def cut(model: Any, inputs: list[str], outputs: list[str], output_names: list[str] | tuple[str, ...],
-        input_names: list[str] | tuple[str, ...] | None = None) -> Any:
+def cut(
+    model: Any,
+    inputs: list[str],
+    outputs: list[str],
+    output_names: list[str] | tuple[str, ...],
+    input_names: list[str] | tuple[str, ...] | None = None,
+) -> Any:
     """The part of `model` computing `outputs` from `inputs`, renamed; unlike onnx.utils.Extractor it follows
     what Loop/If bodies read from the graph around them (Kokoro's alignment is a Loop)."""
     from onnx import helper
@@ -108,16 +117,25 @@ def cut(model: Any, inputs: list[str], outputs: list[str], output_names: list[st
         stack += [t for t in node.input if t] + [t for sub in subgraphs(node) for t in outer_names(sub)]
     reads = seen | {t for i in keep for t in graph.node[i].input}
     sub_reads = {t for i in keep for sub in subgraphs(graph.node[i]) for t in outer_names(sub)}
-    initializers = [init for init in graph.initializer
-                    if (init.name in reads or init.name in sub_reads) and init.name not in inputs]
+    initializers = [
+        init for init in graph.initializer if (init.name in reads or init.name in sub_reads) and init.name not in inputs
+    ]
     result = helper.make_model(
-        helper.make_graph([graph.node[i] for i in sorted(keep)], graph.name, [_input_value(graph, t) for t in inputs],
-                          [helper.make_empty_tensor_value_info(o) for o in outputs], initializers),
-        opset_imports=model.opset_import, ir_version=model.ir_version)
+        helper.make_graph(
+            [graph.node[i] for i in sorted(keep)],
+            graph.name,
+            [_input_value(graph, t) for t in inputs],
+            [helper.make_empty_tensor_value_info(o) for o in outputs],
+            initializers,
+        ),
+        opset_imports=model.opset_import,
+        ir_version=model.ir_version,
+    )
     overridable = [init.name for init in initializers if init.name in {v.name for v in graph.input}]
     result.graph.input.extend(_input_value(graph, name) for name in overridable)  # e.g. edge_keep stays feedable
-    return _renamed(result, {**dict(zip(outputs, output_names, strict=True)),
-                             **dict(zip(inputs, input_names or inputs, strict=True))})
+    return _renamed(
+        result, {**dict(zip(outputs, output_names, strict=True)), **dict(zip(inputs, input_names or inputs, strict=True))}
+    )
 
 
 def _input_value(graph: Any, name: str) -> Any:
@@ -200,14 +218,16 @@ def split(model: Any, lookup_tables: bool = True) -> list[Any]:
         p = node.name + "/fixed/"
         start, end = offset, offset + channels
         offset = end
-        g.initializer.extend([
-            numpy_helper.from_array(np.array([0, start], dtype=np.int64), p + "starts"),
-            numpy_helper.from_array(np.array([2, end], dtype=np.int64), p + "ends"),
-            numpy_helper.from_array(np.array([2, 1, channels, 1], dtype=np.int64), p + "shape"),
-            numpy_helper.from_array(np.array([0], dtype=np.int64), p + "zero"),
-            numpy_helper.from_array(np.array([1], dtype=np.int64), p + "one"),
-            numpy_helper.from_array(np.array([1, channels, 1], dtype=np.int64), p + "affine_shape"),
-        ])
+        g.initializer.extend(
+            [
+                numpy_helper.from_array(np.array([0, start], dtype=np.int64), p + "starts"),
+                numpy_helper.from_array(np.array([2, end], dtype=np.int64), p + "ends"),
+                numpy_helper.from_array(np.array([2, 1, channels, 1], dtype=np.int64), p + "shape"),
+                numpy_helper.from_array(np.array([0], dtype=np.int64), p + "zero"),
+                numpy_helper.from_array(np.array([1], dtype=np.int64), p + "one"),
+                numpy_helper.from_array(np.array([1, channels, 1], dtype=np.int64), p + "affine_shape"),
+            ]
+        )
         new_nodes += [
             # norm_stats rows: the mean and 1/sqrt(var + eps) of this norm's input, per channel
             helper.make_node("Slice", [STATS_INPUT, p + "starts", p + "ends"], [p + "stats"], name=p + "stats"),
@@ -261,10 +281,14 @@ def _without_weights(model: Any) -> Any:
 
     inputs = {i.name for i in model.graph.input}
     small = [i for i in model.graph.initializer if np.prod(i.dims) <= 64]
-    weights = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
-               for i in model.graph.initializer if np.prod(i.dims) > 64 and i.name not in inputs]
-    graph = helper.make_graph(model.graph.node, model.graph.name, [*model.graph.input, *weights],
-                              model.graph.output, initializer=small)
+    weights = [
+        helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+        for i in model.graph.initializer
+        if np.prod(i.dims) > 64 and i.name not in inputs
+    ]
+    graph = helper.make_graph(
+        model.graph.node, model.graph.name, [*model.graph.input, *weights], model.graph.output, initializer=small
+    )
     return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
 
 
@@ -290,13 +314,15 @@ def moments_model(model: Any) -> tuple[Any, list[str]]:
     for name in found.norms:
         x = by_name[name].input[0]
         p = name + "/moments/"
-        g.node.extend([
-            reduce_mean(x, p + "mean_kept", 1),
-            helper.make_node("Sub", [x, p + "mean_kept"], [p + "centred"], name=p + "centred"),
-            helper.make_node("Mul", [p + "centred", p + "centred"], [p + "square"], name=p + "square"),
-            reduce_mean(x, p + "mean", 0),
-            reduce_mean(p + "square", p + "var", 0),
-        ])
+        g.node.extend(
+            [
+                reduce_mean(x, p + "mean_kept", 1),
+                helper.make_node("Sub", [x, p + "mean_kept"], [p + "centred"], name=p + "centred"),
+                helper.make_node("Mul", [p + "centred", p + "centred"], [p + "square"], name=p + "square"),
+                reduce_mean(x, p + "mean", 0),
+                reduce_mean(p + "square", p + "var", 0),
+            ]
+        )
         outputs += [p + "mean", p + "var"]
     for out in outputs:
         g.output.append(helper.make_empty_tensor_value_info(out))

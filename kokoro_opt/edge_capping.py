@@ -94,8 +94,14 @@ def add_edge_input(model: Any) -> dict[str, str]:
     def n(op: str, inputs: list[str], name: str, **attrs: Any) -> Any:
         return helper.make_node(op, inputs, [p + name], name=p + name, **attrs)
 
-    constants = [_int64(p + "zero", [0]), _int64(p + "one", [1]), _int64(p + "two", [2]), _int64(p + "big", [KEEP_ALL]),
-                 _int64(p + "axis", [2]), _int64(EDGE_INPUT, [KEEP_ALL, KEEP_ALL, 1])]
+    constants = [
+        _int64(p + "zero", [0]),
+        _int64(p + "one", [1]),
+        _int64(p + "two", [2]),
+        _int64(p + "big", [KEEP_ALL]),
+        _int64(p + "axis", [2]),
+        _int64(EDGE_INPUT, [KEEP_ALL, KEEP_ALL, 1]),
+    ]
     nodes = [
         # removed_lead = max(durations[0] - lead, 0)
         n("Gather", [DURATIONS, p + "zero"], "first"),

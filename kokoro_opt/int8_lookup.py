@@ -25,8 +25,24 @@ import numpy as np
 
 from kokoro_opt.onnx_graph import GraphIndex, dependent_tensors, replace_nodes
 
-ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Sin", "Cos", "Floor", "Round", "Clip",
-               "LeakyRelu", "Relu", "Tanh", "Sigmoid"}
+ELEMENTWISE = {
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Neg",
+    "Abs",
+    "Sin",
+    "Cos",
+    "Floor",
+    "Round",
+    "Clip",
+    "LeakyRelu",
+    "Relu",
+    "Tanh",
+    "Sigmoid",
+}
 LEVELS = 256
 
 
@@ -64,8 +80,14 @@ def chain_from(index: GraphIndex, dq: Any, moving: set[str]) -> tuple[list[Any],
 def _copy(node: Any, inputs: list[str], outputs: list[str], name: str) -> Any:
     from onnx import helper
 
-    return helper.make_node(node.op_type, inputs, outputs, name=name, domain=node.domain,
-                            **{a.name: helper.get_attribute_value(a) for a in node.attribute})
+    return helper.make_node(
+        node.op_type,
+        inputs,
+        outputs,
+        name=name,
+        domain=node.domain,
+        **{a.name: helper.get_attribute_value(a) for a in node.attribute},
+    )
 
 
 def conv_channels(index: GraphIndex, q: str) -> int | None:
@@ -81,8 +103,9 @@ def conv_channels(index: GraphIndex, q: str) -> int | None:
     return int(init.dims[0]) if init is not None and len(init.dims) >= 1 else None
 
 
-def _table_nodes(dq: Any, chain: list[Any], end: Any, prefix: str, dtype: np.dtype,
-                 channels: int | None) -> tuple[list[Any], list[Any]]:
+def _table_nodes(
+    dq: Any, chain: list[Any], end: Any, prefix: str, dtype: np.dtype, channels: int | None
+) -> tuple[list[Any], list[Any]]:
     """(nodes, initializers) that run the chain on every level of each channel and look the input up.
     With `channels` known the grid is a constant, so the table depends on the job's inputs alone and
     kokoro_opt/hoisting.py computes it once per job; otherwise it takes the channel count from the input."""
@@ -101,19 +124,31 @@ def _table_nodes(dq: Any, chain: list[Any], end: Any, prefix: str, dtype: np.dty
         ]
         nodes = [  # every level, for each of q's channels
             helper.make_node("Shape", [q], [prefix + "channels"], name=prefix + "channels", start=1, end=2),
-            helper.make_node("Concat", [prefix + "one", prefix + "channels", prefix + "width"], [prefix + "shape"],
-                             name=prefix + "shape", axis=0),
+            helper.make_node(
+                "Concat",
+                [prefix + "one", prefix + "channels", prefix + "width"],
+                [prefix + "shape"],
+                name=prefix + "shape",
+                axis=0,
+            ),
             helper.make_node("Expand", [prefix + "levels", prefix + "shape"], [prefix + "grid"], name=prefix + "grid"),
         ]
     renamed = {q: prefix + "grid"}
     for node in [dq, *chain, end]:  # the chain itself, on the grid: the table
         renamed.update({out: prefix + out for out in node.output})
-        nodes.append(_copy(node, [renamed.get(x, x) for x in node.input], [renamed[out] for out in node.output],
-                           prefix + (node.name or node.output[0])))
+        nodes.append(
+            _copy(
+                node,
+                [renamed.get(x, x) for x in node.input],
+                [renamed[out] for out in node.output],
+                prefix + (node.name or node.output[0]),
+            )
+        )
     nodes += [
         helper.make_node("Cast", [q], [prefix + "index"], name=prefix + "index", to=TensorProto.INT32),
-        helper.make_node("GatherElements", [renamed[end.output[0]], prefix + "index"], [end.output[0]],
-                         name=prefix + "lookup", axis=2),
+        helper.make_node(
+            "GatherElements", [renamed[end.output[0]], prefix + "index"], [end.output[0]], name=prefix + "lookup", axis=2
+        ),
     ]
     return nodes, inits
 
@@ -139,8 +174,7 @@ def tabulate(model: Any, activations: list[str]) -> int:
         if found is None:
             continue
         chain, end = found
-        nodes, inits = _table_nodes(dq, chain, end, f"{dq.name or dq.output[0]}/table/", dtype,
-                                     conv_channels(index, dq.input[0]))
+        nodes, inits = _table_nodes(dq, chain, end, f"{dq.name or dq.output[0]}/table/", dtype, conv_channels(index, dq.input[0]))
         new_inits += inits
         replaced[dq.output[0]] = []
         replaced.update({node.output[0]: [] for node in chain})

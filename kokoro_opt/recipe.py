@@ -68,9 +68,7 @@ class ValidationConfig(Strict):
     speeds: list[Annotated[float, Field(ge=0.5, le=2.0)]] = Field(
         default_factory=lambda: [1.0, 1.25], min_length=1, description="sentence i is spoken at speeds[i mod len]"
     )
-    max_mel_db: float = Field(
-        1.0, gt=0.0, le=20.0, description="largest mean |log-mel difference| of any sentence, dB"
-    )
+    max_mel_db: float = Field(1.0, gt=0.0, le=20.0, description="largest mean |log-mel difference| of any sentence, dB")
 
 
 class ExportConfig(Strict):
@@ -222,8 +220,16 @@ class CoreMLStage(Strict):
 
 
 Stage = Annotated[
-    SimplifyStage | SmoothStage | SnakeStage | QuantizeStage | CompressStage | Fp16Stage | EdgesStage | WindowsStage
-    | OrtFormatStage | CoreMLStage,
+    SimplifyStage
+    | SmoothStage
+    | SnakeStage
+    | QuantizeStage
+    | CompressStage
+    | Fp16Stage
+    | EdgesStage
+    | WindowsStage
+    | OrtFormatStage
+    | CoreMLStage,
     Field(discriminator="kind"),
 ]
 

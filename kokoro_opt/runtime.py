@@ -11,9 +11,7 @@ from kokoro_opt.coreml_support import is_coreml_artifact
 from kokoro_opt.synth import SessionSettings, SynthesisResult, Synthesizer
 
 
-def open_synthesizer(
-    artifact: Artifact | str | Path, settings: SessionSettings | None = None
-) -> Synthesizer | CoreMLSynthesizer:
+def open_synthesizer(artifact: Artifact | str | Path, settings: SessionSettings | None = None) -> Synthesizer | CoreMLSynthesizer:
     """ONNX Runtime for model.onnx / model.ort, Core ML for model.mlpackage.
 
     A Core ML artifact that cannot run here raises `coreml_support.coreml_problem`'s UserError

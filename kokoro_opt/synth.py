@@ -37,8 +37,9 @@ GRAPH_LEVELS = {
 }
 
 
-def make_session(model_file: Path | bytes, settings: SessionSettings = SessionSettings(), spinning: bool = True,
-                 shared_arena: bool = False) -> Any:
+def make_session(
+    model_file: Path | bytes, settings: SessionSettings = SessionSettings(), spinning: bool = True, shared_arena: bool = False
+) -> Any:
     """A session over a model file, or a serialized model (a graph made in memory). For sessions that take
     turns (windowed decoding): `spinning=False`, since an idle pool's spinning threads would take the
     cores from the one running, and `shared_arena=True`, since one arena for all of them holds the largest
@@ -153,7 +154,10 @@ class Synthesizer(Speaker):
     """One loaded artifact: a session, its voices and vocab. Reuse it; loading takes ~1 s."""
 
     def __init__(
-        self, artifact: Artifact | str | Path, settings: SessionSettings = SessionSettings(), model_file: Path | None = None,
+        self,
+        artifact: Artifact | str | Path,
+        settings: SessionSettings = SessionSettings(),
+        model_file: Path | None = None,
         load: bool = True,
     ) -> None:
         """`model_file` runs another graph (a candidate variant) with this artifact's voices and vocab. With

@@ -56,12 +56,13 @@ def window_spans(start: int, end: int, first: int, size: int) -> list[tuple[int,
     return spans
 
 
-def speech_steps(durations: np.ndarray, token_ids: list[int], symbols: dict[int, str], lead_frames: int,
-                 trail_frames: int) -> tuple[int, int]:
+def speech_steps(
+    durations: np.ndarray, token_ids: list[int], symbols: dict[int, str], lead_frames: int, trail_frames: int
+) -> tuple[int, int]:
     """Generator steps [start, end) worth decoding: from `lead_frames` before the leading pad ends to
     `trail_frames` into the final pause (the rest is silence the server trims anyway)."""
     total = int(np.sum(durations))
-    speech_end = total - int(np.sum(durations[-final_silence_tokens(token_ids, symbols):]))
+    speech_end = total - int(np.sum(durations[-final_silence_tokens(token_ids, symbols) :]))
     start = max(int(durations[0]) - lead_frames, 0)
     end = min(max(speech_end + trail_frames, start + 1), total)
     return STEPS_PER_FRAME * start, STEPS_PER_FRAME * end
@@ -141,8 +142,15 @@ class WindowedDecoder:
     part (`hoist`), `next_window` decodes one window. Statistics come from the artifact's table (`windows`
     stage). `lookup_tables` and `hoisting` exist to measure what each saves (benchmarks/generator_variants.py)."""
 
-    def __init__(self, synth: Any, table: StatsTable | None = None, settings: WindowSettings | None = None, *,
-                 lookup_tables: bool = True, hoisting: bool = True) -> None:
+    def __init__(
+        self,
+        synth: Any,
+        table: StatsTable | None = None,
+        settings: WindowSettings | None = None,
+        *,
+        lookup_tables: bool = True,
+        hoisting: bool = True,
+    ) -> None:
         import onnx
 
         from kokoro_opt.synth import make_session
@@ -166,8 +174,9 @@ class WindowedDecoder:
             else:
                 graphs[1] = hoisted.window
                 self.constant_names = hoisted.names
-                self.constants_session = make_session(hoisted.constants.SerializeToString(), synth.settings,
-                                                      spinning=False, shared_arena=True)
+                self.constants_session = make_session(
+                    hoisted.constants.SerializeToString(), synth.settings, spinning=False, shared_arena=True
+                )
                 del hoisted
         self.generator_session = make_session(_serialized(graphs, 1), synth.settings, spinning=False, shared_arena=True)
         self._window_inputs = {i.name for i in self.generator_session.get_inputs()}
@@ -178,8 +187,10 @@ class WindowedDecoder:
     def check(artifact: Any) -> None:
         """Refuse an artifact without the `windows` stage's statistics, naming the fix."""
         if not artifact.kokoro.get("windows") or not (artifact.path / STATS_FILE).exists():
-            raise UserError(f"{artifact.name} has no windows stage (no {STATS_FILE})",
-                            "serve an artifact whose recipe ends with `- kind: windows`, or drop --windowed")
+            raise UserError(
+                f"{artifact.name} has no windows stage (no {STATS_FILE})",
+                "serve an artifact whose recipe ends with `- kind: windows`, or drop --windowed",
+            )
 
     @classmethod
     def of_artifact(cls, synth: Any, **variant: bool) -> WindowedDecoder:
@@ -187,8 +198,7 @@ class WindowedDecoder:
         `lookup_tables` / `hoisting` (see the class)."""
         cls.check(synth.artifact)
         artifact = synth.artifact
-        return cls(synth, StatsTable.load(artifact.path / STATS_FILE), WindowSettings.of(artifact.kokoro["windows"]),
-                   **variant)
+        return cls(synth, StatsTable.load(artifact.path / STATS_FILE), WindowSettings.of(artifact.kokoro["windows"]), **variant)
 
     def front(self, token_ids: list[int], style: np.ndarray, speed: float = 1.0, run_options: Any = None) -> FrontOutput:
         feeds = model_feeds(token_ids, style, speed, names=self._front_inputs)
@@ -202,8 +212,15 @@ class WindowedDecoder:
         feeds = {FRONT_OUTPUTS[3]: front.decoder_style, STATS_INPUT: stats}
         return dict(zip(self.constant_names, self.constants_session.run(None, feeds, run_options), strict=True))
 
-    def window(self, front: FrontOutput, start: int, end: int, stats: np.ndarray, run_options: Any = None,
-               constants: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    def window(
+        self,
+        front: FrontOutput,
+        start: int,
+        end: int,
+        stats: np.ndarray,
+        run_options: Any = None,
+        constants: dict[str, np.ndarray] | None = None,
+    ) -> np.ndarray:
         """Audio of steps [start, end), decoded with the overlap's steps of context each side; `constants`
         are the job's (`job_constants`), computed here when not given."""
         overlap = self.settings.overlap_steps
@@ -284,8 +301,9 @@ class StatsTable:
     var: np.ndarray  # (V, B, C)
 
     @classmethod
-    def pool(cls, samples: dict[str, list[tuple[float, np.ndarray, np.ndarray]]], buckets: int = 12,
-             neighbours: int = NEIGHBOURS) -> StatsTable:
+    def pool(
+        cls, samples: dict[str, list[tuple[float, np.ndarray, np.ndarray]]], buckets: int = 12, neighbours: int = NEIGHBOURS
+    ) -> StatsTable:
         """From (frames, mean, var) per calibration utterance and voice."""
         voices = sorted(samples)
         lengths = np.array([f for f, _, _ in samples[voices[0]]], dtype=np.float64)

@@ -66,9 +66,7 @@ def test_run_tokens_caps_only_when_asked(capped) -> None:
 
 
 def test_the_ort_format_keeps_the_feed(tiny_recipe, artifacts_root) -> None:
-    ort_artifact = build_with(
-        tiny_recipe, artifacts_root, "t-edges-ort", [{"kind": "simplify"}, EDGES, {"kind": "ort"}]
-    ).artifact
+    ort_artifact = build_with(tiny_recipe, artifacts_root, "t-edges-ort", [{"kind": "simplify"}, EDGES, {"kind": "ort"}]).artifact
     synth = Synthesizer(ort_artifact)
     assert synth.edges == (1, 1)
     assert len(synth.run_tokens(TOKENS, "tiny_0", cap_edges=True).audio) < len(synth.run_tokens(TOKENS, "tiny_0").audio)

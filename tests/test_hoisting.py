@@ -67,8 +67,10 @@ def test_the_per_job_part_runs_once_apart_and_the_output_is_the_same(tables: boo
     window = session(hoisted.window)
     reads = {i.name for i in window.get_inputs()}
     for _ in range(3):
-        feeds = {"features": rng.normal(0, 2, (1, C, T)).astype(np.float32),
-                 "style": rng.normal(0, 1, (1, C, 1)).astype(np.float32)}
+        feeds = {
+            "features": rng.normal(0, 2, (1, C, T)).astype(np.float32),
+            "style": rng.normal(0, 1, (1, C, 1)).astype(np.float32),
+        }
         constants = dict(zip(hoisted.names, session(hoisted.constants).run(None, {"style": feeds["style"]}), strict=True))
         apart = window.run(None, {k: v for k, v in {**feeds, **constants}.items() if k in reads})[0]
         whole = session(model).run(None, feeds)[0]
@@ -82,14 +84,19 @@ def test_a_graph_with_no_per_job_part_is_refused() -> None:
         hoist(model, ["features", "style"], [])
 
 
-@pytest.mark.parametrize(("op", "weight_shape", "group", "channels"), [
-    ("Conv", (6, 2, 3), 2, 6),  # [C_out, C_in / group, k]: 6 out of 4 in, in 2 groups
-    ("Conv", (3, 4, 1), 1, 3),
-    ("ConvTranspose", (4, 6, 3), 1, None),  # [C_in, C_out / group, k]: not read, its table keeps the input's shape
-])
+@pytest.mark.parametrize(
+    ("op", "weight_shape", "group", "channels"),
+    [
+        ("Conv", (6, 2, 3), 2, 6),  # [C_out, C_in / group, k]: 6 out of 4 in, in 2 groups
+        ("Conv", (3, 4, 1), 1, 3),
+        ("ConvTranspose", (4, 6, 3), 1, None),  # [C_in, C_out / group, k]: not read, its table keeps the input's shape
+    ],
+)
 def test_a_tables_channel_count_comes_from_the_convolution_weight(op, weight_shape, group, channels) -> None:
     weight = numpy_helper.from_array(np.ones(weight_shape, np.float32), "w")
-    nodes = [helper.make_node(op, ["x", "w"], ["conv"], group=group),
-             helper.make_node("QuantizeLinear", ["conv", "s", "z"], ["q"])]
+    nodes = [
+        helper.make_node(op, ["x", "w"], ["conv"], group=group),
+        helper.make_node("QuantizeLinear", ["conv", "s", "z"], ["q"]),
+    ]
     graph = helper.make_graph(nodes, "g", [], [], initializer=[weight])
     assert conv_channels(GraphIndex(helper.make_model(graph)), "q") == channels

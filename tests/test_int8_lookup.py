@@ -45,10 +45,15 @@ def chain_model(dtype: np.dtype, residual: bool = False) -> onnx.ModelProto:
 def features_style_model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto]) -> onnx.ModelProto:
     """A graph of `nodes`: `features` [1, C, T] (moves with time) and `style` [1, C, 1] in, `out` [1, C, T] out."""
     graph = helper.make_graph(
-        nodes, "chain",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, C, T]),
-         helper.make_tensor_value_info("style", TensorProto.FLOAT, [1, C, 1])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, C, T])], initializer=inits)
+        nodes,
+        "chain",
+        [
+            helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, C, T]),
+            helper.make_tensor_value_info("style", TensorProto.FLOAT, [1, C, 1]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, C, T])],
+        initializer=inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -66,8 +71,10 @@ def test_a_table_gives_the_chains_output_for_every_level(dtype) -> None:
     ops = [n.op_type for n in tabled.graph.node]
     assert "GatherElements" in ops and ops.count("Sin") == 1  # the one Sin left makes the table
     for _ in range(3):  # another style each run: the table is made in the run
-        feeds = {"features": rng.uniform(-7, 7, (1, C, T)).astype(np.float32),  # every level, some clipped
-                 "style": rng.uniform(0.5, 3, (1, C, 1)).astype(np.float32)}
+        feeds = {
+            "features": rng.uniform(-7, 7, (1, C, T)).astype(np.float32),  # every level, some clipped
+            "style": rng.uniform(0.5, 3, (1, C, 1)).astype(np.float32),
+        }
         tables, chains = run(tabled, feeds), run(model, feeds)
         # the same levels (equal here; a CPU whose kernels round a tail differently may move a rare one by one)
         step = float(np.linspace(0.01, 0.04, C).max())
@@ -87,16 +94,25 @@ def test_the_windowed_generator_of_a_quantized_kokoro_sounds_the_same_with_table
     from kokoro_opt.windowed import WindowedDecoder, stats_from_moments
     from tests.test_passes import TOKENS, build_with
 
-    static = {"kind": "quantize", "mode": "static", "calibration_sentences": 2,
-              "exclude_nodes": ["/decoder/generator/conv_post/Conv"]}  # test_passes builds the same: one build
+    static = {
+        "kind": "quantize",
+        "mode": "static",
+        "calibration_sentences": 2,
+        "exclude_nodes": ["/decoder/generator/conv_post/Conv"],
+    }  # test_passes builds the same: one build
     artifact = build_with(tiny_recipe, artifacts_root, "t-static", [static]).artifact
     decoder = WindowedDecoder(Synthesizer(artifact))  # its generator has the tables
     tokens = TOKENS * 3
     style = style_for(decoder.synth.packs["tiny_0"], len(tokens))
     front = decoder.front(tokens, style)
     stats = stats_from_moments(*decoder.exact_moments(tokens, style)[1:])
-    feeds = {FRONT_OUTPUTS[0]: front.features, FRONT_OUTPUTS[1]: front.f0, FRONT_OUTPUTS[2]: front.phase_from(0, front.steps),
-             FRONT_OUTPUTS[3]: front.decoder_style, STATS_INPUT: stats}
+    feeds = {
+        FRONT_OUTPUTS[0]: front.features,
+        FRONT_OUTPUTS[1]: front.f0,
+        FRONT_OUTPUTS[2]: front.phase_from(0, front.steps),
+        FRONT_OUTPUTS[3]: front.decoder_style,
+        STATS_INPUT: stats,
+    }
     tabled, chains = (split(onnx.load(str(artifact.path / "model.onnx")), lookup_tables=flag)[1] for flag in (True, False))
     lookups = [n for n in tabled.graph.node if n.op_type == "GatherElements"]
     assert len(lookups) >= 6  # every resblock's chain between its two INT8 convolutions

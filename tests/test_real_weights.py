@@ -113,8 +113,8 @@ def test_windowed_decoding_keeps_the_speech_within_its_budget(fp32, tmp_path: Pa
     from kokoro_opt.passes.windows import gate_failures, run_windows
     from kokoro_opt.recipe import WindowsStage
 
-    small = WindowsStage(kind="windows", calibration_sentences=2, check_sentences=3, check_phrases=3,
-                         min_pesq=3.3, min_sentence_pesq=3.0, min_phrase_pesq=3.0)
+    budget = {"min_pesq": 3.3, "min_sentence_pesq": 3.0, "min_phrase_pesq": 3.0}
+    small = WindowsStage(kind="windows", calibration_sentences=2, check_sentences=3, check_phrases=3, **budget)
     record = run_windows(fp32.artifact, small, _folder(tmp_path / "ok"))
     gate = record["gate"]
     assert gate["pesq_mean"] >= 3.3 and gate["phrase_pesq_mean"] >= 3.0, gate

@@ -22,8 +22,6 @@ from tests.serve_helpers import metric
 LONG = " ".join(f"Sentence number {w} is here, and it keeps going." for w in ("one", "two", "three"))
 
 
-
-
 def speech(url: str, **fields: object) -> httpx.Response:
     return httpx.post(f"{url}/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", **fields}, timeout=120)
 

@@ -20,8 +20,6 @@ SHORT = "Hello there, how are you?"
 LONG = " ".join(f"This is sentence number {n}, which goes on for a little while." for n in range(1, 13))
 
 
-
-
 def wait_for(condition: Callable[[], bool], timeout: float) -> float:
     """Seconds until `condition()` held; fails after `timeout`."""
     started = time.perf_counter()

@@ -109,6 +109,7 @@ def test_cost_model() -> None:
 
 def test_window_sizes_follow_who_is_listening() -> None:
     step = 0.0125
+
     def size(**kw: Any) -> int:
         return window_steps(24, 80, step_seconds=step, **{"streaming": True, "heard": False, "cover_seconds": 0.0, **kw})
 

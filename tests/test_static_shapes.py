@@ -30,9 +30,10 @@ def test_static_reshapes_remove_shape_arithmetic_and_keep_the_audio(tiny_recipe,
     assert record["reshapes"] > 10 and record["nodes_removed"] > 0 and record["drift"] < 1e-5
     graph = onnx.load(str(static.model_file)).graph
     constants = {i.name for i in graph.initializer}
-    assert sum(n.op_type == "Reshape" and n.input[1] not in constants for n in graph.node) < sum(
-        n.op_type == "Reshape" for n in onnx.load(str(plain.model_file)).graph.node
-    ) - record["reshapes"] + 1
+    assert (
+        sum(n.op_type == "Reshape" and n.input[1] not in constants for n in graph.node)
+        < sum(n.op_type == "Reshape" for n in onnx.load(str(plain.model_file)).graph.node) - record["reshapes"] + 1
+    )
     for tokens in (TOKENS, TOKENS[:1], TOKENS * 8):  # other lengths than the stage checked
         a, b = (Synthesizer(x).run_tokens(tokens, "tiny_0") for x in (plain, static))
         np.testing.assert_array_equal(a.durations, b.durations)

@@ -56,8 +56,9 @@ def cached(result) -> dict[str, bool]:
     return {entry["kind"]: entry["cached"] for entry in result.stages}
 
 
-def test_editing_the_calibration_corpus_rebuilds_smooth_and_quantize_not_export(tiny_recipe, project_copy, tmp_path,
-                                                                               seeded) -> None:
+def test_editing_the_calibration_corpus_rebuilds_smooth_and_quantize_not_export(
+    tiny_recipe, project_copy, tmp_path, seeded
+) -> None:
     recipe = recipe_with(
         tiny_recipe,
         "t-keys",

@@ -32,8 +32,15 @@ from kokoro_opt.windowed import (
 from tests.test_passes import TOKENS, build_with
 
 LENGTHS = (TOKENS[:3], TOKENS[:12], TOKENS, TOKENS * 4)
-WINDOWS = {"kind": "windows", "first_steps": 6, "steps": 16, "overlap_steps": 16, "calibration_sentences": 2,
-           "check_sentences": 2, "check_phrases": 1}
+WINDOWS = {
+    "kind": "windows",
+    "first_steps": 6,
+    "steps": 16,
+    "overlap_steps": 16,
+    "calibration_sentences": 2,
+    "check_sentences": 2,
+    "check_phrases": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +129,9 @@ def test_the_per_job_part_computed_once_gives_every_window_the_same_audio(decode
 
 
 def test_the_split_keeps_the_edges_input_feedable(tiny_recipe, artifacts_root) -> None:
-    capped = build_with(tiny_recipe, artifacts_root, "t-edges", [{"kind": "simplify"},
-                        {"kind": "edges", "lead_frames": 1, "trail_frames": 1}]).artifact
+    capped = build_with(
+        tiny_recipe, artifacts_root, "t-edges", [{"kind": "simplify"}, {"kind": "edges", "lead_frames": 1, "trail_frames": 1}]
+    ).artifact
     front, generator, channels = split(onnx.load(str(capped.model_file)))
     assert "edge_keep" in {i.name for i in front.graph.input}
     assert {i.name for i in generator.graph.input} == {"features", "f0", "phase", "decoder_style", STATS_INPUT}
@@ -137,8 +145,13 @@ def test_a_window_phase_drops_whole_turns_only() -> None:
     """Each window's phase starts within one turn, per harmonic, and gives the same sines as the running sum."""
     rng = np.random.default_rng(0)
     running = np.cumsum(rng.uniform(0, 40, size=(1, 9, 3000)), axis=2).astype(np.float32)  # ~6e4 rad at the end
-    front = FrontOutput(np.zeros((1, 4, 3000), np.float32), np.zeros((1, 1, 3000), np.float32), running,
-                        np.zeros((1, 128), np.float32), np.zeros(3, np.int64))
+    front = FrontOutput(
+        np.zeros((1, 4, 3000), np.float32),
+        np.zeros((1, 1, 3000), np.float32),
+        running,
+        np.zeros((1, 128), np.float32),
+        np.zeros(3, np.int64),
+    )
     for lo, hi in [(0, 24), (1000, 1080), (2900, 3000)]:
         window = front.phase_from(lo, hi)
         assert window.dtype == np.float32 and window.shape == (1, 9, hi - lo)
@@ -169,7 +182,8 @@ def test_the_stage_stores_statistics_and_speaks_window_by_window(windowed, plain
     assert record["stage"] == "windows" and record["gate"]["utterances"]
     assert windowed.kokoro["windows"]["first_steps"] == 6
     np.testing.assert_array_equal(  # the graph is the source's: evaluations and compare see the same audio
-        Synthesizer(windowed).run_tokens(TOKENS, "tiny_0").audio, Synthesizer(plain).run_tokens(TOKENS, "tiny_0").audio)
+        Synthesizer(windowed).run_tokens(TOKENS, "tiny_0").audio, Synthesizer(plain).run_tokens(TOKENS, "tiny_0").audio
+    )
     table = StatsTable.load(windowed.path / STATS_FILE)
     assert table.voices == sorted(windowed.voice_packs()) and len(table.frames) > 1
     decoder = WindowedDecoder.of_artifact(Synthesizer(windowed))
@@ -234,8 +248,12 @@ def test_a_server_streams_a_windowed_artifact_and_blends(windowed_url) -> None:
     import httpx
 
     for voice in ("tiny_0", "tiny_0(2)+tiny_1(1)"):
-        body = {"model": "kokoro", "input": "Hello there. How are you today? Fine, thanks.", "voice": voice,
-                "response_format": "pcm"}
+        body = {
+            "model": "kokoro",
+            "input": "Hello there. How are you today? Fine, thanks.",
+            "voice": voice,
+            "response_format": "pcm",
+        }
         with httpx.stream("POST", f"{windowed_url}/v1/audio/speech", json=body, timeout=120) as response:
             assert response.status_code == 200
             audio = np.frombuffer(b"".join(c for c in response.iter_bytes() if c), dtype=np.int16)
@@ -278,8 +296,9 @@ def _served_alone_and_together(windowed) -> tuple[list[bytes], list[bytes], int]
     from kokoro_opt.serve.engine import Engine
 
     texts = ("Hello there. How are you today? Fine, thanks.", "The lamp was lit at dusk, and its beam swept the sea.")
-    engine = Engine(resolve_artifact(str(windowed.path)),
-                    ServeConfig(first_chunk_tokens=20, chunk_tokens=120, windowed=True, workers=2))
+    engine = Engine(
+        resolve_artifact(str(windowed.path)), ServeConfig(first_chunk_tokens=20, chunk_tokens=120, windowed=True, workers=2)
+    )
     engine.start()
     try:
         assert engine.ready.wait(120) and engine.synth is not None, engine.error

@@ -52,10 +52,15 @@ class Corpus:
     def sha256(self) -> str:
         """Hash of the content (not the YAML bytes): comments can change, the text cannot unnoticed."""
         payload = json.dumps(
-            {"sentences": [asdict(s) for s in self.sentences], "paragraph": self.paragraph,
-             "voices": self.voices, "speeds": self.speeds}
+            {
+                "sentences": [asdict(s) for s in self.sentences],
+                "paragraph": self.paragraph,
+                "voices": self.voices,
+                "speeds": self.speeds,
+            }
             | ({"phrases": [asdict(s) for s in self.phrases]} if self.phrases else {}),
-            sort_keys=True, ensure_ascii=False,
+            sort_keys=True,
+            ensure_ascii=False,
         )
         return hashlib.sha256(payload.encode()).hexdigest()
 

@@ -81,8 +81,13 @@ def log_mel(audio: np.ndarray, sample_rate: int) -> np.ndarray:
     import librosa
 
     mel = librosa.feature.melspectrogram(
-        y=normalise_level(audio).astype(np.float32), sr=sample_rate, n_fft=_N_FFT, hop_length=_HOP,
-        n_mels=_N_MELS, fmin=0.0, fmax=sample_rate / 2,
+        y=normalise_level(audio).astype(np.float32),
+        sr=sample_rate,
+        n_fft=_N_FFT,
+        hop_length=_HOP,
+        n_mels=_N_MELS,
+        fmin=0.0,
+        fmax=sample_rate / 2,
     )
     # An 80 dB floor below the clip's peak (librosa's top_db): digital silence vs a faint noise floor
     # in pauses must not dominate the distance.
@@ -110,8 +115,8 @@ def mel_distance(reference: np.ndarray, test: np.ndarray, sample_rate: int) -> M
     _, path = librosa.sequence.dtw(X=ref, Y=deg, metric="euclidean")
     i, j = path[::-1, 0], path[::-1, 1]
     diff = ref[:, i] - deg[:, j]
-    cep_ref = dct(ref, type=2, norm="ortho", axis=0)[1 : _N_MFCC]
-    cep_deg = dct(deg, type=2, norm="ortho", axis=0)[1 : _N_MFCC]
+    cep_ref = dct(ref, type=2, norm="ortho", axis=0)[1:_N_MFCC]
+    cep_deg = dct(deg, type=2, norm="ortho", axis=0)[1:_N_MFCC]
     cep_diff = cep_ref[:, i] - cep_deg[:, j]
     mcd = float(np.mean(_MCD_SCALE * np.sqrt(np.sum(cep_diff**2, axis=0))))
     return MelDistance(float(np.mean(np.abs(diff))), float(np.sqrt(np.mean(diff**2))), mcd, ref.shape[1], deg.shape[1])
@@ -176,19 +181,29 @@ def op_type_times(trace: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def quality_row(
-    reference: np.ndarray, test: np.ndarray, sample_rate: int,
-    ref_durations: np.ndarray | None = None, test_durations: np.ndarray | None = None,
+    reference: np.ndarray,
+    test: np.ndarray,
+    sample_rate: int,
+    ref_durations: np.ndarray | None = None,
+    test_durations: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Every quality metric of one utterance vs its fp32 reference. A clip with NaN or inf samples gets
     PESQ's floor and no spectral distances (they are undefined); `bad_outputs` counts it as well."""
     if not np.all(np.isfinite(test)):
         return {
-            "pesq": 1.0, "mel_l1": math.nan, "mel_l2": math.nan, "mcd": math.nan, "high_band_db": math.nan,
+            "pesq": 1.0,
+            "mel_l1": math.nan,
+            "mel_l2": math.nan,
+            "mcd": math.nan,
+            "high_band_db": math.nan,
             "durations_equal": durations_equal(ref_durations, test_durations),
         }
     dist = mel_distance(reference, test, sample_rate)
     return {
-        "pesq": pesq_wb(reference, test, sample_rate), "mel_l1": dist.l1, "mel_l2": dist.l2, "mcd": dist.mcd,
+        "pesq": pesq_wb(reference, test, sample_rate),
+        "mel_l1": dist.l1,
+        "mel_l2": dist.l2,
+        "mcd": dist.mcd,
         "high_band_db": high_band_ratio_db(reference, test, sample_rate),
         "durations_equal": durations_equal(ref_durations, test_durations),
     }
@@ -219,9 +234,14 @@ def _summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
     equal = [row["durations_equal"] for row in rows if row.get("durations_equal") is not None]
     return {
-        "pesq_mean": agg("pesq", np.mean), "pesq_min": agg("pesq", np.min), "pesq_scored": float(values("pesq").size),
-        "mel_l1_mean": agg("mel_l1", np.mean), "mel_l2_mean": agg("mel_l2", np.mean),
-        "mcd_mean": agg("mcd", np.mean), "mcd_max": agg("mcd", np.max),
-        "high_band_db_mean": agg("high_band_db", np.mean), "high_band_db_max": agg("high_band_db", np.max),
+        "pesq_mean": agg("pesq", np.mean),
+        "pesq_min": agg("pesq", np.min),
+        "pesq_scored": float(values("pesq").size),
+        "mel_l1_mean": agg("mel_l1", np.mean),
+        "mel_l2_mean": agg("mel_l2", np.mean),
+        "mcd_mean": agg("mcd", np.mean),
+        "mcd_max": agg("mcd", np.max),
+        "high_band_db_mean": agg("high_band_db", np.mean),
+        "high_band_db_max": agg("high_band_db", np.max),
         "durations_equal_pct": 100.0 * float(np.mean(equal)) if equal else math.nan,
     }

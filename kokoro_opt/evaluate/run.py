@@ -206,6 +206,7 @@ def _score(
     for i, row in enumerate(rows):
         row.update(M.quality_row(clean[i][0], own[i][0], r.sample_rate, clean[i][1], own[i][1]))
     m.update(M.summarise_quality(rows))
+
     # per-utterance ratio of medians, then the geometric mean: long and short sentences weigh alike
     def speedup(picked: list[int]) -> float:
         return M.geometric_mean(M.percentile(ref_lat[i], 50) / M.percentile(lat[i], 50) for i in picked)
@@ -339,4 +340,3 @@ def evaluation_settings(config: EvaluateConfig, corpus: Corpus, reference_id: st
         "machine": f"{machine['cpu']} x{machine['cores']}",
         "machine_id": machine["id"],
     }
-

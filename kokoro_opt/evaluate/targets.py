@@ -18,8 +18,9 @@ def evaluate_config(manifest: dict[str, Any], **overrides: Any) -> Any:
     return base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
 
 
-def evaluation_targets(targets: list[str], root: Path, tracking_uri: str | None, console: Any,
-                       say: Callable[[str], None]) -> list[Any]:
+def evaluation_targets(
+    targets: list[str], root: Path, tracking_uri: str | None, console: Any, say: Callable[[str], None]
+) -> list[Any]:
     """Artifacts for each target: `all` (every one under `root`), a recipe (built; cheap when every stage
     is cached), an artifact folder, or an artifact id (here, or pushed from another machine)."""
     from kokoro_opt.artifacts import open_artifact

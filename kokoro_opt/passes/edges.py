@@ -72,16 +72,20 @@ def measure(model_file: Path, artifact: Artifact, cfg: EdgesStage) -> dict[str, 
         capped = np.asarray(synth.session.run(None, {**feeds, EDGE_INPUT: keep})[0]).reshape(-1)
         reference = uncapped_span(full.reshape(-1), durations.reshape(-1), keep)
         if len(reference) != len(capped):
-            raise UserError(f"edge capping cut {len(full) - len(capped)} samples where the durations say "
-                            f"{len(full) - len(reference)}", "report this: the graph's slicing is wrong")
+            raise UserError(
+                f"edge capping cut {len(full) - len(capped)} samples where the durations say {len(full) - len(reference)}",
+                "report this: the graph's slicing is wrong",
+            )
         pesq = M.pesq_wb(reference, capped, rate)
-        rows.append({
-            "sentence": sentence_id,
-            "tokens": len(tokens),
-            "frames_cut": round(1 - len(capped) / max(len(full.reshape(-1)), 1), 4),
-            "pesq": round(pesq, 3) if math.isfinite(pesq) else None,
-            "high_band_db": round(M.high_band_ratio_db(reference, capped, rate), 3),
-        })
+        rows.append(
+            {
+                "sentence": sentence_id,
+                "tokens": len(tokens),
+                "frames_cut": round(1 - len(capped) / max(len(full.reshape(-1)), 1), 4),
+                "pesq": round(pesq, 3) if math.isfinite(pesq) else None,
+                "high_band_db": round(M.high_band_ratio_db(reference, capped, rate), 3),
+            }
+        )
     scored = [r["pesq"] for r in rows if r["pesq"] is not None]
     return {
         "sentences": rows,
@@ -115,17 +119,28 @@ def run_edges(source: Artifact, cfg: EdgesStage, out: Path) -> dict[str, Any]:
     try:
         sliced = add_edge_input(model)
     except KeyError as exc:
-        raise UserError(f"the edges stage cannot find the decoder node {exc} in {source.model_file.name}",
-                        "put edges after export-derived ONNX stages (not after coreml or ort)") from exc
+        raise UserError(
+            f"the edges stage cannot find the decoder node {exc} in {source.model_file.name}",
+            "put edges after export-derived ONNX stages (not after coreml or ort)",
+        ) from exc
     onnx.save(model, str(out / "model.onnx"))
     scores = measure(out / "model.onnx", source, cfg)
     failures = gate_failures(scores, cfg)
     if failures:
-        raise UserError(f"edge capping changes the speech beyond the budget: {'; '.join(failures)}",
-                        "keep more frames (edges.lead_frames / trail_frames) or drop the edges stage")
+        raise UserError(
+            f"edge capping changes the speech beyond the budget: {'; '.join(failures)}",
+            "keep more frames (edges.lead_frames / trail_frames) or drop the edges stage",
+        )
     set_runtime_meta(out, "edges", {"lead_frames": cfg.lead_frames, "trail_frames": cfg.trail_frames})
     return stage_record("edges", cfg, out, started, sliced=sorted(sliced), gate=scores)
 
 
-PASS = Pass("edges", EdgesStage, run_edges, version="1", libraries=("onnx", "onnxruntime"), produces=CARRIED,
-            reads=("kokoro_opt/data/eval_corpus.yaml",))
+PASS = Pass(
+    "edges",
+    EdgesStage,
+    run_edges,
+    version="1",
+    libraries=("onnx", "onnxruntime"),
+    produces=CARRIED,
+    reads=("kokoro_opt/data/eval_corpus.yaml",),
+)

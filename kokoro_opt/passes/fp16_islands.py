@@ -242,7 +242,12 @@ def quantize_in_fp16(
         del half, model
         renamed = renamed_calibration(calibration, renames, scratch)
         quantize_static_qdq(
-            scratch / "model.onnx", target, cfg, renamed, None, nodes_to_quantize=int8_nodes,
+            scratch / "model.onnx",
+            target,
+            cfg,
+            renamed,
+            None,
+            nodes_to_quantize=int8_nodes,
             clips={renames.get(t, t): p for t, p in clips.items()},
         )
     finally:

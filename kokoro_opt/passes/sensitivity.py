@@ -277,9 +277,7 @@ def run_mixed(
                 f"<= {cfg.max_high_band_db} dB, durations >= {cfg.min_durations_equal:.0%})",
                 "rebuild with --reanalyze to measure the choice on this machine (and commit the new lock)",
             )
-    precision_map = {
-        n: "int8" if n in set(int8_nodes) else "fp32" if n in exceptions else cfg.fallback_precision for n in nodes
-    }
+    precision_map = {n: "int8" if n in set(int8_nodes) else "fp32" if n in exceptions else cfg.fallback_precision for n in nodes}
     whole = {split_clip(u)[0] for u in chosen}  # blocks in INT8 as a whole, cut or not
     blocks_table = {
         b: {

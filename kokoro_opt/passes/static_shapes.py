@@ -27,9 +27,7 @@ from kokoro_opt.onnx_graph import read_names
 
 
 def _dims(value: Any) -> list[int | str | None]:
-    return [
-        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in value.type.tensor_type.shape.dim
-    ]
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in value.type.tensor_type.shape.dim]
 
 
 def constant_target(before: list[int | str | None], after: list[int | str | None]) -> list[int] | None:

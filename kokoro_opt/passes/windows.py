@@ -40,8 +40,9 @@ def calibration_pieces(vocab: dict[str, int], sentences: int) -> list[list[int]]
 
     texts = calibration_corpus()
     if sentences > len(texts):
-        raise UserError(f"windows.calibration_sentences is {sentences} but {CALIBRATION_CORPUS} has {len(texts)}",
-                        "lower it or add sentences")
+        raise UserError(
+            f"windows.calibration_sentences is {sentences} but {CALIBRATION_CORPUS} has {len(texts)}", "lower it or add sentences"
+        )
     pieces = []
     for text in texts[:sentences]:
         pieces.append(tokenize(phonemize(text), vocab)[:510])
@@ -77,17 +78,21 @@ def measure(decoder: WindowedDecoder, cfg: WindowsStage) -> dict[str, Any]:
         start, end = job.speech  # the front's durations are the whole model's
         reference = whole.audio[start * STEP_SAMPLES : end * STEP_SAMPLES]
         if len(reference) != len(windowed):
-            raise UserError(f"windowed decoding gave {len(windowed)} samples where the durations say {len(reference)}",
-                            "report this: the windows do not tile the speech")
+            raise UserError(
+                f"windowed decoding gave {len(windowed)} samples where the durations say {len(reference)}",
+                "report this: the windows do not tile the speech",
+            )
         pesq = M.pesq_wb(reference, windowed, synth.sample_rate)
-        rows.append({
-            "utterance": utterance.sentence.id,
-            "kind": utterance.sentence.kind,
-            "tokens": len(tokens),
-            "windows": job.windows,
-            "pesq": round(pesq, 3) if math.isfinite(pesq) else None,
-            "high_band_db": round(M.high_band_ratio_db(reference, windowed, synth.sample_rate), 3),
-        })
+        rows.append(
+            {
+                "utterance": utterance.sentence.id,
+                "kind": utterance.sentence.kind,
+                "tokens": len(tokens),
+                "windows": job.windows,
+                "pesq": round(pesq, 3) if math.isfinite(pesq) else None,
+                "high_band_db": round(M.high_band_ratio_db(reference, windowed, synth.sample_rate), 3),
+            }
+        )
     return {"utterances": rows, **summarise(rows)}
 
 
@@ -115,8 +120,11 @@ def gate_failures(scores: dict[str, Any], cfg: WindowsStage) -> list[str]:
     ]
     if scores["pesq_mean"] is None:  # the tiny model's noise: PESQ finds no speech to score
         return []
-    return [text.format(value, limit) for value, limit, text, upper in checks
-            if value is not None and (value > limit if upper else value < limit)]
+    return [
+        text.format(value, limit)
+        for value, limit, text, upper in checks
+        if value is not None and (value > limit if upper else value < limit)
+    ]
 
 
 def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any]:
@@ -132,8 +140,10 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any
     try:
         decoder = WindowedDecoder(synth, settings=settings)
     except KeyError as exc:
-        raise UserError(f"the windows stage cannot find {exc} in {source.model_file.name}",
-                        "put windows after export-derived ONNX stages (not after coreml or ort)") from exc
+        raise UserError(
+            f"the windows stage cannot find {exc} in {source.model_file.name}",
+            "put windows after export-derived ONNX stages (not after coreml or ort)",
+        ) from exc
     pieces = calibration_pieces(synth.vocab, cfg.calibration_sentences)
     with Progress(transient=True) as progress:
         task = progress.add_task(f"norm statistics ({len(pieces)} utterances per voice)", total=len(synth.packs))
@@ -142,14 +152,23 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any
     scores = measure(decoder, cfg)
     failures = gate_failures(scores, cfg)
     if failures:
-        raise UserError(f"windowed decoding changes the speech beyond the budget: {'; '.join(failures)}",
-                        "measure the statistics on more sentences (windows.calibration_sentences) or drop the windows stage")
+        raise UserError(
+            f"windowed decoding changes the speech beyond the budget: {'; '.join(failures)}",
+            "measure the statistics on more sentences (windows.calibration_sentences) or drop the windows stage",
+        )
     decoder.table.save(out / STATS_FILE)
     set_runtime_meta(out, "windows", {k: getattr(settings, k) for k in settings.__dataclass_fields__})
-    return stage_record("windows", cfg, out, started, calibration_utterances=len(pieces),
-                        statistics_seconds=round(measured, 1), gate=scores)
+    return stage_record(
+        "windows", cfg, out, started, calibration_utterances=len(pieces), statistics_seconds=round(measured, 1), gate=scores
+    )
 
 
-PASS = Pass("windows", WindowsStage, run_windows, version="2", libraries=("onnx", "onnxruntime"),
-            produces=(*CARRIED, STATS_FILE),
-            reads=("kokoro_opt/data/eval_corpus.yaml", "calibration/sentences.txt"))
+PASS = Pass(
+    "windows",
+    WindowsStage,
+    run_windows,
+    version="2",
+    libraries=("onnx", "onnxruntime"),
+    produces=(*CARRIED, STATS_FILE),
+    reads=("kokoro_opt/data/eval_corpus.yaml", "calibration/sentences.txt"),
+)

@@ -43,9 +43,11 @@ class ServeConfig:
         if not 1 <= self.workers <= MAX_WORKERS:
             raise UserError(f"workers must be 1 to {MAX_WORKERS}, not {self.workers}", "use --workers 1, or 2 with --windowed")
         if self.workers > 1 and not self.windowed:
-            raise UserError(f"workers={self.workers} needs windowed serving: whole-graph jobs run one at a time "
-                            "(two at once measured slower)", "add --windowed with an artifact built with the windows "
-                            "stage, or drop --workers")
+            raise UserError(
+                f"workers={self.workers} needs windowed serving: whole-graph jobs run one at a time "
+                "(two at once measured slower)",
+                "add --windowed with an artifact built with the windows stage, or drop --workers",
+            )
         if self.crossfade_ms < 0 or self.request_timeout <= 0 or self.audio_cache_mb < 0:
             raise UserError("crossfade_ms and audio_cache_mb must be >= 0 and request_timeout > 0")
 

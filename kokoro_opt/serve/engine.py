@@ -284,10 +284,16 @@ class Engine:
         slacks = [s.deadline() - now for s in self._streams if s.streaming and s.first_out is not None and s is not stream]
         fit = queue_seconds(slacks, self.window_cost.predict(settings.first_steps), SAFETY)
         fit = min(fit, SAFETY * (stream.deadline() - now))  # and its own listener's, where it can
-        return window_steps(settings.first_steps, settings.steps, streaming=stream.streaming,
-                            heard=stream.first_out is not None, cover_seconds=cover,
-                            step_seconds=STEP_SAMPLES / self.sample_rate, safety=SAFETY,
-                            fit_steps=self.window_cost.tokens_within(fit))
+        return window_steps(
+            settings.first_steps,
+            settings.steps,
+            streaming=stream.streaming,
+            heard=stream.first_out is not None,
+            cover_seconds=cover,
+            step_seconds=STEP_SAMPLES / self.sample_rate,
+            safety=SAFETY,
+            fit_steps=self.window_cost.tokens_within(fit),
+        )
 
     def _serve(self) -> None:
         import onnxruntime as ort
@@ -365,8 +371,16 @@ class Engine:
         self._account(tokens, compute, len(audio) / self.sample_rate, speed)
         return audio, compute
 
-    def join(self, joiner: Joiner, tokens: list[int], audio: np.ndarray, last: bool, speed: float,
-             opens: bool = True, closes: bool = True) -> np.ndarray:
+    def join(
+        self,
+        joiner: Joiner,
+        tokens: list[int],
+        audio: np.ndarray,
+        last: bool,
+        speed: float,
+        opens: bool = True,
+        closes: bool = True,
+    ) -> np.ndarray:
         """A job's audio (or one window of it: `opens` / `closes` the job) through its request's joiner, with
         the pause its final token calls for: what can be sent."""
         assert self.synth is not None

@@ -78,8 +78,9 @@ class Joiner:
             return np.concatenate([audio[start:], np.zeros(-cut, dtype=np.float32)])
         return audio[start : max(start, len(audio) - cut)]
 
-    def push(self, audio: np.ndarray, last: bool, pause: float = PAUSES["sentence"], *, opens: bool = True,
-             closes: bool = True) -> np.ndarray:
+    def push(
+        self, audio: np.ndarray, last: bool, pause: float = PAUSES["sentence"], *, opens: bool = True, closes: bool = True
+    ) -> np.ndarray:
         """The next job's audio; `pause` is the silence to keep after it (see `boundary`). A job can come in
         consecutive parts (windowed decoding): only the part that `opens` it is trimmed and crossfaded at
         its start, only the one that `closes` it at its end."""

@@ -84,8 +84,17 @@ def smallest_heard_window(first: int, steps: int) -> int:
     return max(first, steps // 2)
 
 
-def window_steps(first: int, steps: int, *, streaming: bool, heard: bool, cover_seconds: float,
-                 step_seconds: float, fit_steps: int | None = None, safety: float = 0.7) -> int:
+def window_steps(
+    first: int,
+    steps: int,
+    *,
+    streaming: bool,
+    heard: bool,
+    cover_seconds: float,
+    step_seconds: float,
+    fit_steps: int | None = None,
+    safety: float = 0.7,
+) -> int:
     """Generator steps in a windowed job's next window.
 
     A request nobody hears before it ends (not streaming) gets `2 x steps`: a short phrase in one window.
