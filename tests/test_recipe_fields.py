@@ -67,7 +67,7 @@ RUNS: list[BaseModel] = [
         min_sentence_pesq=1.0,
         max_high_band_db=20,
         min_durations_equal=0.0,
-        min_block_time_share=0.15,  # a resblock or two: the budget fields decide something
+        min_block_time_share=0.3,  # one block (a noise resblock, with branches): the budget fields decide something
         input_clip_percentiles=[99.9],
     ),
     CompressStage(kind="compress", min_elements=64),

@@ -319,8 +319,8 @@ def spawned_server(args: list[str], timeout: float = 600.0) -> Iterator[str]:
             while not _ready(url):
                 if process.poll() is not None:
                     log.seek(0)
-                    last = (log.read().decode(errors="replace").strip().splitlines() or [""])[-1]
-                    raise UserError(f"the server exited with code {process.returncode}: {last}")
+                    reason = startup_error(log.read().decode(errors="replace"))
+                    raise UserError(f"the server exited with code {process.returncode}: {reason}")
                 if time.monotonic() > deadline:
                     raise UserError("the server did not become ready in time", "check that the artifact loads: kokoro-opt say")
                 time.sleep(0.5)
@@ -332,6 +332,16 @@ def spawned_server(args: list[str], timeout: float = 600.0) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def startup_error(stderr: str) -> str:
+    """What a server that failed to start said: its `error:` block on one line (the CLI's console
+    wraps it at 80 columns when stderr is a file), else the last line, e.g. a traceback's exception."""
+    lines = [line.strip() for line in stderr.strip().splitlines()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    if not starts:
+        return lines[-1] if lines else "(nothing on stderr)"
+    return " ".join(line for line in lines[starts[-1] :] if line).removeprefix("error: ")
 
 
 def _ready(url: str) -> bool:
