@@ -25,7 +25,7 @@ install: $(VENV)/.installed
 # folder is the package itself, so the note says nothing to act on.
 # --no-compile: byte-compiling every file of torch, mlflow, dvc, ... is half of the install time
 # (measured 95 s -> 48 s); Python compiles the modules a command imports the first time it runs and
-# caches them in .venv, which is why PYTHONDONTWRITEBYTECODE is not passed on below.
+# caches them in .venv, which is why PYTHONDONTWRITEBYTECODE is not passed on (above).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -234,7 +234,7 @@ def bench_serve(
     from kokoro_opt.serve import bench
 
     counts = [int(c) for c in clients.split(",") if c.strip()]
-    if url is None:  # refused here, in full, rather than as the started server's last stderr line
+    if url is None:  # the server's own rules, checked before one is started for nothing
         from kokoro_opt.serve import ServeConfig
 
         ServeConfig(windowed=windowed, workers=workers)

@@ -109,6 +109,7 @@ class Scenario:
 
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.samples if s.ok]
+        messages = {f"HTTP {s.status}: {s.error}" if s.status else s.error for s in self.samples if s.error}
 
         def pct(values: list[float], q: float) -> float:
             return float(np.percentile(values, q)) if values else float("nan")
@@ -130,9 +131,7 @@ class Scenario:
             "max_gap": max((s.max_gap for s in ok), default=float("nan")),
             "worst_lag": max((s.lag for s in ok), default=float("nan")),
             "underruns": sum(s.lag > UNDERRUN_TOLERANCE for s in ok) if self.mode == "stream" else 0,
-            "error_messages": sorted({f"HTTP {s.status}: {s.error}" if s.status else s.error for s in self.samples if s.error})[
-                :3
-            ],
+            "error_messages": sorted(messages)[:3],
             "text": self.text,
             "rss_mb": self.rss_mb,
             "peak_rss_mb": self.peak_rss_mb,
