@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -299,6 +299,8 @@ class StatsTable:
     frames: np.ndarray  # (B,) bucket centres, ascending
     mean: np.ndarray  # (V, B, C)
     var: np.ndarray  # (V, B, C)
+    # (the packs it was computed from, their Gram matrix): see `weights`
+    _gram: tuple[tuple[np.ndarray, ...], np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def pool(
@@ -326,10 +328,16 @@ class StatsTable:
             return cls([str(v) for v in data["voices"]], data["frames"], data["mean"], data["var"])
 
     def weights(self, pack: np.ndarray, packs: dict[str, np.ndarray]) -> np.ndarray:
-        """How much of each voice a pack is (a blend is a weighted sum of packs): least squares, exact for blends."""
-        basis = np.stack([np.asarray(packs[v], dtype=np.float64).reshape(-1) for v in self.voices], axis=1)
-        solution, *_ = np.linalg.lstsq(basis, np.asarray(pack, dtype=np.float64).reshape(-1), rcond=None)
-        return solution
+        """How much of each voice a pack is (a blend is a weighted sum of packs): least squares, exact for blends.
+        Solved from the normal equations, with the packs' Gram matrix kept while the same packs are passed: an
+        lstsq over the stacked packs took ~4 ms of every job's first audio (5 voices, AMD EPYC) and a 5 MB copy."""
+        given = tuple(packs[v] for v in self.voices)
+        columns = [np.asarray(p).reshape(-1) for p in given]
+        if self._gram is None or any(a is not b for a, b in zip(self._gram[0], given, strict=True)):
+            basis = np.stack(columns, axis=1).astype(np.float64)
+            self._gram = (given, basis.T @ basis)
+        target = np.asarray(pack).reshape(-1)
+        return np.linalg.solve(self._gram[1], np.array([c @ target for c in columns], dtype=np.float64))
 
     def stats(self, weights: np.ndarray, frames: float) -> np.ndarray:
         """norm_stats for a voice mix and an utterance of `frames` frames: its nearest bucket, moments mixed."""
