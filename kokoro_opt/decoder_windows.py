@@ -188,8 +188,6 @@ def split(model: Any, lookup_tables: bool = True) -> list[Any]:
     """[front, generator with fed statistics, channels of each generator norm] from a whole-model graph.
     With fed statistics the generator's INT8 conv-to-conv chains become per-channel lookup tables
     (kokoro_opt/int8_lookup.py: the same output, ~10% less time); `lookup_tables=False` keeps the chains."""
-    from onnx import TensorProto, helper, numpy_helper
-
     found = anchors(model)
     constants = {i.name for i in model.graph.initializer}
     inputs = [i.name for i in model.graph.input if i.name not in constants]
@@ -206,26 +204,37 @@ def split(model: Any, lookup_tables: bool = True) -> list[Any]:
     if strays or len(g.input) != len(boundary):  # the cut walked past the boundary into the front
         raise KeyError(f"the generator reads {strays[:1] or [v.name for v in g.input]} besides its boundary")
 
-    shapes = _norm_channels(model, found)
+    shapes = _norm_channels(model, found.norms)
+    feed_norm_stats(g, shapes)
+    if lookup_tables:
+        tabulate(generator, list(FRONT_OUTPUTS[:3]))
+    return [front, generator, tuple(shapes[n] for n in found.norms)]
+
+
+def feed_norm_stats(graph: Any, channels: dict[str, int]) -> int:
+    """Make the InstanceNormalization nodes named in `channels` normalize with statistics fed as the graph
+    input `norm_stats` (2, total channels; rows in graph order) instead of their input's own; returns the total."""
+    from onnx import TensorProto, helper, numpy_helper
+
     offset = 0
     new_nodes = []
-    for node in g.node:
-        if node.op_type != "InstanceNormalization" or not node.name.startswith(GENERATOR_PREFIX):
+    for node in graph.node:
+        if node.op_type != "InstanceNormalization" or node.name not in channels:
             new_nodes.append(node)
             continue
-        channels = shapes[node.name]
+        count = channels[node.name]
         x, scale, bias = node.input
         p = node.name + "/fixed/"
-        start, end = offset, offset + channels
+        start, end = offset, offset + count
         offset = end
-        g.initializer.extend(
+        graph.initializer.extend(
             [
                 numpy_helper.from_array(np.array([0, start], dtype=np.int64), p + "starts"),
                 numpy_helper.from_array(np.array([2, end], dtype=np.int64), p + "ends"),
-                numpy_helper.from_array(np.array([2, 1, channels, 1], dtype=np.int64), p + "shape"),
+                numpy_helper.from_array(np.array([2, 1, count, 1], dtype=np.int64), p + "shape"),
                 numpy_helper.from_array(np.array([0], dtype=np.int64), p + "zero"),
                 numpy_helper.from_array(np.array([1], dtype=np.int64), p + "one"),
-                numpy_helper.from_array(np.array([1, channels, 1], dtype=np.int64), p + "affine_shape"),
+                numpy_helper.from_array(np.array([1, count, 1], dtype=np.int64), p + "affine_shape"),
             ]
         )
         new_nodes += [
@@ -245,15 +254,13 @@ def split(model: Any, lookup_tables: bool = True) -> list[Any]:
             helper.make_node("Mul", [x, p + "gain"], [p + "scaled"], name=p + "scaled"),
             helper.make_node("Add", [p + "scaled", p + "shift"], [node.output[0]], name=p + "out"),
         ]
-    del g.node[:]
-    g.node.extend(new_nodes)
-    g.input.append(helper.make_tensor_value_info(STATS_INPUT, TensorProto.FLOAT, [2, offset]))
-    if lookup_tables:
-        tabulate(generator, list(FRONT_OUTPUTS[:3]))
-    return [front, generator, tuple(shapes[n] for n in found.norms)]
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    graph.input.append(helper.make_tensor_value_info(STATS_INPUT, TensorProto.FLOAT, [2, offset]))
+    return offset
 
 
-def _norm_channels(model: Any, found: GeneratorAnchors) -> dict[str, int]:
+def _norm_channels(model: Any, norms: tuple[str, ...]) -> dict[str, int]:
     """Channels of each generator norm, read from its scale's producer shape by a shape-inferred copy."""
     import onnx
 
@@ -262,7 +269,7 @@ def _norm_channels(model: Any, found: GeneratorAnchors) -> dict[str, int]:
     by_name = {node.name: node for node in model.graph.node}
     inits = {i.name: i for i in model.graph.initializer}
     channels = {}
-    for name in found.norms:
+    for name in norms:
         scale = by_name[name].input[1]
         if scale in inits:
             channels[name] = int(inits[scale].dims[-1])
@@ -292,12 +299,13 @@ def _without_weights(model: Any) -> Any:
     return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
 
 
-def moments_model(model: Any) -> tuple[Any, list[str]]:
-    """The whole model plus, per generator norm, the per-channel mean and (centred) variance of its input."""
+def moments_model(model: Any, norms: tuple[str, ...] | None = None) -> tuple[Any, list[str]]:
+    """The whole model plus, per norm (the generator's by default), the per-channel mean and (centred)
+    variance of its input."""
     import onnx
     from onnx import helper, numpy_helper
 
-    found = anchors(model)
+    norms = anchors(model).norms if norms is None else norms
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     g = copy.graph
@@ -311,7 +319,7 @@ def moments_model(model: Any) -> tuple[Any, list[str]]:
 
     g.initializer.append(numpy_helper.from_array(np.array([0, 2], dtype=np.int64), "/moments/axes"))
     outputs = []
-    for name in found.norms:
+    for name in norms:
         x = by_name[name].input[0]
         p = name + "/moments/"
         g.node.extend(
