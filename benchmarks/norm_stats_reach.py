@@ -35,7 +35,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from kokoro_opt.decoder_windows import STATS_INPUT, _norm_channels, feed_norm_stats, moments_model
+    from kokoro_opt.decoder_windows import STATS_INPUT, feed_norm_stats, moments_model, norm_channels
     from kokoro_opt.evaluate import metrics as M
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.machine import describe, fingerprint
@@ -71,7 +71,7 @@ def main() -> None:
             samples[voice] = rows
         del moments
         stats_table = StatsTable.pool(samples)
-        feed_norm_stats(model.graph, _norm_channels(model, norms))
+        feed_norm_stats(model.graph, norm_channels(model, norms))
         fed = make_session(model.SerializeToString(), synth.settings)
         del model
         scores = []

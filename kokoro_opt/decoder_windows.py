@@ -204,7 +204,7 @@ def split(model: Any, lookup_tables: bool = True) -> list[Any]:
     if strays or len(g.input) != len(boundary):  # the cut walked past the boundary into the front
         raise KeyError(f"the generator reads {strays[:1] or [v.name for v in g.input]} besides its boundary")
 
-    shapes = _norm_channels(model, found.norms)
+    shapes = norm_channels(model, found.norms)
     feed_norm_stats(g, shapes)
     if lookup_tables:
         tabulate(generator, list(FRONT_OUTPUTS[:3]))
@@ -260,8 +260,8 @@ def feed_norm_stats(graph: Any, channels: dict[str, int]) -> int:
     return offset
 
 
-def _norm_channels(model: Any, norms: tuple[str, ...]) -> dict[str, int]:
-    """Channels of each generator norm, read from its scale's producer shape by a shape-inferred copy."""
+def norm_channels(model: Any, norms: tuple[str, ...]) -> dict[str, int]:
+    """Channels of each named norm, read from its scale's producer shape by a shape-inferred copy."""
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(_without_weights(model))

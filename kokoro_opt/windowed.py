@@ -337,7 +337,8 @@ class StatsTable:
             basis = np.stack(columns, axis=1).astype(np.float64)
             self._gram = (given, basis.T @ basis)
         target = np.asarray(pack).reshape(-1)
-        return np.linalg.solve(self._gram[1], np.array([c @ target for c in columns], dtype=np.float64))
+        moments = np.array([c @ target for c in columns], dtype=np.float64)
+        return np.linalg.lstsq(self._gram[1], moments, rcond=None)[0]  # not solve: two equal packs make it singular
 
     def stats(self, weights: np.ndarray, frames: float) -> np.ndarray:
         """norm_stats for a voice mix and an utterance of `frames` frames: its nearest bucket, moments mixed."""

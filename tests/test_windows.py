@@ -179,6 +179,9 @@ def test_statistics_of_a_blend_are_the_mixed_moments() -> None:
     others = {name: rng.normal(size=(4, 1, 8)) for name in packs}
     np.testing.assert_allclose(table.weights(blend_voice("b(1)+c(1)", others), others), [0.0, 0.5, 0.5], atol=1e-6)
     np.testing.assert_allclose(table.weights(packs["a"], packs), [1.0, 0.0, 0.0], atol=1e-6)
+    # two equal packs: no error, the mix split evenly between them (the least-norm answer)
+    twins = {"a": packs["a"], "b": packs["a"].copy(), "c": packs["c"]}
+    np.testing.assert_allclose(table.weights(packs["a"], twins), [0.5, 0.5, 0.0], atol=1e-6)
 
 
 def test_the_stage_stores_statistics_and_speaks_window_by_window(windowed, plain) -> None:
