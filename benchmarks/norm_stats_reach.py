@@ -39,12 +39,12 @@ def main() -> None:
     from kokoro_opt.evaluate import metrics as M
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.machine import describe, fingerprint
-    from kokoro_opt.passes.windows import calibration_pieces
+    from kokoro_opt.passes.windows import calibration_pieces, measure_table
     from kokoro_opt.synth import Synthesizer, make_session
     from kokoro_opt.tables import print_table
     from kokoro_opt.text import phonemize, tokenize
     from kokoro_opt.voices import style_for
-    from kokoro_opt.windowed import STEP_SAMPLES, StatsTable, speech_steps
+    from kokoro_opt.windowed import STEP_SAMPLES, speech_steps, utterance_moments
 
     synth = Synthesizer(args.artifact)
     pieces = calibration_pieces(synth.vocab, args.calibration_sentences)
@@ -61,16 +61,10 @@ def main() -> None:
     for group, prefixes in GROUPS.items():
         model = onnx.load(str(synth.model_file))
         norms = tuple(n.name for n in model.graph.node if n.op_type == "InstanceNormalization" and n.name.startswith(prefixes))
-        moments = make_session(moments_model(model, norms)[0].SerializeToString(), synth.settings)
-        samples = {}
-        for voice, pack in sorted(synth.packs.items()):
-            rows = []
-            for ids in pieces:
-                out = [np.asarray(x) for x in moments.run(None, synth.feeds(ids, style_for(pack, len(ids)), 1.0))]
-                rows.append((float(np.sum(out[1])), np.concatenate(out[2::2]), np.concatenate(out[3::2])))
-            samples[voice] = rows
-        del moments
-        stats_table = StatsTable.pool(samples)
+        session = make_session(moments_model(model, norms)[0].SerializeToString(), synth.settings)
+        stats_table = measure_table(lambda ids, style, s=session: utterance_moments(s, synth.feeds(ids, style, 1.0)),
+                                    synth.packs, pieces)  # fmt: skip
+        del session  # before the fed graph's session is made
         feed_norm_stats(model.graph, norm_channels(model, norms))
         fed = make_session(model.SerializeToString(), synth.settings)
         del model

@@ -211,9 +211,9 @@ def split(model: Any, lookup_tables: bool = True) -> list[Any]:
     return [front, generator, tuple(shapes[n] for n in found.norms)]
 
 
-def feed_norm_stats(graph: Any, channels: dict[str, int]) -> int:
+def feed_norm_stats(graph: Any, channels: dict[str, int]) -> None:
     """Make the InstanceNormalization nodes named in `channels` normalize with statistics fed as the graph
-    input `norm_stats` (2, total channels; rows in graph order) instead of their input's own; returns the total."""
+    input `norm_stats` (2, total channels; rows in graph order) instead of their input's own."""
     from onnx import TensorProto, helper, numpy_helper
 
     offset = 0
@@ -257,7 +257,6 @@ def feed_norm_stats(graph: Any, channels: dict[str, int]) -> int:
     del graph.node[:]
     graph.node.extend(new_nodes)
     graph.input.append(helper.make_tensor_value_info(STATS_INPUT, TensorProto.FLOAT, [2, offset]))
-    return offset
 
 
 def norm_channels(model: Any, norms: tuple[str, ...]) -> dict[str, int]:

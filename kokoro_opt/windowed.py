@@ -279,8 +279,13 @@ class WindowedDecoder:
 
             graph = moments_model(onnx.load(str(self.synth.model_file)))[0]
             self._moments = make_session(graph.SerializeToString(), self.synth.settings)
-        outputs = [np.asarray(x) for x in self._moments.run(None, self.synth.feeds(token_ids, style, speed))]
-        return float(np.sum(outputs[1])), np.concatenate(outputs[2::2]), np.concatenate(outputs[3::2])
+        return utterance_moments(self._moments, self.synth.feeds(token_ids, style, speed))
+
+
+def utterance_moments(session: Any, feeds: dict[str, np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
+    """(frames, mean, var) of each measured norm's input over one utterance, from a `moments_model` session."""
+    outputs = [np.asarray(x) for x in session.run(None, feeds)]
+    return float(np.sum(outputs[1])), np.concatenate(outputs[2::2]), np.concatenate(outputs[3::2])
 
 
 STATS_FILE = "norm_stats.npz"

@@ -175,7 +175,7 @@ def test_statistics_of_a_blend_are_the_mixed_moments() -> None:
     np.testing.assert_allclose(short, stats_from_moments(mixed_mean, mixed_var), rtol=1e-5)
     assert not np.allclose(short, long)
     np.testing.assert_allclose(table.stats(table.weights(packs["b"], packs), 100.0)[0], mean[1, 1], rtol=1e-6)
-    # the packs' pseudo-inverse is kept between jobs, and made again for other packs of the same names
+    # the packs' Gram matrix is kept between jobs, and made again for other packs of the same names
     others = {name: rng.normal(size=(4, 1, 8)) for name in packs}
     np.testing.assert_allclose(table.weights(blend_voice("b(1)+c(1)", others), others), [0.0, 0.5, 0.5], atol=1e-6)
     np.testing.assert_allclose(table.weights(packs["a"], packs), [1.0, 0.0, 0.0], atol=1e-6)

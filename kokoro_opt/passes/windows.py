@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +52,18 @@ def calibration_pieces(vocab: dict[str, int], sentences: int) -> list[list[int]]
     return [p for p in pieces if p]
 
 
-def measure_table(decoder: WindowedDecoder, pieces: list[list[int]], progress: Any = None) -> StatsTable:
+def measure_table(
+    moments: Callable[[list[int], np.ndarray], tuple[float, np.ndarray, np.ndarray]],
+    packs: dict[str, np.ndarray],
+    pieces: list[list[int]],
+    progress: Any = None,
+) -> StatsTable:
+    """Per voice, `moments(token ids, style)` (e.g. `WindowedDecoder.exact_moments`) of every piece, pooled."""
     from kokoro_opt.voices import style_for
 
     samples = {}
-    for voice, pack in sorted(decoder.synth.packs.items()):
-        samples[voice] = [decoder.exact_moments(ids, style_for(pack, len(ids))) for ids in pieces]
+    for voice, pack in sorted(packs.items()):
+        samples[voice] = [moments(ids, style_for(pack, len(ids))) for ids in pieces]
         if progress:
             progress(voice)
     return StatsTable.pool(samples)
@@ -147,7 +154,7 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any
     pieces = calibration_pieces(synth.vocab, cfg.calibration_sentences)
     with Progress(transient=True) as progress:
         task = progress.add_task(f"norm statistics ({len(pieces)} utterances per voice)", total=len(synth.packs))
-        decoder.table = measure_table(decoder, pieces, lambda _: progress.advance(task))
+        decoder.table = measure_table(decoder.exact_moments, synth.packs, pieces, lambda _: progress.advance(task))
     measured = time.perf_counter() - started
     scores = measure(decoder, cfg)
     failures = gate_failures(scores, cfg)
