@@ -199,7 +199,7 @@ class WindowsStage(Strict):
     trail_frames: int = Field(6, ge=1, le=60, description="frames of the final pause decoded after the speech")
     calibration_sentences: int = Field(6, ge=1, le=32, description="calibration sentences (whole and in pieces) per voice")
     check_sentences: int = Field(8, ge=2, le=48, description="corpus sentences the gate compares, windowed vs whole")
-    check_phrases: int = Field(12, ge=0, le=48, description="corpus short phrases the gate compares too")
+    check_phrases: int = Field(48, ge=0, le=48, description="at most this many corpus short phrases (27) the gate compares too")
     # measured on int8-mixed (docs/serving.md): 3.89 / 3.62 / 3.80 / 5.9 dB
     min_pesq: float = Field(3.7, ge=1.0, le=4.64, description="mean PESQ-WB of windowed vs whole speech, sentences")
     min_sentence_pesq: float = Field(3.4, ge=1.0, le=4.64)
@@ -241,7 +241,7 @@ class EvaluateConfig(Strict):
     threads: int = Field(2, ge=1, le=64)
     sentences: int = Field(8, ge=1, le=200, description="how many corpus sentences to score")
     phrases: int = Field(
-        12, ge=0, le=100, description="how many short corpus phrases (the screen-reader slice) to score on top, apart"
+        100, ge=0, le=100, description="at most this many short corpus phrases (the screen-reader slice; 27) scored apart"
     )
     asr: bool = Field(False, description="also compute WER with the optional ASR extra")
     first_chunk_tokens: int = Field(40, ge=1, le=510, description="chunking policy for time-to-first-audio (as the server)")
