@@ -83,9 +83,10 @@ def main() -> None:
 
     from kokoro_opt.artifacts import open_artifact
     from kokoro_opt.machine import describe, fingerprint
-    from kokoro_opt.synth import SessionSettings, Synthesizer
+    from kokoro_opt.runtime.session import SessionSettings
+    from kokoro_opt.runtime.synth import Synthesizer
+    from kokoro_opt.runtime.windowed import WindowedDecoder
     from kokoro_opt.text import chunk_text
-    from kokoro_opt.windowed import WindowedDecoder
 
     settings = SessionSettings(intra_op_num_threads=args.threads)
     table = Table(title=f"two units in turn or at once, {args.threads} ORT threads ({describe(fingerprint())})")

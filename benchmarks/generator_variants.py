@@ -1,7 +1,7 @@
 """The windowed generator three ways, side by side at 1, 2 and 4 threads: its INT8 chains computed
-per window ("chains"), as lookup tables ("tables", kokoro_opt/int8_lookup.py), and with the tables and
+per window ("chains"), as lookup tables ("tables", kokoro_opt/passes/int8_lookup.py), and with the tables and
 everything else computed from the style and statistics alone run once per job ("hoisted", the default,
-kokoro_opt/hoisting.py).
+kokoro_opt/passes/hoisting.py).
 
     python benchmarks/generator_variants.py [--artifact artifacts/int8-mixed-windowed] [--runs 24]
 
@@ -30,14 +30,17 @@ def main() -> None:
     args = parser.parse_args()
 
     import numpy as np
+    import onnx
     from rich.console import Console
     from rich.table import Table
 
     from kokoro_opt.artifacts import open_artifact
     from kokoro_opt.machine import describe, fingerprint
-    from kokoro_opt.synth import SessionSettings, Synthesizer
+    from kokoro_opt.passes.windows_split import window_graphs
+    from kokoro_opt.runtime.session import SessionSettings
+    from kokoro_opt.runtime.synth import Synthesizer
+    from kokoro_opt.runtime.windowed import WindowedDecoder
     from kokoro_opt.text import chunk_text
-    from kokoro_opt.windowed import WindowedDecoder
 
     artifact = open_artifact(args.artifact)
     table = Table(title=f"windowed generator, {artifact.name} {artifact.id} ({describe(fingerprint())})")
@@ -46,7 +49,12 @@ def main() -> None:
         table.add_column(column, justify="right")
     for threads in THREADS:
         synth = Synthesizer(artifact, SessionSettings(intra_op_num_threads=threads), load=False)
-        decoders = {name: WindowedDecoder.of_artifact(synth, **flags) for name, flags in VARIANTS.items()}
+        served = WindowedDecoder.of_artifact(synth)  # "hoisted": the graphs the artifact stores
+        model = onnx.load(str(synth.model_file))
+        decoders = {name: WindowedDecoder(synth, window_graphs(model, **flags)[0], served.table, served.settings)
+                    for name, flags in VARIANTS.items() if flags}
+        decoders["hoisted"] = served
+        del model
         tokens = [t for c in chunk_text(TEXT, synth.vocab, first_chunk_tokens=400, chunk_tokens=400) for t in c.token_ids]
         job = decoders["hoisted"].start(tokens, synth.packs[synth.voices[0]])
         start = job.speech[0]

@@ -35,16 +35,17 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from kokoro_opt.decoder_windows import STATS_INPUT, feed_norm_stats, moments_model, norm_channels
     from kokoro_opt.evaluate import metrics as M
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.machine import describe, fingerprint
     from kokoro_opt.passes.windows import calibration_pieces, measure_table
-    from kokoro_opt.synth import Synthesizer, make_session
+    from kokoro_opt.passes.windows_split import STATS_INPUT, feed_norm_stats, moments_model, norm_channels
+    from kokoro_opt.runtime.session import make_session
+    from kokoro_opt.runtime.synth import Synthesizer
+    from kokoro_opt.runtime.windowed import STEP_SAMPLES, speech_steps, utterance_moments
     from kokoro_opt.tables import print_table
     from kokoro_opt.text import phonemize, tokenize
     from kokoro_opt.voices import style_for
-    from kokoro_opt.windowed import STEP_SAMPLES, speech_steps, utterance_moments
 
     synth = Synthesizer(args.artifact)
     pieces = calibration_pieces(synth.vocab, args.calibration_sentences)

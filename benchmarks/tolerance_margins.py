@@ -35,7 +35,8 @@ def main() -> None:
     from kokoro_opt.hashing import content_key
     from kokoro_opt.machine import describe, fingerprint
     from kokoro_opt.recipe import load_recipe, parse_recipe
-    from kokoro_opt.synth import SessionSettings, Synthesizer
+    from kokoro_opt.runtime.session import SessionSettings
+    from kokoro_opt.runtime.synth import Synthesizer
 
     console = Console(width=180)
     base = load_recipe(Path(__file__).parent.parent / "recipes" / "tiny.yaml").model_dump(mode="json", by_alias=True)

@@ -30,8 +30,9 @@ def main() -> None:
     from kokoro_opt.machine import describe, fingerprint
     from kokoro_opt.passes.windows import measure
     from kokoro_opt.recipe import WindowsStage
-    from kokoro_opt.synth import SessionSettings, Synthesizer
-    from kokoro_opt.windowed import WindowedDecoder
+    from kokoro_opt.runtime.session import SessionSettings
+    from kokoro_opt.runtime.synth import Synthesizer
+    from kokoro_opt.runtime.windowed import WindowedDecoder
 
     artifact = open_artifact(args.artifact)
     record = artifact.manifest["stages"][-1]

@@ -18,9 +18,9 @@ import torch
 
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
-from kokoro_opt.feeds import INPUT_NAMES, OUTPUT_NAMES
 from kokoro_opt.model import SAMPLE_RATE, deterministic_noise, load_kmodel, strip_weight_norm, style_for
 from kokoro_opt.recipe import ExportConfig, ValidationConfig
+from kokoro_opt.runtime.feeds import INPUT_NAMES, OUTPUT_NAMES
 from kokoro_opt.weights.sources import ResolvedWeights
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.feeds import model_feeds
+from kokoro_opt.runtime.feeds import model_feeds
 from kokoro_opt.text import CONTEXT_TOKENS, chunk_text, phonemize, tokenize
 from kokoro_opt.voices import style_for
 
@@ -51,7 +51,7 @@ class DurationModel:
         import onnx
         import onnx.utils
 
-        from kokoro_opt.synth import make_session
+        from kokoro_opt.runtime.session import make_session
 
         model = onnx.load(str(artifact.model_file))
         if "durations" not in {o.name for o in model.graph.output}:

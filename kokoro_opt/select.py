@@ -27,8 +27,9 @@ from typing import Any
 
 from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.errors import UserError
+from kokoro_opt.runtime.session import SessionSettings
+from kokoro_opt.runtime.synth import runtime_problem
 from kokoro_opt.store import Store
-from kokoro_opt.synth import SessionSettings, runtime_problem
 
 QUALITY_BUDGET_PESQ = 3.8
 # The short-phrase slice (screen-reader announcements, exclamations) scores lower than sentences even

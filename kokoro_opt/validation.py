@@ -121,8 +121,8 @@ def validate(
 
 def onnx_synthesize(model_file: Path | bytes, threads: int = 0) -> Synthesize:
     """A Synthesize over an ONNX Runtime session of `model_file` (path or serialized bytes)."""
-    from kokoro_opt.feeds import model_feeds
-    from kokoro_opt.synth import SessionSettings, make_session
+    from kokoro_opt.runtime.feeds import model_feeds
+    from kokoro_opt.runtime.session import SessionSettings, make_session
 
     session = make_session(model_file, SessionSettings(intra_op_num_threads=threads))
 

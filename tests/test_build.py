@@ -14,7 +14,7 @@ import pytest
 from kokoro_opt.artifacts import build_folder, open_artifact
 from kokoro_opt.build import build
 from kokoro_opt.recipe import load_recipe
-from kokoro_opt.synth import Synthesizer
+from kokoro_opt.runtime.synth import Synthesizer
 
 ROOT = Path(__file__).parent.parent
 

@@ -19,7 +19,7 @@ from kokoro_opt.passes.compress import (
     sensitive_nodes,
 )
 from kokoro_opt.recipe import CompressStage
-from kokoro_opt.synth import Synthesizer
+from kokoro_opt.runtime.synth import Synthesizer
 from tests.test_passes import TOKENS, build_with
 
 

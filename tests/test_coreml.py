@@ -7,8 +7,8 @@ import platform
 
 import pytest
 
-from kokoro_opt.coreml_runtime import CoreMLSynthesizer, coreml_unavailable_reason
 from kokoro_opt.errors import UserError
+from kokoro_opt.runtime.coreml import CoreMLSynthesizer, coreml_unavailable_reason
 
 pytest.importorskip("coremltools")
 

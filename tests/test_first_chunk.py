@@ -12,7 +12,7 @@ import pytest
 from kokoro_opt.artifacts import link_or_copy
 from kokoro_opt.evaluate.corpus import load_corpus
 from kokoro_opt.first_chunk import DurationModel, distortion, distortion_by_size, stretch, within_budget
-from kokoro_opt.synth import Synthesizer
+from kokoro_opt.runtime.synth import Synthesizer
 from kokoro_opt.text import phonemize, tokenize
 from kokoro_opt.tune import parse_tune_recipe
 from kokoro_opt.tuning.space import Candidate, first_chunk_sizes

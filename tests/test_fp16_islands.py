@@ -14,7 +14,7 @@ from kokoro_opt.evaluate.ep_support import coreml_partitioning
 from kokoro_opt.onnx_graph import GraphIndex
 from kokoro_opt.passes.fp16_islands import FP32_SCOPES, cast_target, convert_with_fp32_islands, fp32_exceptions
 from kokoro_opt.recipe import parse_recipe
-from kokoro_opt.synth import Synthesizer
+from kokoro_opt.runtime.synth import Synthesizer
 from tests.test_passes import TINY_MIXED, TOKENS, build_with
 
 SINE_PHASE = next(iter(FP32_SCOPES))

@@ -1,4 +1,4 @@
-"""The windowed generator's per-job part runs once per job (kokoro_opt/hoisting.py): the same output as
+"""The windowed generator's per-job part runs once per job (kokoro_opt/passes/hoisting.py): the same output as
 the uncut graph, with the lookup tables and style vectors computed apart and weights left in place."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from kokoro_opt.hoisting import hoist
-from kokoro_opt.int8_lookup import conv_channels, tabulate
 from kokoro_opt.onnx_graph import GraphIndex
+from kokoro_opt.passes.hoisting import hoist
+from kokoro_opt.passes.int8_lookup import conv_channels, tabulate
 from tests.test_int8_lookup import C, T, features_style_model
 
 

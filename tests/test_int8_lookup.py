@@ -1,4 +1,4 @@
-"""Lookup tables for INT8 conv-to-conv chains (kokoro_opt/int8_lookup.py): the same output as the chain,
+"""Lookup tables for INT8 conv-to-conv chains (kokoro_opt/passes/int8_lookup.py): the same output as the chain,
 on graphs made here and on the windowed generator of a quantized tiny Kokoro."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from kokoro_opt.int8_lookup import tabulate
+from kokoro_opt.passes.int8_lookup import tabulate
 
 C, T = 4, 300
 
@@ -88,10 +88,12 @@ def test_a_chain_that_reads_the_activations_again_is_left_alone() -> None:
 
 
 def test_the_windowed_generator_of_a_quantized_kokoro_sounds_the_same_with_tables(tiny_recipe, artifacts_root) -> None:
-    from kokoro_opt.decoder_windows import FRONT_OUTPUTS, STATS_INPUT, split
-    from kokoro_opt.synth import Synthesizer
+    from kokoro_opt.passes.windows import MomentsProbe
+    from kokoro_opt.passes.windows_split import split, window_graphs
+    from kokoro_opt.runtime.norm_stats import stats_from_moments
+    from kokoro_opt.runtime.synth import Synthesizer
+    from kokoro_opt.runtime.windowed import FRONT_OUTPUTS, STATS_INPUT, WindowedDecoder
     from kokoro_opt.voices import style_for
-    from kokoro_opt.windowed import WindowedDecoder, stats_from_moments
     from tests.test_passes import TOKENS, build_with
 
     static = {
@@ -101,11 +103,13 @@ def test_the_windowed_generator_of_a_quantized_kokoro_sounds_the_same_with_table
         "exclude_nodes": ["/decoder/generator/conv_post/Conv"],
     }  # test_passes builds the same: one build
     artifact = build_with(tiny_recipe, artifacts_root, "t-static", [static]).artifact
-    decoder = WindowedDecoder(Synthesizer(artifact))  # its generator has the tables
+    model = onnx.load(str(artifact.model_file))
+    synth = Synthesizer(artifact)
+    decoder = WindowedDecoder(synth, window_graphs(model)[0])  # its generator has the tables
     tokens = TOKENS * 3
     style = style_for(decoder.synth.packs["tiny_0"], len(tokens))
     front = decoder.front(tokens, style)
-    stats = stats_from_moments(*decoder.exact_moments(tokens, style)[1:])
+    stats = stats_from_moments(*MomentsProbe(synth, model).moments(tokens, style)[1:])
     feeds = {
         FRONT_OUTPUTS[0]: front.features,
         FRONT_OUTPUTS[1]: front.f0,

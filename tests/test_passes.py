@@ -10,7 +10,7 @@ import pytest
 from kokoro_opt.build import build
 from kokoro_opt.passes.sensitivity import Quality, block_of, part_of, select_blocks
 from kokoro_opt.recipe import QuantizeStage, parse_recipe
-from kokoro_opt.synth import Synthesizer
+from kokoro_opt.runtime.synth import Synthesizer
 
 TOKENS = list(range(40, 80))
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kokoro_opt.recipe import load_recipe
-from kokoro_opt.synth import Synthesizer
+from kokoro_opt.runtime.synth import Synthesizer
 
 ROOT = Path(__file__).parent.parent
 pytestmark = pytest.mark.real_weights

@@ -135,8 +135,8 @@ def test_a_first_window_lasts_while_the_next_one_runs() -> None:
     its next window takes (by the fitted window cost): a slower machine gets a longer first window."""
     from types import SimpleNamespace
 
+    from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowSettings
     from kokoro_opt.serve.engine import SAFETY
-    from kokoro_opt.windowed import STEP_SAMPLES, WindowSettings
 
     async def sizes() -> list[tuple[int, float]]:
         engine = Engine(cast(Selection, None), ServeConfig())

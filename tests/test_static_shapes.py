@@ -10,7 +10,7 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.ep_support import coreml_partitioning
 from kokoro_opt.passes.static_shapes import constant_target
 from kokoro_opt.recipe import parse_recipe
-from kokoro_opt.synth import Synthesizer
+from kokoro_opt.runtime.synth import Synthesizer
 from tests.test_passes import TOKENS, build_with
 
 

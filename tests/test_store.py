@@ -246,4 +246,4 @@ def test_model_feeds_are_built_in_one_place() -> None:
         for f in PACKAGE.rglob("*.py")
         if ("dtype=np.int64" in (text := f.read_text(encoding="utf-8")) and "[[0, *" in text) or '"input_ids": np.' in text
     ]
-    assert builders == [], f"build feeds with kokoro_opt.feeds.model_feeds, not in {builders}"
+    assert builders == [], f"build feeds with kokoro_opt.runtime.feeds.model_feeds, not in {builders}"

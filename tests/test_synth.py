@@ -8,7 +8,7 @@ import pytest
 from kokoro_opt.errors import UserError
 from kokoro_opt.model import style_for
 from kokoro_opt.runtime import synthesize
-from kokoro_opt.synth import Synthesizer
+from kokoro_opt.runtime.synth import Synthesizer
 from kokoro_opt.voices import blend_voice, parse_blend
 
 

@@ -1,4 +1,4 @@
-"""Windowed decoding (the `windows` stage, kokoro_opt/windowed.py): the graph split reproduces the model,
+"""Windowed decoding (the `windows` stage, kokoro_opt/runtime/windowed.py): the graph split reproduces the model,
 windows tile the speech, statistics follow voices and blends, the server streams window by window.
 Quality on the real weights: tests/test_real_weights.py."""
 
@@ -12,23 +12,23 @@ import numpy as np
 import onnx
 import pytest
 
-from kokoro_opt.decoder_windows import STATS_INPUT, split
 from kokoro_opt.errors import UserError
+from kokoro_opt.passes.windows import MomentsProbe
+from kokoro_opt.passes.windows_split import STATS_INPUT, split, window_graphs
 from kokoro_opt.recipe import parse_recipe
-from kokoro_opt.serve.join import PAUSES, Joiner
-from kokoro_opt.synth import Synthesizer
-from kokoro_opt.voices import blend_voice, style_for
-from kokoro_opt.windowed import (
-    STATS_FILE,
+from kokoro_opt.runtime.norm_stats import STATS_FILE, StatsTable, stats_from_moments
+from kokoro_opt.runtime.synth import Synthesizer
+from kokoro_opt.runtime.windowed import (
     STEP_SAMPLES,
+    WINDOWS_DIR,
     FrontOutput,
-    StatsTable,
     WindowedDecoder,
     WindowSettings,
     speech_steps,
-    stats_from_moments,
     window_spans,
 )
+from kokoro_opt.serve.join import PAUSES, Joiner
+from kokoro_opt.voices import blend_voice, style_for
 from tests.test_passes import TOKENS, build_with
 
 LENGTHS = (TOKENS[:3], TOKENS[:12], TOKENS, TOKENS * 4)
@@ -53,9 +53,21 @@ def windowed(tiny_recipe, artifacts_root):
     return build_with(tiny_recipe, artifacts_root, "t-windows", [{"kind": "simplify"}, WINDOWS]).artifact
 
 
+def split_decoder(artifact, **variant: bool) -> WindowedDecoder:
+    """A decoder over `artifact`'s graph split here (what the windows stage writes), without statistics."""
+    graphs, _ = window_graphs(onnx.load(str(artifact.model_file)), **variant)
+    return WindowedDecoder(Synthesizer(artifact), graphs)
+
+
 @pytest.fixture(scope="module")
 def decoder(plain):
-    return WindowedDecoder(Synthesizer(plain))
+    return split_decoder(plain)
+
+
+@pytest.fixture(scope="module")
+def probe(plain):
+    synth = Synthesizer(plain)
+    return MomentsProbe(synth, onnx.load(str(plain.model_file)))
 
 
 def test_window_spans_tile_the_range_without_slivers() -> None:
@@ -75,7 +87,7 @@ def test_speech_steps_skip_the_edge_silence_the_durations_give() -> None:
     assert speech_steps(durations, [1, 2], {1: "h", 2: "i"}, 40, 60) == (0, 2 * 38)  # never past the utterance
 
 
-def test_exact_statistics_reproduce_the_whole_model(decoder, plain) -> None:
+def test_exact_statistics_reproduce_the_whole_model(decoder, probe) -> None:
     """Front + generator fed this utterance's own statistics = the unsplit model (the split loses nothing)."""
     synth = decoder.synth
     for tokens in LENGTHS:
@@ -83,19 +95,19 @@ def test_exact_statistics_reproduce_the_whole_model(decoder, plain) -> None:
         whole = synth.run_tokens(tokens, "tiny_0")
         front = decoder.front(tokens, style)
         np.testing.assert_array_equal(front.durations, whole.durations)
-        _, mean, var = decoder.exact_moments(tokens, style)
+        _, mean, var = probe.moments(tokens, style)
         audio = decoder.window(front, 0, front.steps, stats_from_moments(mean, var))
         assert len(audio) == len(whole.audio) == front.steps * STEP_SAMPLES
         np.testing.assert_allclose(audio, whole.audio, atol=2e-3 * float(np.abs(whole.audio).max()))
 
 
-def test_windows_with_enough_overlap_equal_one_window(decoder) -> None:
+def test_windows_with_enough_overlap_equal_one_window(decoder, probe) -> None:
     """Cutting into windows changes nothing once the overlap covers the generator's receptive field."""
     synth = decoder.synth
     tokens = TOKENS * 4
     style = style_for(synth.packs["tiny_0"], len(tokens))
     front = decoder.front(tokens, style)
-    stats = stats_from_moments(*decoder.exact_moments(tokens, style)[1:])
+    stats = stats_from_moments(*probe.moments(tokens, style)[1:])
     whole = decoder.window(front, 0, front.steps, stats)
     spans = window_spans(0, front.steps, 6, 16)
     assert len(spans) > 4
@@ -111,16 +123,17 @@ def test_windows_with_enough_overlap_equal_one_window(decoder) -> None:
         decoder.settings = default  # the module's other tests share this decoder
 
 
-def test_the_per_job_part_computed_once_gives_every_window_the_same_audio(decoder) -> None:
-    """Hoisting the style and statistics work out of the windows (kokoro_opt/hoisting.py) changes where it
+def test_the_per_job_part_computed_once_gives_every_window_the_same_audio(decoder, probe, plain) -> None:
+    """Hoisting the style and statistics work out of the windows (kokoro_opt/passes/hoisting.py) changes where it
     runs, not what it computes: the same windows as the generator run whole each time."""
-    per_window = WindowedDecoder(decoder.synth, settings=decoder.settings, hoisting=False)
+    per_window = split_decoder(plain, hoisting=False)
+    per_window.settings = decoder.settings
     assert decoder.constant_names and per_window.constants_session is None
     synth = decoder.synth
     tokens = TOKENS * 4
     style = style_for(synth.packs["tiny_0"], len(tokens))
     front = decoder.front(tokens, style)
-    stats = stats_from_moments(*decoder.exact_moments(tokens, style)[1:])
+    stats = stats_from_moments(*probe.moments(tokens, style)[1:])
     constants = decoder.job_constants(front, stats)
     for a, b in window_spans(0, front.steps, 6, 16):
         hoisted = decoder.window(front, a, b, stats, constants=constants)
@@ -191,7 +204,8 @@ def test_the_stage_stores_statistics_and_speaks_window_by_window(windowed, plain
     np.testing.assert_array_equal(  # the graph is the source's: evaluations and compare see the same audio
         Synthesizer(windowed).run_tokens(TOKENS, "tiny_0").audio, Synthesizer(plain).run_tokens(TOKENS, "tiny_0").audio
     )
-    table = StatsTable.load(windowed.path / STATS_FILE)
+    assert {p.name for p in (windowed.path / WINDOWS_DIR).iterdir()} == {"front.onnx", "job.onnx", "generator.onnx", STATS_FILE}
+    table = StatsTable.load(windowed.path / WINDOWS_DIR / STATS_FILE)
     assert table.voices == sorted(windowed.voice_packs()) and len(table.frames) > 1
     decoder = WindowedDecoder.of_artifact(Synthesizer(windowed))
     job = decoder.start(TOKENS * 3, windowed.voice_packs()["tiny_0"])

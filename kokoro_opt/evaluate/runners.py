@@ -22,8 +22,8 @@ from kokoro_opt.artifacts import Artifact, link_or_copy, open_artifact
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.corpus import Corpus, Utterance
 from kokoro_opt.recipe import EvaluateConfig
+from kokoro_opt.runtime.synth import runtime_problem
 from kokoro_opt.store import Store, store_of
-from kokoro_opt.synth import runtime_problem
 
 _INPUT_TYPES = ("tensor(int64)", "tensor(float)", "tensor(float)")  # (tokens, style, speed), by position
 REFERENCE_LABEL = "fp32 export"
@@ -74,7 +74,8 @@ class Runner:
 
     def _load_onnx(self, artifact: Artifact, threads: int, profile: bool) -> Callable[..., Any]:
         from kokoro_opt.runtime import open_synthesizer
-        from kokoro_opt.synth import SessionSettings, Synthesizer
+        from kokoro_opt.runtime.session import SessionSettings
+        from kokoro_opt.runtime.synth import Synthesizer
 
         synth = open_synthesizer(artifact, SessionSettings(intra_op_num_threads=threads, enable_profiling=profile))
         if isinstance(synth, Synthesizer):  # a CoreMLSynthesizer (macOS) has fixed input names
@@ -159,7 +160,7 @@ def reference_folder(artifact: Artifact) -> Path | None:
 
 
 def _onnx_runner(artifact: Artifact, label: str | None = None, reference_id: str | None = None) -> Runner:
-    from kokoro_opt.coreml_support import is_coreml_artifact
+    from kokoro_opt.runtime.coreml import is_coreml_artifact
 
     return Runner(
         label or artifact.name,

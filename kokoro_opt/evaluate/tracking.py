@@ -154,7 +154,7 @@ def _flat(prefix: str, value: Any, out: dict[str, str]) -> None:
 
 def _params(manifest: dict[str, Any], settings: dict[str, Any], threads: int, machine: dict[str, Any]) -> dict[str, str]:
     from kokoro_opt.artifacts import versions
-    from kokoro_opt.synth import SessionSettings
+    from kokoro_opt.runtime.session import SessionSettings
 
     recipe = manifest.get("recipe", {})
     out: dict[str, str] = {}

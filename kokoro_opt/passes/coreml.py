@@ -9,7 +9,7 @@ gains nothing on the Neural Engine (LSTMs do not run there). So the artifact is 
 Known traps handled: SineGen's `% 1` is replaced by `x - floor(x)` (Core ML's mod corrupted it in
 another port), and the iSTFT is the conv-based CustomSTFT. Precision is FP16 with phase-sensitive
 ops kept FP32. On Linux the stage converts, validates the spec and records op counts and precision;
-prediction needs macOS (see `kokoro_opt.coreml_runtime`).
+prediction needs macOS (see `kokoro_opt.runtime.coreml`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import torch
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
-from kokoro_opt.feeds import model_feeds
 from kokoro_opt.model import deterministic_noise, style_for
 from kokoro_opt.passes.common import copy_runtime
 from kokoro_opt.recipe import CoreMLStage
+from kokoro_opt.runtime.feeds import model_feeds
 from kokoro_opt.weights.sources import exported_kmodel
 
 # Ops whose FP16 rounding wrecks phase or level: kept in FP32.

@@ -1,6 +1,6 @@
 """edges stage: the model learns to skip decoding most of the silence at an utterance's edges, and is gated.
 
-The graph gets an `edge_keep` input (kokoro_opt/edge_capping.py) whose default changes nothing: evaluations and
+The graph gets an `edge_keep` input (kokoro_opt/passes/edge_input.py) whose default changes nothing: evaluations and
 `compare` see the artifact's own audio. The server feeds the stage's frame counts, so a job decodes
 `lead_frames` of the leading pad instead of 12-18 and `trail_frames` of the final punctuation and pad.
 The joiner trims that silence anyway (serve/join.py) and pads a seam's pause with zeros.
@@ -23,18 +23,12 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
-from kokoro_opt.edge_capping import (
-    EDGE_INPUT,
-    FRAME_SAMPLES,
-    add_edge_input,
-    edge_keep,
-    has_edge_input,
-    removed_frames,
-)
 from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import copy_runtime, set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
+from kokoro_opt.passes.edge_input import add_edge_input, has_edge_input
 from kokoro_opt.recipe import EdgesStage
+from kokoro_opt.runtime.edges import EDGE_INPUT, FRAME_SAMPLES, edge_keep, removed_frames
 
 
 def uncapped_span(audio: np.ndarray, durations: np.ndarray, keep: np.ndarray) -> np.ndarray:
@@ -60,7 +54,7 @@ def gate_cases(artifact: Artifact, count: int) -> list[tuple[str, list[int], np.
 def measure(model_file: Path, artifact: Artifact, cfg: EdgesStage) -> dict[str, Any]:
     """Capped vs uncapped speech of `model_file` on the gate's sentences: per-sentence scores and the summary."""
     from kokoro_opt.evaluate import metrics as M
-    from kokoro_opt.synth import Synthesizer
+    from kokoro_opt.runtime.synth import Synthesizer
 
     synth = Synthesizer(artifact, model_file=model_file)  # the new graph with the source's voices and vocab
     rate = synth.sample_rate

@@ -2,7 +2,7 @@
 
 Within one job the generator's style vector and its normalization statistics are fixed, so everything
 computed from them alone is the same in every window: the AdaIN gains and shifts, the Snake
-constants folded into them, the per-channel lookup tables of kokoro_opt/int8_lookup.py. In one graph
+constants folded into them, the per-channel lookup tables of kokoro_opt/passes/int8_lookup.py. In one graph
 ONNX Runtime recomputes all of it for every window (about 800 of the ~1,700 nodes a window runs).
 `hoist` cuts the generator in two:
 
@@ -33,7 +33,7 @@ def hoist(model: Any, moving: list[str], job: list[str]) -> Hoisted:
     """Cut `model` into the part computed from the `job` inputs alone and the rest (see the module docstring)."""
     import onnx
 
-    from kokoro_opt.decoder_windows import cut
+    from kokoro_opt.passes.windows_split import cut
 
     varies = dependent_tensors(model, moving)
     per_job = dependent_tensors(model, job) - varies

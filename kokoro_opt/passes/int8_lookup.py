@@ -1,6 +1,6 @@
 """Per-channel lookup tables for the elementwise chains between two INT8 convolutions.
 
-In the windowed generator (kokoro_opt/decoder_windows.py) every AdaIN normalizes with fed statistics.
+In the windowed generator (kokoro_opt/passes/windows_split.py) every AdaIN normalizes with fed statistics.
 So between a resblock's two INT8 convolutions the whole chain
 
     DequantizeLinear -> the norm (Mul, Add) -> the Snake polynomial (8 passes) -> QuantizeLinear
@@ -11,7 +11,7 @@ replaces the ~12 passes over the activations with a Cast and a GatherElements. N
 approximated: each output is what the chain gives its input level (tests/test_int8_lookup.py).
 Measured on the windowed int8-mixed: an 80-step window in 0.85-0.89x the time at 1, 2 and 4 threads
 (`benchmarks/generator_variants.py`, docs/serving.md). The tables depend on the job's style and
-statistics alone, so kokoro_opt/hoisting.py computes them once per job.
+statistics alone, so kokoro_opt/passes/hoisting.py computes them once per job.
 
 In the whole model the norms compute their statistics from the activations themselves, so the chain
 is not a fixed function there and nothing is rewritten.
@@ -108,7 +108,7 @@ def _table_nodes(
 ) -> tuple[list[Any], list[Any]]:
     """(nodes, initializers) that run the chain on every level of each channel and look the input up.
     With `channels` known the grid is a constant, so the table depends on the job's inputs alone and
-    kokoro_opt/hoisting.py computes it once per job; otherwise it takes the channel count from the input."""
+    kokoro_opt/passes/hoisting.py computes it once per job; otherwise it takes the channel count from the input."""
     from onnx import TensorProto, helper, numpy_helper
 
     levels = np.arange(LEVELS, dtype=np.uint8).view(dtype).reshape(1, 1, LEVELS)  # entry i: the level i reads as

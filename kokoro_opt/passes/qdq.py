@@ -21,10 +21,10 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.feeds import model_feeds
 from kokoro_opt.passes.clipping import input_ranges, percentile_key
 from kokoro_opt.paths import project_file
 from kokoro_opt.recipe import QuantizeStage
+from kokoro_opt.runtime.feeds import model_feeds
 from kokoro_opt.voices import style_for
 
 CALIBRATION_CORPUS = "calibration/sentences.txt"

@@ -48,7 +48,8 @@ class AudioScorer:
     """Scores a quantized variant against fp32 audio on the held-out sentences."""
 
     def __init__(self, source: Artifact, sentences: list[str], threads: int = 0) -> None:
-        from kokoro_opt.synth import SessionSettings, Synthesizer
+        from kokoro_opt.runtime.session import SessionSettings
+        from kokoro_opt.runtime.synth import Synthesizer
         from kokoro_opt.text import phonemize, tokenize
 
         self.settings = SessionSettings(intra_op_num_threads=threads)
@@ -66,7 +67,7 @@ class AudioScorer:
 
     def __call__(self, model_file: Path) -> Quality:
         from kokoro_opt.evaluate.metrics import high_band_ratio_db, pesq_wb
-        from kokoro_opt.synth import Synthesizer
+        from kokoro_opt.runtime.synth import Synthesizer
 
         variant = Synthesizer(self.source, self.settings, model_file=model_file)
         pesqs, ratios, equal, finite = [], [], 0, True

@@ -18,7 +18,7 @@ from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import copy_runtime, graph_summary
 from kokoro_opt.recipe import SimplifyStage
-from kokoro_opt.synth import GRAPH_LEVELS
+from kokoro_opt.runtime.session import GRAPH_LEVELS
 
 
 def ort_optimize(source: Path, target: Path, level: str) -> None:

@@ -1,10 +1,11 @@
-"""windows stage: statistics for decoding the generator window by window, measured and gated.
+"""windows stage: the graphs and statistics for decoding the generator window by window, measured and gated.
 
-The graph is unchanged. The stage measures, per voice, the input moments of every generator
-InstanceNorm on calibration utterances of many lengths (kokoro_opt/windowed.py, `StatsTable`), and
-stores them beside the model (`norm_stats.npz`) with the window settings (`kokoro.json`: `windows`).
-`serve --windowed` then runs the front once per job and the generator in windows, so the first
-sound waits for the front and one short window instead of the whole job.
+The model is unchanged. The stage cuts it into the graphs windowed decoding runs (kokoro_opt/passes/
+windows_split.py) and writes them into the artifact (`windows/`), measures per voice the input moments
+of every generator InstanceNorm on calibration utterances of many lengths (kokoro_opt/runtime/norm_stats.py,
+`StatsTable`) and stores them beside the graphs (`windows/norm_stats.npz`), with the window settings in
+`kokoro.json` (`windows`). `serve --windowed` then runs the front once per job and the generator in
+windows, so the first sound waits for the front and one short window instead of the whole job.
 
 Windowed audio is not the whole decoding's: a window cannot normalize over the sentence it has not
 decoded yet. The gate compares, on corpus sentences and the short-phrase slice, the windowed speech
@@ -29,7 +30,8 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import copy_runtime, set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
 from kokoro_opt.recipe import WindowsStage
-from kokoro_opt.windowed import STATS_FILE, STEP_SAMPLES, StatsTable, WindowedDecoder, WindowSettings
+from kokoro_opt.runtime.norm_stats import STATS_FILE, StatsTable
+from kokoro_opt.runtime.windowed import STEP_SAMPLES, WINDOWS_DIR, WindowedDecoder, WindowSettings
 
 PIECE_TOKENS = (12, 24, 48)  # calibration sentences are also cut into pieces of these sizes: every length is covered
 
@@ -58,7 +60,7 @@ def measure_table(
     pieces: list[list[int]],
     progress: Any = None,
 ) -> StatsTable:
-    """Per voice, `moments(token ids, style)` (e.g. `WindowedDecoder.exact_moments`) of every piece, pooled."""
+    """Per voice, `moments(token ids, style)` (e.g. `MomentsProbe.moments`) of every piece, pooled."""
     from kokoro_opt.voices import style_for
 
     samples = {}
@@ -134,27 +136,54 @@ def gate_failures(scores: dict[str, Any], cfg: WindowsStage) -> list[str]:
     ]
 
 
+class MomentsProbe:
+    """The whole model with every generator norm's input moments as extra outputs: what the table pools."""
+
+    def __init__(self, synth: Any, model: Any) -> None:
+        from kokoro_opt.passes.windows_split import moments_model
+        from kokoro_opt.runtime.session import make_session
+
+        self.synth = synth
+        self.session = make_session(moments_model(model)[0].SerializeToString(), synth.settings)
+
+    def moments(self, token_ids: list[int], style: np.ndarray, speed: float = 1.0) -> tuple[float, np.ndarray, np.ndarray]:
+        """(frames, mean, var) of every generator norm's input over this whole utterance."""
+        return utterance_moments(self.session, self.synth.feeds(token_ids, style, speed))
+
+
+def utterance_moments(session: Any, feeds: dict[str, np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
+    """(frames, mean, var) of each measured norm's input over one utterance, from a `moments_model` session."""
+    outputs = [np.asarray(x) for x in session.run(None, feeds)]
+    return float(np.sum(outputs[1])), np.concatenate(outputs[2::2]), np.concatenate(outputs[3::2])
+
+
 def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any]:
+    import onnx
     from rich.progress import Progress
 
-    from kokoro_opt.synth import Synthesizer
+    from kokoro_opt.passes.windows_split import window_graphs
+    from kokoro_opt.runtime.synth import Synthesizer
 
     started = time.perf_counter()
     copy_runtime(source, out, CARRIED)
     shutil.copy2(source.model_file, out / "model.onnx")
-    synth = Synthesizer(source)
+    synth = Synthesizer(source, load=False)
     settings = WindowSettings(cfg.first_steps, cfg.steps, cfg.overlap_steps, cfg.lead_frames, cfg.trail_frames)
+    model = onnx.load(str(source.model_file))
     try:
-        decoder = WindowedDecoder(synth, settings=settings)
+        graphs, _ = window_graphs(model)
     except KeyError as exc:
         raise UserError(
             f"the windows stage cannot find {exc} in {source.model_file.name}",
             "put windows after export-derived ONNX stages (not after coreml or ort)",
         ) from exc
+    decoder = WindowedDecoder(synth, graphs, settings=settings)
+    probe = MomentsProbe(synth, model)
+    del model
     pieces = calibration_pieces(synth.vocab, cfg.calibration_sentences)
     with Progress(transient=True) as progress:
         task = progress.add_task(f"norm statistics ({len(pieces)} utterances per voice)", total=len(synth.packs))
-        decoder.table = measure_table(decoder.exact_moments, synth.packs, pieces, lambda _: progress.advance(task))
+        decoder.table = measure_table(probe.moments, synth.packs, pieces, lambda _: progress.advance(task))
     measured = time.perf_counter() - started
     scores = measure(decoder, cfg)
     failures = gate_failures(scores, cfg)
@@ -163,10 +192,19 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any
             f"windowed decoding changes the speech beyond the budget: {'; '.join(failures)}",
             "measure the statistics on more sentences (windows.calibration_sentences) or drop the windows stage",
         )
-    decoder.table.save(out / STATS_FILE)
+    written = graphs.save(out / WINDOWS_DIR)
+    decoder.table.save(out / WINDOWS_DIR / STATS_FILE)
     set_runtime_meta(out, "windows", {k: getattr(settings, k) for k in settings.__dataclass_fields__})
     return stage_record(
-        "windows", cfg, out, started, calibration_utterances=len(pieces), statistics_seconds=round(measured, 1), gate=scores
+        "windows",
+        cfg,
+        out,
+        started,
+        graphs=written,
+        hoisted=graphs.job is not None,
+        calibration_utterances=len(pieces),
+        statistics_seconds=round(measured, 1),
+        gate=scores,
     )
 
 
@@ -176,6 +214,6 @@ PASS = Pass(
     run_windows,
     version="2",
     libraries=("onnx", "onnxruntime"),
-    produces=(*CARRIED, STATS_FILE),
+    produces=(*CARRIED, WINDOWS_DIR),
     reads=("kokoro_opt/data/eval_corpus.yaml", "calibration/sentences.txt"),
 )

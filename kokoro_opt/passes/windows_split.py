@@ -1,18 +1,18 @@
 """The graph side of the windowed decoder: the front once per sentence, the generator window by window.
 
 On CPU the generator (the upsampling HiFi-GAN half of the decoder) is 82-91% of the compute. Run whole,
-an utterance's first sound waits for all of it. `split` cuts the model into two graphs (in memory, when
-a windowed server loads; ~1 s):
+an utterance's first sound waits for all of it. `split` cuts the model into two graphs, and
+`window_graphs` makes the three the runtime loads (the `windows` stage writes them into the artifact):
 
 - the front: ALBERT, the LSTMs, the duration, F0 and energy predictors and the decoder's frame-rate
   blocks, on the whole sentence. Outputs the generator's inputs, all at its step rate.
 - the generator: the harmonic source and the generator on any span of those inputs. Its InstanceNorms
   normalize with statistics fed as `norm_stats` instead of the span's own: a window's own statistics
   are far off the sentence's (measured PESQ 2.0-2.7 on 1 s windows), per-voice statistics measured on
-  calibration utterances of about the same length are close (kokoro_opt/windowed.py, docs/serving.md).
+  calibration utterances of about the same length are close (kokoro_opt/runtime/windowed.py, docs/serving.md).
   With the statistics fed, its chains between two INT8 convolutions become per-channel lookup tables
-  (kokoro_opt/int8_lookup.py). What depends on the style and statistics alone (the norms' gains,
-  those tables) is computed once per job, not per window (kokoro_opt/hoisting.py, at load time).
+  (kokoro_opt/passes/int8_lookup.py). What depends on the style and statistics alone (the norms' gains,
+  those tables) is computed once per job, not per window (kokoro_opt/passes/hoisting.py).
 
 SineGen's phase is a running sum from the sentence's first frame. SineGen sums it per step and then
 interpolates it to audio samples, so the front stops at that per-step phase and each window turns its
@@ -24,22 +24,24 @@ wide.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from kokoro_opt.edge_capping import PREFIX as EDGES_PREFIX
-from kokoro_opt.edge_capping import SOURCE_CONSUMER, float_source
-from kokoro_opt.int8_lookup import tabulate
+from kokoro_opt.passes.edge_input import PREFIX as EDGES_PREFIX
+from kokoro_opt.passes.edge_input import SOURCE_CONSUMER, float_source
+from kokoro_opt.passes.hoisting import hoist
+from kokoro_opt.passes.int8_lookup import tabulate
+from kokoro_opt.runtime.windowed import FRONT_OUTPUTS, STATS_INPUT, WindowGraphs
+
+log = logging.getLogger(__name__)
 
 GENERATOR_ENTRY = "/decoder/generator/LeakyRelu"  # input 0: the frame-rate blocks' output, 2 steps per frame
 GENERATOR_PREFIX = "/decoder/generator/"
 F0_ENTRY = "/decoder/generator/f0_upsamp/Resize"  # input 0: F0 per step, repeated to audio samples
 SINE = "/decoder/generator/m_source/l_sin_gen/Sin"  # reads the phase interpolated to audio samples
-STATS_INPUT = "norm_stats"
-STEP_SAMPLES = 300  # audio samples per generator input step (12.5 ms at 24 kHz)
-FRONT_OUTPUTS = ("features", "f0", "phase", "decoder_style", "durations")
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,7 @@ def _bypass(model: Any, node: Any) -> None:
 def split(model: Any, lookup_tables: bool = True) -> list[Any]:
     """[front, generator with fed statistics, channels of each generator norm] from a whole-model graph.
     With fed statistics the generator's INT8 conv-to-conv chains become per-channel lookup tables
-    (kokoro_opt/int8_lookup.py: the same output, ~10% less time); `lookup_tables=False` keeps the chains."""
+    (kokoro_opt/passes/int8_lookup.py: the same output, ~10% less time); `lookup_tables=False` keeps the chains."""
     found = anchors(model)
     constants = {i.name for i in model.graph.initializer}
     inputs = [i.name for i in model.graph.input if i.name not in constants]
@@ -209,6 +211,23 @@ def split(model: Any, lookup_tables: bool = True) -> list[Any]:
     if lookup_tables:
         tabulate(generator, list(FRONT_OUTPUTS[:3]))
     return [front, generator, tuple(shapes[n] for n in found.norms)]
+
+
+def window_graphs(model: Any, lookup_tables: bool = True, hoisting: bool = True) -> tuple[WindowGraphs, tuple[int, ...]]:
+    """The graphs windowed decoding runs, serialized, and the channels of each generator norm (graph order).
+    `lookup_tables` / `hoisting` off exist to measure what each saves (benchmarks/generator_variants.py). A
+    generator whose per-job part cannot be cut out (a tensor whose type shape inference cannot tell) keeps it
+    in every window: correct, only slower (logged)."""
+    front, generator, channels = split(model, lookup_tables)
+    job = None
+    if hoisting:
+        try:
+            hoisted = hoist(generator, list(FRONT_OUTPUTS[:3]), [FRONT_OUTPUTS[3], STATS_INPUT])
+        except KeyError as exc:
+            log.warning("the generator's per-job part stays in its windows: %s not found", exc)
+        else:
+            generator, job = hoisted.window, hoisted.constants.SerializeToString()
+    return WindowGraphs(front.SerializeToString(), generator.SerializeToString(), job), channels
 
 
 def feed_norm_stats(graph: Any, channels: dict[str, int]) -> None:

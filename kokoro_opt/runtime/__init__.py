@@ -6,15 +6,15 @@ import os
 from pathlib import Path
 
 from kokoro_opt.artifacts import Artifact, open_artifact
-from kokoro_opt.coreml_runtime import CoreMLSynthesizer
-from kokoro_opt.coreml_support import is_coreml_artifact
-from kokoro_opt.synth import SessionSettings, SynthesisResult, Synthesizer
+from kokoro_opt.runtime.coreml import CoreMLSynthesizer, is_coreml_artifact
+from kokoro_opt.runtime.session import SessionSettings
+from kokoro_opt.runtime.synth import SynthesisResult, Synthesizer
 
 
 def open_synthesizer(artifact: Artifact | str | Path, settings: SessionSettings | None = None) -> Synthesizer | CoreMLSynthesizer:
     """ONNX Runtime for model.onnx / model.ort, Core ML for model.mlpackage.
 
-    A Core ML artifact that cannot run here raises `coreml_support.coreml_problem`'s UserError
+    A Core ML artifact that cannot run here raises `coreml.coreml_problem`'s UserError
     (naming the ONNX artifact to use instead) rather than reaching onnxruntime."""
     opened = artifact if isinstance(artifact, Artifact) else open_artifact(artifact)
     if is_coreml_artifact(opened):

@@ -2,100 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cache, cached_property
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact, open_artifact
-from kokoro_opt.edge_capping import EDGE_INPUT, edge_keep
 from kokoro_opt.errors import UserError
-from kokoro_opt.feeds import model_feeds
+from kokoro_opt.runtime.edges import EDGE_INPUT, edge_keep
+from kokoro_opt.runtime.feeds import model_feeds
+from kokoro_opt.runtime.session import SessionSettings, make_session
 from kokoro_opt.voices import SAMPLE_RATE, blend_voice, style_for
-
-
-@dataclass(frozen=True)
-class SessionSettings:
-    """ONNX Runtime settings; tuning writes these next to an artifact (tuned.json)."""
-
-    intra_op_num_threads: int = 0  # 0 = ORT's default (all cores)
-    inter_op_num_threads: int = 1
-    execution_mode: str = "sequential"  # or "parallel"
-    graph_optimization_level: str = "all"  # disabled | basic | extended | all
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    provider_options: tuple[dict[str, Any], ...] = field(default_factory=tuple)
-    enable_profiling: bool = False
-
-
-GRAPH_LEVELS = {
-    "disabled": "ORT_DISABLE_ALL",
-    "basic": "ORT_ENABLE_BASIC",
-    "extended": "ORT_ENABLE_EXTENDED",
-    "all": "ORT_ENABLE_ALL",
-}
-
-
-def make_session(
-    model_file: Path | bytes, settings: SessionSettings = SessionSettings(), spinning: bool = True, shared_arena: bool = False
-) -> Any:
-    """A session over a model file, or a serialized model (a graph made in memory). For sessions that take
-    turns (windowed decoding): `spinning=False`, since an idle pool's spinning threads would take the
-    cores from the one running, and `shared_arena=True`, since one arena for all of them holds the largest
-    run's activations instead of each session's (measured: 622 -> 557 MB for the front and generator)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = settings.intra_op_num_threads
-    options.inter_op_num_threads = settings.inter_op_num_threads
-    options.execution_mode = (
-        ort.ExecutionMode.ORT_PARALLEL if settings.execution_mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
-    )
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_LEVELS[settings.graph_optimization_level])
-    options.log_severity_level = 3
-    # Every job has another length: a memory pattern planned for one shape only holds extra blocks.
-    # Measured on int8-mixed (jobs of 30/80/200 tokens): peak resident memory +628 -> +448 MB, time +1-3%.
-    options.enable_mem_pattern = False
-    if settings.enable_profiling:
-        options.enable_profiling = True
-    if not spinning:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if shared_arena:
-        _register_shared_arena()
-        options.add_session_config_entry("session.use_env_allocators", "1")
-    available = set(ort.get_available_providers())
-    providers = [p for p in settings.providers if p in available] or ["CPUExecutionProvider"]
-    provider_options = list(settings.provider_options) if len(settings.provider_options) == len(providers) else None
-    model = model_file if isinstance(model_file, bytes) else str(model_file)
-    session = ort.InferenceSession(model, options, providers=providers, provider_options=provider_options)
-    release_freed_memory()
-    return session
-
-
-@cache
-def _register_shared_arena() -> None:
-    """One CPU arena in ONNX Runtime's environment, for the sessions that ask for it (once per process)."""
-    import onnxruntime as ort
-
-    cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-    ort.create_and_register_allocator(cpu, ort.OrtArenaCfg(0, -1, -1, -1))  # ORT's default arena settings
-
-
-def release_freed_memory() -> None:
-    """Hand the heap's free pages back to the OS (glibc). Loading a session frees its graph copies and
-    the weights it folded, but glibc keeps the pages: measured on int8-mixed, the session's resident
-    memory drops from +379 MB to +222 MB. A no-op where there is no glibc."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        trim = None
-    if trim is not None:
-        trim(0)
 
 
 @dataclass
@@ -156,7 +75,7 @@ class Synthesizer(Speaker):
     def __init__(
         self,
         artifact: Artifact | str | Path,
-        settings: SessionSettings = SessionSettings(),
+        settings: SessionSettings | None = None,
         model_file: Path | None = None,
         load: bool = True,
     ) -> None:
@@ -168,7 +87,7 @@ class Synthesizer(Speaker):
         self.sample_rate = int(meta.get("sample_rate", SAMPLE_RATE))
         self.audio_gain = float(meta.get("audio_gain", 1.0))
         self.packs = self.artifact.voice_packs()
-        self.settings = settings
+        self.settings = settings or SessionSettings()
         model = model_file or self.artifact.model_file
         if model.suffix == ".mlpackage":  # ORT would fail with INVALID_PROTOBUF, naming neither the cause nor the fix
             raise runtime_problem(self.artifact) or UserError(
@@ -234,6 +153,6 @@ def runtime_problem(artifact: Artifact) -> UserError | None:
     """Why `artifact` cannot run on this machine (a Core ML artifact off macOS), or None.
 
     Serve and evaluate ask before loading anything: serve refuses to start, evaluate skips it."""
-    from kokoro_opt.coreml_support import coreml_problem
+    from kokoro_opt.runtime.coreml import coreml_problem
 
     return coreml_problem(artifact)

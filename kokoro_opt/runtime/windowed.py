@@ -1,42 +1,36 @@
 """Windowed decoding at run time: the front once per sentence, the generator window by window.
 
-The graphs come from kokoro_opt/decoder_windows.py; the statistics the generator normalizes with come
-from the `windows` stage (passes/windows.py), which measured them on calibration utterances and gated
-the result against whole-sentence decoding.
+The `windows` stage (kokoro_opt/passes/windows.py) cut the graphs and wrote them into the artifact
+(`windows/`): `front` (text to the generator's per-step inputs), `job` (the generator's per-job part:
+what depends on the style and statistics alone) and `generator` (one window's audio). It also stored
+what the generator normalizes with (kokoro_opt/runtime/norm_stats.py) and gated the result against
+whole-sentence decoding. Nothing is cut when an artifact loads: the sessions read those files.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kokoro_opt.decoder_windows import FRONT_OUTPUTS, STATS_INPUT, STEP_SAMPLES, moments_model, split
-from kokoro_opt.edge_capping import final_silence_tokens
 from kokoro_opt.errors import UserError
-from kokoro_opt.feeds import model_feeds
-from kokoro_opt.hoisting import hoist
+from kokoro_opt.runtime.edges import final_silence_tokens
+from kokoro_opt.runtime.feeds import model_feeds
+from kokoro_opt.runtime.norm_stats import STATS_FILE, StatsTable
+from kokoro_opt.runtime.session import make_session
 from kokoro_opt.voices import style_for
 
-log = logging.getLogger(__name__)
-
 STEPS_PER_FRAME = 2  # the decoder's last frame-rate block upsamples by 2 before the generator
-
-
-def stats_from_moments(mean: np.ndarray, var: np.ndarray, eps: float = 1e-5) -> np.ndarray:
-    """norm_stats (2, C): the mean and 1/sqrt(var + eps)."""
-    return np.stack([mean, 1.0 / np.sqrt(np.maximum(var, 0.0) + eps)]).astype(np.float32)
-
-
-def pooled(moments: list[tuple[float, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, var) of utterances pooled, from (weight, mean, var) each: weight by frames, as one long input."""
-    total = sum(w for w, _, _ in moments)
-    mean = sum(w * m.astype(np.float64) for w, m, _ in moments) / total
-    second = sum(w * (v.astype(np.float64) + m.astype(np.float64) ** 2) for w, m, v in moments) / total
-    return mean, second - mean * mean
+STEP_SAMPLES = 300  # audio samples per generator input step (12.5 ms at 24 kHz)
+# The graphs' interface: the front's outputs (the generator's per-step inputs, then the durations), the
+# statistics input, and where the windows stage puts the graphs in an artifact.
+FRONT_OUTPUTS = ("features", "f0", "phase", "decoder_style", "durations")
+STATS_INPUT = "norm_stats"
+WINDOWS_DIR = "windows"
+FRONT_GRAPH, JOB_GRAPH, GENERATOR_GRAPH = "front", "job", "generator"
 
 
 def window_end(start: int, end: int, size: int, sliver: int) -> int:
@@ -130,75 +124,83 @@ class WindowedJob:
         return self.speech[1] - self.cursor
 
 
-def _serialized(graphs: Any, index: int) -> bytes:
-    """Graph `index` of a (front, generator, ...) list as bytes, dropping the proto from the list."""
-    data = graphs[index].SerializeToString()
-    graphs[index] = None
-    return data
+@dataclass
+class WindowGraphs:
+    """The three graphs windowed decoding runs, as files (an artifact's `windows/`, ONNX or ORT format) or
+    serialized models (made in memory by the windows stage). `job` is None when the generator's per-job part
+    could not be cut out: every window then computes it (slower, the same audio)."""
+
+    front: Path | bytes
+    generator: Path | bytes
+    job: Path | bytes | None = None
+
+    @classmethod
+    def of_folder(cls, folder: Path) -> WindowGraphs:
+        def find(name: str) -> Path | None:
+            return next((p for p in (folder / f"{name}.ort", folder / f"{name}.onnx") if p.is_file()), None)
+
+        front, generator = find(FRONT_GRAPH), find(GENERATOR_GRAPH)
+        if front is None or generator is None:
+            raise UserError(f"{folder} holds no windowed graphs", "rebuild the artifact with the windows stage")
+        return cls(front, generator, find(JOB_GRAPH))
+
+    def save(self, folder: Path) -> list[str]:
+        """Write the serialized graphs into `folder` as ONNX files; the names written."""
+        folder.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name in (FRONT_GRAPH, JOB_GRAPH, GENERATOR_GRAPH):
+            graph = getattr(self, name)
+            if graph is None:
+                continue
+            target = folder / f"{name}.onnx"
+            if isinstance(graph, bytes):
+                target.write_bytes(graph)
+            else:
+                target.write_bytes(Path(graph).read_bytes())
+            written.append(target.name)
+        return written
 
 
 class WindowedDecoder:
-    """An artifact's graph split in memory (`split`): `start` runs the front and the generator's per-job
-    part (`hoist`), `next_window` decodes one window. Statistics come from the artifact's table (`windows`
-    stage). `lookup_tables` and `hoisting` exist to measure what each saves (benchmarks/generator_variants.py)."""
+    """`start` runs a job's front and the generator's per-job part, `next_window` decodes one window, over the
+    sessions of an artifact's windowed graphs (`WindowGraphs`). Statistics come from the artifact (`windows`
+    stage)."""
 
     def __init__(
-        self,
-        synth: Any,
-        table: StatsTable | None = None,
-        settings: WindowSettings | None = None,
-        *,
-        lookup_tables: bool = True,
-        hoisting: bool = True,
+        self, synth: Any, graphs: WindowGraphs, table: StatsTable | None = None, settings: WindowSettings | None = None
     ) -> None:
-        import onnx
+        def session(graph: Path | bytes) -> Any:  # sessions that take turns share one arena and do not spin
+            return make_session(graph, synth.settings, spinning=False, shared_arena=True)
 
-        from kokoro_opt.synth import make_session
-
-        model = onnx.load(str(synth.model_file))
-        graphs = split(model, lookup_tables)
-        del model
-        self.channels = graphs[2]
         self.synth = synth
         self.table = table
         self.settings = settings or WindowSettings()
-        # the front's session before the generator is cut again: the front holds most of the weights
-        self.front_session = make_session(_serialized(graphs, 0), synth.settings, spinning=False, shared_arena=True)
-        self.constants_session: Any = None
-        self.constant_names: tuple[str, ...] = ()
-        if hoisting:
-            try:
-                hoisted = hoist(graphs[1], list(FRONT_OUTPUTS[:3]), [FRONT_OUTPUTS[3], STATS_INPUT])
-            except KeyError as exc:  # still correct, only slower: every window computes its per-job part
-                log.warning("the generator's per-job part stays in its windows: %s not found", exc)
-            else:
-                graphs[1] = hoisted.window
-                self.constant_names = hoisted.names
-                self.constants_session = make_session(
-                    hoisted.constants.SerializeToString(), synth.settings, spinning=False, shared_arena=True
-                )
-                del hoisted
-        self.generator_session = make_session(_serialized(graphs, 1), synth.settings, spinning=False, shared_arena=True)
+        self.front_session = session(graphs.front)
+        self.constants_session = session(graphs.job) if graphs.job is not None else None
+        self.constant_names: tuple[str, ...] = (
+            tuple(o.name for o in self.constants_session.get_outputs()) if self.constants_session is not None else ()
+        )
+        self.generator_session = session(graphs.generator)
         self._window_inputs = {i.name for i in self.generator_session.get_inputs()}
         self._front_inputs = [i.name for i in self.front_session.get_inputs()]
-        self._moments: Any = None
 
     @staticmethod
     def check(artifact: Any) -> None:
-        """Refuse an artifact without the `windows` stage's statistics, naming the fix."""
-        if not artifact.kokoro.get("windows") or not (artifact.path / STATS_FILE).exists():
+        """Refuse an artifact without the `windows` stage's graphs and statistics, naming the fix."""
+        folder = artifact.path / WINDOWS_DIR
+        if not artifact.kokoro.get("windows") or not (folder / STATS_FILE).exists():
             raise UserError(
-                f"{artifact.name} has no windows stage (no {STATS_FILE})",
+                f"{artifact.name} has no windows stage (no {WINDOWS_DIR}/{STATS_FILE})",
                 "serve an artifact whose recipe ends with `- kind: windows`, or drop --windowed",
             )
 
     @classmethod
-    def of_artifact(cls, synth: Any, **variant: bool) -> WindowedDecoder:
-        """The decoder with the statistics and settings the artifact's `windows` stage stored; `variant`:
-        `lookup_tables` / `hoisting` (see the class)."""
+    def of_artifact(cls, synth: Any) -> WindowedDecoder:
+        """The decoder over the graphs, statistics and settings the artifact's `windows` stage stored."""
         cls.check(synth.artifact)
-        artifact = synth.artifact
-        return cls(synth, StatsTable.load(artifact.path / STATS_FILE), WindowSettings.of(artifact.kokoro["windows"]), **variant)
+        folder = synth.artifact.path / WINDOWS_DIR
+        settings = WindowSettings.of(synth.artifact.kokoro["windows"])
+        return cls(synth, WindowGraphs.of_folder(folder), StatsTable.load(folder / STATS_FILE), settings)
 
     def front(self, token_ids: list[int], style: np.ndarray, speed: float = 1.0, run_options: Any = None) -> FrontOutput:
         feeds = model_feeds(token_ids, style, speed, names=self._front_inputs)
@@ -206,7 +208,7 @@ class WindowedDecoder:
         return FrontOutput(*outputs[:4], outputs[4].reshape(-1))
 
     def job_constants(self, front: FrontOutput, stats: np.ndarray, run_options: Any = None) -> dict[str, np.ndarray]:
-        """The generator's per-job tensors (kokoro_opt/hoisting.py); empty when not hoisting."""
+        """The generator's per-job tensors (kokoro_opt/passes/hoisting.py); empty when not hoisting."""
         if self.constants_session is None:
             return {}
         feeds = {FRONT_OUTPUTS[3]: front.decoder_style, STATS_INPUT: stats}
@@ -269,85 +271,3 @@ class WindowedDecoder:
         while not job.done:
             parts.append(self.next_window(job))
         return np.concatenate(parts), job
-
-    def exact_moments(self, token_ids: list[int], style: np.ndarray, speed: float = 1.0) -> tuple[float, np.ndarray, np.ndarray]:
-        """(frames, mean, var) of every generator norm's input over this whole utterance (what the table pools)."""
-        from kokoro_opt.synth import make_session
-
-        if self._moments is None:  # only the windows stage measures: serving never builds this graph
-            import onnx
-
-            graph = moments_model(onnx.load(str(self.synth.model_file)))[0]
-            self._moments = make_session(graph.SerializeToString(), self.synth.settings)
-        return utterance_moments(self._moments, self.synth.feeds(token_ids, style, speed))
-
-
-def utterance_moments(session: Any, feeds: dict[str, np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
-    """(frames, mean, var) of each measured norm's input over one utterance, from a `moments_model` session."""
-    outputs = [np.asarray(x) for x in session.run(None, feeds)]
-    return float(np.sum(outputs[1])), np.concatenate(outputs[2::2]), np.concatenate(outputs[3::2])
-
-
-STATS_FILE = "norm_stats.npz"
-NEIGHBOURS = 16  # calibration utterances pooled per bucket (measured: 8 / 16 / 24 by frames, docs/serving.md)
-
-
-@dataclass
-class StatsTable:
-    """Per voice, the generator norms' input moments pooled over calibration utterances of about each length.
-
-    Indexed by frames because the statistics follow an utterance's length (its share of edge silence
-    above all): pooled over every calibration sentence, 12 short phrases scored PESQ 2.0 against their
-    whole decoding; pooled over the 16 of nearest length, 3.9 (docs/serving.md)."""
-
-    voices: list[str]
-    frames: np.ndarray  # (B,) bucket centres, ascending
-    mean: np.ndarray  # (V, B, C)
-    var: np.ndarray  # (V, B, C)
-    # (the packs it was computed from, their Gram matrix): see `weights`
-    _gram: tuple[tuple[np.ndarray, ...], np.ndarray] | None = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def pool(
-        cls, samples: dict[str, list[tuple[float, np.ndarray, np.ndarray]]], buckets: int = 12, neighbours: int = NEIGHBOURS
-    ) -> StatsTable:
-        """From (frames, mean, var) per calibration utterance and voice."""
-        voices = sorted(samples)
-        lengths = np.array([f for f, _, _ in samples[voices[0]]], dtype=np.float64)
-        grid = np.unique(np.round(np.geomspace(lengths.min(), lengths.max(), buckets)))
-        mean = np.zeros((len(voices), len(grid), len(samples[voices[0]][0][1])), dtype=np.float32)
-        var = np.zeros_like(mean)
-        for v, voice in enumerate(voices):
-            rows = samples[voice]
-            for b, centre in enumerate(grid):
-                near = sorted(rows, key=lambda r: abs(np.log(r[0] / centre)))[:neighbours]
-                mean[v, b], var[v, b] = pooled(near)
-        return cls(voices, grid.astype(np.float32), mean, var)
-
-    def save(self, path: Any) -> None:
-        np.savez(path, voices=np.array(self.voices), frames=self.frames, mean=self.mean, var=self.var)
-
-    @classmethod
-    def load(cls, path: Any) -> StatsTable:
-        with np.load(path) as data:
-            return cls([str(v) for v in data["voices"]], data["frames"], data["mean"], data["var"])
-
-    def weights(self, pack: np.ndarray, packs: dict[str, np.ndarray]) -> np.ndarray:
-        """How much of each voice a pack is (a blend is a weighted sum of packs): least squares, exact for blends.
-        Solved from the normal equations, with the packs' Gram matrix kept while the same packs are passed: an
-        lstsq over the stacked packs took ~4 ms of every job's first audio (5 voices, AMD EPYC) and a 5 MB copy."""
-        given = tuple(packs[v] for v in self.voices)
-        columns = [np.asarray(p).reshape(-1) for p in given]
-        if self._gram is None or any(a is not b for a, b in zip(self._gram[0], given, strict=True)):
-            basis = np.stack(columns, axis=1).astype(np.float64)
-            self._gram = (given, basis.T @ basis)
-        target = np.asarray(pack).reshape(-1)
-        moments = np.array([c @ target for c in columns], dtype=np.float64)
-        return np.linalg.lstsq(self._gram[1], moments, rcond=None)[0]  # not solve: two equal packs make it singular
-
-    def stats(self, weights: np.ndarray, frames: float) -> np.ndarray:
-        """norm_stats for a voice mix and an utterance of `frames` frames: its nearest bucket, moments mixed."""
-        b = int(np.argmin(np.abs(np.log(self.frames / max(frames, 1.0)))))
-        mean = np.einsum("v,vc->c", weights, self.mean[:, b].astype(np.float64))
-        second = np.einsum("v,vc->c", weights, self.var[:, b].astype(np.float64) + self.mean[:, b].astype(np.float64) ** 2)
-        return stats_from_moments(mean, second - mean * mean)

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.runtime.synth import runtime_problem
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.cache import AudioCache, CacheKey
 from kokoro_opt.serve.config import ServeConfig
@@ -38,7 +39,6 @@ from kokoro_opt.serve.openai_compat import (
     validation_message,
     voice_entries,
 )
-from kokoro_opt.synth import runtime_problem
 from kokoro_opt.voices import blend_voice
 
 log = logging.getLogger("kokoro_opt.serve")

@@ -32,15 +32,16 @@ import numpy as np
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime import open_synthesizer
+from kokoro_opt.runtime.session import release_freed_memory
+from kokoro_opt.runtime.synth import Speaker, Synthesizer
+from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.config import ServeConfig, edges_missing, windows_missing
 from kokoro_opt.serve.encoders import Encoder
 from kokoro_opt.serve.join import PAUSES, Joiner, boundary
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.plan import CostModel, make_pieces, queue_seconds, smallest_heard_window, take_job, window_steps
-from kokoro_opt.synth import Speaker, Synthesizer, release_freed_memory
 from kokoro_opt.voices import style_for
-from kokoro_opt.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
 
 log = logging.getLogger("kokoro_opt.serve")
 
@@ -433,4 +434,7 @@ class Engine:
             stream.pieces.clear()
             if stream in self._streams:
                 self._streams.remove(stream)
+            # no longer counted as running once its listener can be told it ended: the next request may
+            # be picked up by another worker before this one leaves its unit
+            self._running.discard(stream)
         stream.put(error)

@@ -21,11 +21,12 @@ from typing import Any
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
+from kokoro_opt.runtime.session import SessionSettings
+from kokoro_opt.runtime.synth import Synthesizer
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.engine import FIRST_JOB_BUDGET, Engine
 from kokoro_opt.store import Store
-from kokoro_opt.synth import SessionSettings, Synthesizer
 from kokoro_opt.tuning.config import MeasureConfig
 from kokoro_opt.tuning.space import TrialSettings
 

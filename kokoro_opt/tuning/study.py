@@ -150,7 +150,7 @@ def worker_id(index: int) -> str:
 
 def trial_settings(attrs: dict[str, Any]) -> TrialSettings:
     """A trial's settings back from its user attributes (what tuned.json is written from)."""
-    from kokoro_opt.synth import SessionSettings
+    from kokoro_opt.runtime.session import SessionSettings
 
     s = attrs["settings"]
     session = {k: tuple(v) if isinstance(v, list) else v for k, v in s["session"].items()}

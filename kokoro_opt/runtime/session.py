@@ -1,0 +1,90 @@
+"""ONNX Runtime sessions as every runtime path makes them: settings, shared arena, memory handed back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """ONNX Runtime settings; tuning writes these next to an artifact (tuned.json)."""
+
+    intra_op_num_threads: int = 0  # 0 = ORT's default (all cores)
+    inter_op_num_threads: int = 1
+    execution_mode: str = "sequential"  # or "parallel"
+    graph_optimization_level: str = "all"  # disabled | basic | extended | all
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    provider_options: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    enable_profiling: bool = False
+
+
+GRAPH_LEVELS = {
+    "disabled": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+
+
+def make_session(
+    model_file: Path | bytes, settings: SessionSettings = SessionSettings(), spinning: bool = True, shared_arena: bool = False
+) -> Any:
+    """A session over a model file, or a serialized model (a graph made in memory). For sessions that take
+    turns (windowed decoding): `spinning=False`, since an idle pool's spinning threads would take the
+    cores from the one running, and `shared_arena=True`, since one arena for all of them holds the largest
+    run's activations instead of each session's (measured: 622 -> 557 MB for the front and generator)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.intra_op_num_threads
+    options.inter_op_num_threads = settings.inter_op_num_threads
+    options.execution_mode = (
+        ort.ExecutionMode.ORT_PARALLEL if settings.execution_mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+    )
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_LEVELS[settings.graph_optimization_level])
+    options.log_severity_level = 3
+    # Every job has another length: a memory pattern planned for one shape only holds extra blocks.
+    # Measured on int8-mixed (jobs of 30/80/200 tokens): peak resident memory +628 -> +448 MB, time +1-3%.
+    options.enable_mem_pattern = False
+    if settings.enable_profiling:
+        options.enable_profiling = True
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if shared_arena:
+        _register_shared_arena()
+        options.add_session_config_entry("session.use_env_allocators", "1")
+    available = set(ort.get_available_providers())
+    providers = [p for p in settings.providers if p in available] or ["CPUExecutionProvider"]
+    provider_options = list(settings.provider_options) if len(settings.provider_options) == len(providers) else None
+    model = model_file if isinstance(model_file, bytes) else str(model_file)
+    session = ort.InferenceSession(model, options, providers=providers, provider_options=provider_options)
+    release_freed_memory()
+    return session
+
+
+@cache
+def _register_shared_arena() -> None:
+    """One CPU arena in ONNX Runtime's environment, for the sessions that ask for it (once per process)."""
+    import onnxruntime as ort
+
+    cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    ort.create_and_register_allocator(cpu, ort.OrtArenaCfg(0, -1, -1, -1))  # ORT's default arena settings
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc). Loading a session frees its graph copies and
+    the weights it folded, but glibc keeps the pages: measured on int8-mixed, the session's resident
+    memory drops from +379 MB to +222 MB. A no-op where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        trim = None
+    if trim is not None:
+        trim(0)
