@@ -38,11 +38,11 @@ def main() -> None:
     from kokoro_opt.evaluate import metrics as M
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.machine import describe, fingerprint
-    from kokoro_opt.passes.windows import calibration_pieces, measure_table
-    from kokoro_opt.passes.windows_split import STATS_INPUT, feed_norm_stats, moments_model, norm_channels
+    from kokoro_opt.passes.windows import calibration_pieces, measure_table, utterance_moments
+    from kokoro_opt.passes.windows_split import feed_norm_stats, moments_model, norm_channels
     from kokoro_opt.runtime.session import make_session
     from kokoro_opt.runtime.synth import Synthesizer
-    from kokoro_opt.runtime.windowed import STEP_SAMPLES, speech_steps, utterance_moments
+    from kokoro_opt.runtime.windowed import STATS_INPUT, STEP_SAMPLES, speech_steps
     from kokoro_opt.tables import print_table
     from kokoro_opt.text import phonemize, tokenize
     from kokoro_opt.voices import style_for
