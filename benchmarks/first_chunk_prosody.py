@@ -24,7 +24,7 @@ from rich.table import Table
 from kokoro_opt.evaluate import metrics as M
 from kokoro_opt.evaluate.corpus import load_corpus
 from kokoro_opt.runtime import open_synthesizer
-from kokoro_opt.text import CONTEXT_TOKENS, chunk_text, phonemize, tokenize
+from kokoro_opt.text import CONTEXT_TOKENS, chunk_text, utterance_tokens
 
 MIN_PESQ_SECONDS = 1.0
 
@@ -70,7 +70,7 @@ def main() -> None:
     picked = []
     texts = [s.text for s in load_corpus().sentences] + Path(args.texts).read_text(encoding="utf-8").splitlines()
     for text in (t.strip() for t in texts if t.strip()):
-        ids = tokenize(phonemize(text), synth.vocab)  # the whole sentence (chunk_text would cut its first clause)
+        ids = utterance_tokens(text, synth.vocab)  # the whole sentence (chunk_text would cut its first clause)
         if max(sizes) + 8 < len(ids) <= CONTEXT_TOKENS:
             picked.append((text, ids))
         if len(picked) == args.sentences:

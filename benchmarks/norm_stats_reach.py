@@ -44,14 +44,14 @@ def main() -> None:
     from kokoro_opt.runtime.synth import Synthesizer
     from kokoro_opt.runtime.windowed import STATS_INPUT, STEP_SAMPLES, speech_steps
     from kokoro_opt.tables import print_table
-    from kokoro_opt.text import phonemize, tokenize
+    from kokoro_opt.text import utterance_tokens
     from kokoro_opt.voices import style_for
 
     synth = Synthesizer(args.artifact)
     pieces = calibration_pieces(synth.vocab, args.calibration_sentences)
     utterances = []
     for utterance in load_corpus().utterances(args.sentences, synth.voices, args.phrases):
-        tokens = tokenize(phonemize(utterance.sentence.text), synth.vocab)[:510]
+        tokens = utterance_tokens(utterance.sentence.text, synth.vocab)
         pack = synth.packs[utterance.voice]
         utterances.append((utterance.sentence.kind, tokens, pack, synth.run_tokens(tokens, pack)))
 

@@ -71,7 +71,7 @@ def main() -> None:
     at = next(i for i, entry in enumerate(chain) if entry.kind == "quantize")
     source, quantized = store.stage(chain[at - 1].kind, chain[at - 1].key), store.stage("quantize", chain[at].key)
     assert source is not None and quantized is not None, "the artifact's stage cache is incomplete: rebuild it"
-    cfg = QuantizeStage(**quantized.manifest["stage"]["config"])
+    cfg = QuantizeStage(**quantized.build.stages[-1]["config"])
     sentences = read_corpus(SENSITIVITY_CORPUS)[: cfg.sensitivity_sentences]
 
     console = Console(width=160)
@@ -90,11 +90,11 @@ def main() -> None:
     for threads in THREADS:
         add_row(f"as built, {threads} ORT threads", AudioScorer(source, sentences, threads)(quantized.model_file))
     scorer = AudioScorer(source, sentences)
-    decisions = {"int8_units": quantized.manifest["stage"]["decisions"]["int8_units"]} if args.perturb else {}
+    decisions = {"int8_units": quantized.build.stages[-1]["decisions"]["int8_units"]} if args.perturb else {}
     for seed in range(args.perturb):
         with tempfile.TemporaryDirectory(prefix="kokoro-opt-perturb-") as tmp:
             folder = Path(tmp)
-            for name in quantized.manifest["files"]:
+            for name in quantized.manifest.files:
                 if name.endswith(".json"):
                     shutil.copy2(quantized.path / name, folder / name)
             perturbed_ranges(folder, seed)

@@ -35,7 +35,7 @@ def main() -> None:
     from kokoro_opt.runtime.windowed import WindowedDecoder
 
     artifact = open_artifact(args.artifact)
-    record = artifact.manifest["stages"][-1]
+    record = artifact.build.stages[-1]
     if record["stage"] != "windows":
         raise SystemExit(f"{artifact.path} was not built with the windows stage")
     cfg = WindowsStage(**record["config"])

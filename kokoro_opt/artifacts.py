@@ -1,8 +1,10 @@
 """An artifact folder, and how one is written: atomically, under a lock, with file hashes.
 
 An artifact folder is self-contained: the model file, `voices.npz`, `kokoro.json` (vocab, sample
-rate, weights provenance) and `manifest.json`. Where folders live is the store's business
-(store.py); this module knows one folder at a time.
+rate, weights provenance), its side files, `manifest.json` (what it is: kokoro_opt/manifest.py) and
+`build.json` (what its build measured). Where folders live is the store's business (store.py); this
+module knows one folder at a time. The lock and the temporary folder of a build sit beside the store's
+folders (`.locks/`, `.tmp/`), not inside an output: an output holds its content and its records only.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from importlib import metadata
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +25,37 @@ import numpy as np
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.hashing import file_sha256
+from kokoro_opt.machine import installed_versions
+from kokoro_opt.manifest import (
+    BUILD_RECORD,
+    MANIFEST,
+    RECORD_FILES,
+    BuildRecord,
+    Capabilities,
+    FileEntry,
+    Manifest,
+    read_build_record,
+    read_manifest,
+)
 
-MANIFEST = "manifest.json"
 MODEL_FILES = ("model.onnx", "model.ort", "model.mlpackage")
+LOCKS = ".locks"
+TEMPORARY = ".tmp"
 
 
-def file_hashes(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): file_sha256(p) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+def file_hashes(folder: Path) -> dict[str, FileEntry]:
+    """Every content file under `folder` (not the manifest, not the build's records) with its sha256 and size."""
+    return {
+        p.relative_to(folder).as_posix(): FileEntry(sha256=file_sha256(p), size=p.stat().st_size)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.relative_to(folder).as_posix() not in (MANIFEST, *RECORD_FILES)
+    }
 
 
 def versions() -> dict[str, str]:
-    found = {"python": platform.python_version()}
-    for package in ("kokoro-opt", "torch", "onnx", "onnxruntime", "kokoro", "onnxslim", "coremltools"):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
+    """What a build ran with, for its record."""
+    packages = ("kokoro-opt", "torch", "onnx", "onnxruntime", "kokoro", "onnxslim", "coremltools")
+    return {"python": platform.python_version(), **installed_versions(packages)}
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -61,25 +77,34 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def build_folder(final: Path, fill: Callable[[Path], dict[str, Any]]) -> Path:
-    """Run `fill(tmp)` in a temporary sibling, write its manifest, rename into place.
+Fill = Callable[[Path], tuple[dict[str, Any], dict[str, Any]]]
 
-    A folder with a manifest is complete by construction; anything else (a killed build's
-    temporary folder) is never read and gets cleaned up by the next build of that folder.
+
+def build_folder(final: Path, fill: Fill) -> Path:
+    """Run `fill(tmp)` in a temporary folder, write the manifest and build record it returns, rename into place.
+
+    `fill` returns (manifest fields, build record); the manifest's `files` are hashed here. A folder with a
+    manifest is complete by construction; anything else (a killed build's temporary folder) is never read
+    and gets cleaned up by the next build of that folder.
     """
     if (final / MANIFEST).is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(final.parent / f".lock-{final.name}"):
+    slot = f"{final.parent.name}-{final.name}"  # unique in the store: <recipe>-<id>, _cache-<kind>-<key>
+    locks, temporary = final.parent.parent / LOCKS, final.parent.parent / TEMPORARY
+    locks.mkdir(exist_ok=True)
+    temporary.mkdir(exist_ok=True)
+    with _exclusive(locks / slot):
         if (final / MANIFEST).is_file():  # another process finished it while we waited
             return final
-        for stale in final.parent.glob(f".{final.name}-*"):
+        for stale in temporary.glob(f"{slot}-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{slot}-", dir=temporary))
         try:
-            manifest = fill(tmp)
-            manifest["files"] = file_hashes(tmp)
-            write_json_atomic(tmp / MANIFEST, manifest)
+            fields, record = fill(tmp)
+            manifest = Manifest.model_validate({**fields, "files": file_hashes(tmp)})
+            (tmp / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
+            write_json_atomic(tmp / BUILD_RECORD, BuildRecord.model_validate(record).model_dump(mode="json"))
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -104,18 +129,26 @@ def _link_file(source: str | Path, target: str | Path) -> None:
 
 @dataclass(frozen=True)
 class Artifact:
-    """A built, self-contained model folder."""
+    """A built, self-contained model folder: its manifest (what it is) and build record (what was measured)."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @property
     def id(self) -> str:
-        return str(self.manifest["id"])
+        return self.manifest.id
 
     @property
     def name(self) -> str:
-        return str(self.manifest.get("recipe", {}).get("name", self.path.parent.name))
+        return self.manifest.name or self.path.parent.name
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.manifest.capabilities
+
+    @cached_property
+    def build(self) -> BuildRecord:
+        return read_build_record(self.path)
 
     @property
     def model_file(self) -> Path:
@@ -142,5 +175,4 @@ def open_artifact(path: str | Path) -> Artifact:
             folder = builds[-1]
     if not (folder / MANIFEST).is_file():
         raise UserError(f"no artifact at {path}", "build one first: kokoro-opt build recipes/fp32.yaml")
-    manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    return Artifact(folder, manifest)
+    return Artifact(folder, read_manifest(folder))

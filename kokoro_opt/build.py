@@ -1,17 +1,24 @@
 """Run a recipe: weights -> export -> each optimisation stage, every step cached by content hash.
 
 Like Olive's passes, a stage's output folder is keyed by everything it depends on (contract.Pass:
-its config, its input's key, its code version, the data files it reads, its libraries), so a rerun
-with nothing changed reuses every folder, and changing one stage's config or data rebuilds that
+its config, its input's key, its code, the data files it reads, its libraries), so a rerun with
+nothing changed reuses every folder, and changing one stage's config, data or code rebuilds that
 stage and what follows it only. Decisions a stage measured are applied from the recipe's lock
 (locks.py) unless `reanalyze` is set or the stage's inputs changed.
+
+This module is the engine that owns the artifact folders: it gives each pass its input's runtime
+files, carries forward the side files a pass declares still true (`Pass.carries`), refuses a pass
+that wrote what it did not declare, derives each output's capabilities from the declarations and
+writes every manifest (kokoro_opt/manifest.py). Passes write their own outputs only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -23,18 +30,20 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from kokoro_opt.artifacts import Artifact, link_or_copy, versions
-from kokoro_opt.contract import Pass
+from kokoro_opt.artifacts import MODEL_FILES, Artifact, link_or_copy, versions
+from kokoro_opt.contract import Pass, check_order, declared_outputs
+from kokoro_opt.errors import UserError
 from kokoro_opt.export import PASS as EXPORT
 from kokoro_opt.hashing import content_key
 from kokoro_opt.locks import StageLock, new_entry, read_lock, read_locks, stage_slot, write_lock
 from kokoro_opt.machine import fingerprint
+from kokoro_opt.manifest import MANIFEST, RECORD_FILES, STAGE_LOG, Capabilities, ChainStep
 from kokoro_opt.passes import PASSES
 from kokoro_opt.recipe import Recipe
 from kokoro_opt.store import Store
 from kokoro_opt.weights.sources import ResolvedWeights, resolve_weights
 
-STAGE_LOG = "stage.log"
+RUNTIME_FILES = ("voices.npz", "kokoro.json")  # every artifact's: what speaking needs besides the model
 
 
 @dataclass
@@ -48,10 +57,11 @@ class BuildResult:
 @contextlib.contextmanager
 def third_party_output(log_file: Path) -> Iterator[None]:
     """What libraries print or log while a stage runs goes to the stage's log file, not the terminal:
-    Python's stdout and logging, and native code writing to file descriptor 1 (onnxsim's C++).
+    Python's stdout, stderr (progress bars such as coremltools' tqdm, warnings) and logging, and native code
+    writing to file descriptor 1 (onnxsim's C++).
 
-    Scoped: stdout and the root logger's handlers and level are restored when the stage ends. The
-    progress bar and the stage's own messages go to stderr and stay on screen."""
+    Scoped: everything is restored when the stage ends. The build's own progress bar and messages keep the
+    terminal: its console is bound to the real stderr before any stage runs (`build`)."""
     root = logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level
     sys.stdout.flush()
@@ -63,7 +73,7 @@ def third_party_output(log_file: Path) -> Iterator[None]:
         root.setLevel(logging.INFO)
         os.dup2(sink.fileno(), 1)
         try:
-            with contextlib.redirect_stdout(sink):
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
                 yield
         finally:
             sink.flush()
@@ -72,22 +82,97 @@ def third_party_output(log_file: Path) -> Iterator[None]:
             root.handlers, root.level = saved_handlers, saved_level
 
 
-def _run_stage(
-    store: Store, kind: str, key: str, fill: Callable[[Path], dict[str, Any]], log: list[dict[str, Any]], extra: dict[str, Any]
-) -> Artifact:
-    cached = store.has_stage(kind, key)
-    started = time.perf_counter()
+def chain_of(recipe: Recipe) -> list[Pass]:
+    """The recipe's passes after the export, checked against each other's declarations."""
+    unknown = [stage.kind for stage in recipe.stages if stage.kind not in PASSES]
+    if unknown:
+        raise UserError(f"recipe {recipe.name}: no stage '{unknown[0]}'", f"use one of {', '.join(sorted(PASSES))}")
+    check_order([EXPORT.kind, *(stage.kind for stage in recipe.stages)], {EXPORT.kind: EXPORT, **PASSES})
+    return [PASSES[stage.kind] for stage in recipe.stages]
 
-    def fill_with_manifest(tmp: Path) -> dict[str, Any]:
-        with third_party_output(tmp / STAGE_LOG):
-            record = fill(tmp)
-        if not (tmp / STAGE_LOG).stat().st_size:
-            (tmp / STAGE_LOG).unlink()
-        return {"id": key, "kind": kind, "stage": record, **extra, "created": datetime.now(UTC).isoformat()}
 
-    artifact = store.put_stage(kind, key, fill_with_manifest)
-    log.append({"kind": kind, "key": key, "cached": cached, "seconds": round(time.perf_counter() - started, 2)})
-    return artifact
+def _side_files(folder: Path) -> list[str]:
+    """What a folder holds besides the model, the runtime files and the records (top-level names)."""
+    plain = {*MODEL_FILES, *RUNTIME_FILES, MANIFEST, *RECORD_FILES}
+    return sorted(p.name for p in folder.iterdir() if p.name not in plain)
+
+
+def prepare_output(source: Artifact | None, out: Path) -> None:
+    """The runtime files of the input, for the pass to read and amend (kokoro.json's runtime settings)."""
+    if source is not None:
+        for name in RUNTIME_FILES:
+            shutil.copy2(source.path / name, out / name)
+
+
+def _carry(p: Pass, source: Artifact | None, out: Path) -> None:
+    """Copy the input's side files the pass declares still true, where the pass did not write them itself;
+    then refuse anything the pass wrote that it did not declare."""
+    if source is not None:
+        for name in p.carries:
+            if (source.path / name).exists() and not (out / name).exists():
+                link_or_copy(source.path / name, out / name)
+    allowed = declared_outputs(p)
+    stray = [name for name in _side_files(out) if not any(fnmatch.fnmatch(name, pattern) for pattern in allowed)]
+    if stray:
+        raise UserError(
+            f"stage '{p.kind}' wrote {stray[0]}, which it does not declare",
+            f"add it to the stage's Pass(produces=...) in kokoro_opt/passes/{p.kind}.py",
+        )
+
+
+def _capabilities(p: Pass, source: Artifact | None) -> Capabilities:
+    held = set(source.capabilities.names()) if source is not None else set()
+    return Capabilities.of((held & set(p.keeps)) | set(p.grants))
+
+
+class _Engine:
+    """One build's bookkeeping: the store, the chain so far, the steps' timings and the records."""
+
+    def __init__(self, store: Store, machine: dict[str, Any]) -> None:
+        self.store, self.machine = store, machine
+        self.chain: list[ChainStep] = []
+        self.steps: list[dict[str, Any]] = []  # {kind, key, cached, seconds}
+        self.records: list[dict[str, Any]] = []
+
+    def run(
+        self,
+        p: Pass,
+        key: str,
+        source: Artifact | None,
+        runner: Callable[[Path], dict[str, Any]],
+        reference_export: str,
+    ) -> Artifact:
+        cached = self.store.has_stage(p.kind, key)
+        started = time.perf_counter()
+        chain = [*self.chain, ChainStep(kind=p.kind, key=key)]
+
+        def fill(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+            prepare_output(source, tmp)
+            with third_party_output(tmp / STAGE_LOG):
+                record = runner(tmp)
+            if not (tmp / STAGE_LOG).stat().st_size:
+                (tmp / STAGE_LOG).unlink()
+            _carry(p, source, tmp)
+            fields = {
+                "id": key,
+                "kind": p.kind,
+                "chain": [step.model_dump() for step in chain],
+                "parent": source.id if source is not None else None,
+                "reference_export": reference_export,
+                "side_files": _side_files(tmp),
+                "capabilities": _capabilities(p, source).model_dump(),
+            }
+            return fields, {"created": _now(), "machine": self.machine, "versions": versions(), "stages": [record]}
+
+        artifact = self.store.put_stage(p.kind, key, fill)
+        self.chain = chain
+        self.steps.append({"kind": p.kind, "key": key, "cached": cached, "seconds": round(time.perf_counter() - started, 2)})
+        self.records.append(artifact.build.stages[-1] if artifact.build.stages else {"stage": p.kind})
+        return artifact
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _decision_runner(p: Pass, decisions: dict[str, Any] | None) -> Callable[[Any, Any, Path], dict[str, Any]]:
@@ -107,11 +192,11 @@ def build(
 
     `lock`: the recipe's lock file (locks.py); decisions found there are applied, new ones written."""
     console = console or Console(stderr=True)
-    store = Store(root)
-    log: list[dict[str, Any]] = []
+    console.file = console.file  # bound to the terminal now: a stage's own stderr goes to its log (third_party_output)
+    passes = chain_of(recipe)
+    engine = _Engine(Store(root), fingerprint())
     locked = read_locks(lock) if lock is not None and not reanalyze else {}
     new_locks: dict[str, StageLock] = {}
-    machine = fingerprint()
     steps = ["weights", "export", *(stage.kind for stage in recipe.stages), "package"]
     with Progress(
         SpinnerColumn(),
@@ -130,13 +215,10 @@ def build(
         weights_key = content_key(weights.sha256, weights.voices_sha256())
         decision_key = EXPORT.decision_key(recipe.export, weights_key)
         key = export_key = EXPORT.cache_key(recipe.export, weights_key)
-        export_extra = {"parent": None, "reference_export": export_key}
-        current = _run_stage(store, "export", key, lambda out: EXPORT.run(weights, recipe.export, out), log, export_extra)
-        chain = [current.manifest["stage"]]
+        current = engine.run(EXPORT, key, None, lambda out: EXPORT.run(weights, recipe.export, out), export_key)
         progress.update(task, advance=1)
-        for index, stage in enumerate(recipe.stages):
+        for index, (stage, p) in enumerate(zip(recipe.stages, passes, strict=True)):
             progress.update(task, description=f"{recipe.name}: {stage.kind}")
-            p = PASSES[stage.kind]
             decision_key = p.decision_key(stage, decision_key)
             slot = stage_slot(index, stage.kind)
             decisions = None
@@ -147,52 +229,51 @@ def build(
                     say(f"{stage.kind}: applying the decisions locked in {source_lock} (build --reanalyze to measure again)")
                 else:
                     say(f"{stage.kind}: the inputs changed since {source_lock} was written: analysing again")
-            parent_key, source, runner = key, current, _decision_runner(p, decisions)
-            key = p.cache_key(stage, parent_key, {"decisions": decisions} if decisions is not None else None)
-            extra = {"parent": parent_key, "reference_export": export_key}
-            current = _run_stage(store, stage.kind, key, lambda out, s=stage, a=source, r=runner: r(a, s, out), log, extra)
-            record = current.manifest["stage"]
-            chain.append(record)
+            source, runner = current, _decision_runner(p, decisions)
+            key = p.cache_key(stage, key, {"decisions": decisions} if decisions is not None else None)
+            current = engine.run(p, key, source, lambda out, s=stage, a=source, r=runner: r(a, s, out), export_key)
+            record = engine.records[-1]
             if p.decides and decisions is None and "decisions" in record:
-                new_locks[slot] = new_entry(decision_key, record, machine)
+                new_locks[slot] = new_entry(decision_key, record, engine.machine)
             elif p.decides and decisions is not None and record.get("decisions", decisions) != decisions:
                 # a lock from before the stage pinned more of what it measured (calibration ranges): complete it
                 new_locks[slot] = replace(locked[slot][0], decisions=record["decisions"])
             progress.update(task, advance=1)
 
         progress.update(task, description=f"{recipe.name}: package")
-        final, parent = current, (log[-2]["key"] if len(log) > 1 else None)
+        final = current
 
-        def package(out: Path) -> dict[str, Any]:
+        def package(out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             for item in final.path.iterdir():
-                if item.name != "manifest.json":
+                if item.name not in (MANIFEST, *RECORD_FILES):
                     link_or_copy(item, out / item.name)
-            return {
-                "id": key,
+            fields = {
+                **final.manifest.model_dump(mode="json", exclude={"files"}),
                 "kind": "recipe",
                 "recipe": recipe.model_dump(mode="json", by_alias=True),
                 "recipe_hash": recipe.config_hash(),
+                "decision_key": decision_key,
                 "weights": {
                     "source": weights.source,
                     "sha256": weights.sha256,
                     "int8_rounded": weights.int8_rounded,
                     "note": weights.note,
                 },
-                "stages": chain,
-                "stage_cache": log,
-                "parent": parent,
-                "reference_export": export_key,
-                "decision_key": decision_key,
-                "versions": versions(),
-                "machine": machine,
-                "created": datetime.now(UTC).isoformat(),
             }
+            record = {
+                "created": _now(),
+                "machine": engine.machine,
+                "versions": versions(),
+                "stages": engine.records,
+                "steps": engine.steps,
+            }
+            return fields, record
 
-        artifact = store.put_recipe(recipe.name, key, package)
+        artifact = engine.store.put_recipe(recipe.name, key, package)
         progress.update(task, advance=1, description=f"{recipe.name}: done")
     written = None
     if lock is not None and new_locks:
         write_lock(lock, recipe.name, {**read_lock(lock), **new_locks})
         written = lock
         console.print(f"wrote {lock}: the measured decisions; commit it so other machines build the same artifact")
-    return BuildResult(artifact=artifact, weights=weights, stages=log, lock_written=written)
+    return BuildResult(artifact=artifact, weights=weights, stages=engine.steps, lock_written=written)

@@ -138,10 +138,20 @@ def say(
     speed: Annotated[float, typer.Option(help="0.25 to 4.0")] = 1.0,
 ) -> None:
     """Speak text with an artifact and write a 24 kHz WAV."""
+    from rich.progress import Progress
+
     from kokoro_opt.audio import write_wav
     from kokoro_opt.runtime import synthesize
 
-    result = synthesize(artifact, text, voice=voice, speed=speed)
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("speaking", total=None)
+        result = synthesize(
+            artifact,
+            text,
+            voice=voice,
+            speed=speed,
+            on_chunk=lambda done, total: progress.update(task, completed=done, total=total),
+        )
     write_wav(output, result.audio, result.sample_rate)
     console.print(f"wrote {output}: {result.seconds:.2f} s of audio at {result.sample_rate} Hz")
 
@@ -300,7 +310,8 @@ def evaluate(
     """Evaluate artifacts against their fp32 reference and log each to MLflow; already-logged evaluations are skipped."""
     from kokoro_opt.evaluate.report import results_json
     from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
-    from kokoro_opt.evaluate.targets import evaluate_config, evaluation_targets
+    from kokoro_opt.evaluate.settings import evaluate_config
+    from kokoro_opt.targets import evaluation_targets
 
     overrides = {"runs": runs, "warmup": warmup, "threads": threads, "sentences": sentences, "phrases": phrases, "asr": asr}
     results: list[Any] = []
@@ -343,13 +354,13 @@ def compare(
     from kokoro_opt.artifacts import open_artifact
     from kokoro_opt.evaluate.report import DETAIL_COLUMNS, print_machine, results_json, results_table
     from kokoro_opt.evaluate.run import compare_artifacts
-    from kokoro_opt.evaluate.targets import evaluate_config
+    from kokoro_opt.evaluate.settings import evaluate_config
     from kokoro_opt.machine import fingerprint
     from kokoro_opt.store import Store
 
     chosen = [open_artifact(f) for f in folders] if folders else Store(artifacts).artifacts()
     config = evaluate_config(
-        chosen[0].manifest if chosen else {},
+        chosen[0].manifest if chosen else None,
         runs=runs, warmup=warmup, threads=threads, sentences=sentences, phrases=phrases, asr=asr,
     )  # fmt: skip
     results, png = compare_artifacts(

@@ -20,7 +20,7 @@ from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.model import SAMPLE_RATE, deterministic_noise, load_kmodel, strip_weight_norm, style_for
 from kokoro_opt.recipe import ExportConfig, ValidationConfig
-from kokoro_opt.runtime.feeds import INPUT_NAMES, OUTPUT_NAMES
+from kokoro_opt.runtime.feeds import INPUT_NAMES, OUTPUT_NAMES, feed_arrays
 from kokoro_opt.weights.sources import ResolvedWeights
 
 
@@ -98,11 +98,7 @@ def export_onnx(
     from kokoro.model import KModelForONNX
 
     wrapper = KModelForONNX(model).eval()
-    args = (
-        torch.tensor([[0, *sample_tokens, 0]], dtype=torch.long),
-        torch.from_numpy(style),
-        torch.tensor([1.0], dtype=torch.float32),
-    )
+    args = tuple(torch.from_numpy(a) for a in feed_arrays(sample_tokens, style, 1.0))
     noise = deterministic_noise() if deterministic else contextlib.nullcontext()
     with warnings.catch_warnings(), noise, torch.no_grad(), _alignment(alignment), _quiet_native_stderr():
         warnings.simplefilter("ignore")
@@ -133,14 +129,14 @@ def validate_export(
 
 def run_export(weights: ResolvedWeights, cfg: ExportConfig, out: Path) -> dict[str, Any]:
     """Fill `out` with model.onnx + runtime files; returns the stage record for the manifest."""
-    from kokoro_opt.text import phonemize, tokenize
+    from kokoro_opt.text import utterance_tokens
 
     started = time.perf_counter()
     model = strip_weight_norm(load_kmodel(weights.config, weights.model_path, disable_complex=True))
     write_runtime_files(out, weights)
     packs = weights.load_voices()
     voice = cfg.validation.voice if cfg.validation.voice in packs else sorted(packs)[0]
-    sample_tokens = tokenize(phonemize(cfg.validation.sentences[0]), weights.config["vocab"])
+    sample_tokens = utterance_tokens(cfg.validation.sentences[0], weights.config["vocab"])
     export_onnx(
         model,
         out / "model.onnx",
@@ -175,6 +171,5 @@ PASS = Pass(
     "export",
     ExportConfig,
     run_export,
-    version="2",
     libraries=("torch", "kokoro", "onnx", "onnxruntime", "transformers", "phonemizer-fork", "espeakng-loader"),
 )

@@ -18,7 +18,7 @@ import numpy as np
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.feeds import model_feeds
-from kokoro_opt.text import CONTEXT_TOKENS, chunk_text, phonemize, tokenize
+from kokoro_opt.text import CONTEXT_TOKENS, chunk_text, utterance_tokens
 from kokoro_opt.voices import style_for
 
 SENTENCES = 8  # sentences per voice and size
@@ -81,7 +81,7 @@ def distortion_by_size(
     voice_names = [v for v in load_corpus().voices if v in model.packs][:voices] or sorted(model.packs)[:voices]
     picked: list[tuple[list[int], dict[int, list[int]]]] = []
     for text in texts:
-        ids = tokenize(phonemize(text), model.vocab)  # the sentence in one piece, as evaluations speak it
+        ids = utterance_tokens(text, model.vocab)  # the sentence in one piece, as evaluations speak it
         if max(sizes) + 8 < len(ids) <= CONTEXT_TOKENS:
             firsts = {k: chunk_text(text, model.vocab, first_chunk_tokens=k, chunk_tokens=CONTEXT_TOKENS)[0] for k in sizes}
             picked.append((ids, {k: c.token_ids for k, c in firsts.items() if ids[: len(c.token_ids)] == c.token_ids}))

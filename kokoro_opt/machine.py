@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import subprocess
+from collections.abc import Iterable
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -69,13 +70,15 @@ def _darwin() -> tuple[str, set[str]]:
     return _sysctl("-n", "machdep.cpu.brand_string"), flags
 
 
-def _versions() -> dict[str, str]:
+def installed_versions(packages: Iterable[str], absent: str | None = None) -> dict[str, str]:
+    """The installed version of each package; a missing one is left out, or given as `absent`."""
     found = {}
-    for package in PACKAGES:
+    for package in packages:
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
-            continue
+            if absent is not None:
+                found[package] = absent
     return found
 
 
@@ -104,7 +107,7 @@ def _fingerprint() -> dict[str, Any]:
         "os_release": platform.release(),
         "arch": platform.machine(),
         "python": platform.python_version(),
-        "versions": _versions(),
+        "versions": installed_versions(PACKAGES),
     }
     fp["id"] = machine_id(fp)
     return fp

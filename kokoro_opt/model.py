@@ -122,6 +122,8 @@ def torch_synthesize(
     model: torch.nn.Module, token_ids: list[int], style: np.ndarray, speed: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run KModel on token ids (without pads); returns (audio, durations) as numpy."""
-    input_ids = torch.tensor([[0, *token_ids, 0]], dtype=torch.long)
+    from kokoro_opt.runtime.feeds import feed_arrays
+
+    input_ids = torch.from_numpy(feed_arrays(token_ids, style, speed)[0])
     audio, durations = model.forward_with_tokens(input_ids, torch.from_numpy(style), speed)
     return audio.squeeze().numpy().astype(np.float32), durations.reshape(-1).numpy().astype(np.int64)

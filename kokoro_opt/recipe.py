@@ -176,20 +176,36 @@ class Fp16Stage(Strict):
     )
 
 
-class EdgesStage(Strict):
-    """Lets the server skip decoding most of the silence Kokoro puts at an utterance's edges (passes/edges.py)."""
+Pesq = Annotated[float, Field(ge=1.0, le=4.64)]
+Sentences = Annotated[int, Field(ge=2, le=48, description="corpus sentences the gate compares")]
+Phrases = Annotated[int, Field(ge=0, le=48, description="at most this many corpus short phrases (27) the gate compares too")]
+HighBandDb = Annotated[float, Field(gt=0.0, description="|4-12 kHz energy share change| per utterance, in dB")]
+
+
+class SpeechGate(Strict):
+    """A stage's gate: its speech against the same model's reference speech (passes/speech_gate.py), on corpus
+    sentences and the short-phrase slice, each kind held to its own mean, and every utterance to a floor."""
+
+    check_sentences: Sentences = 8
+    check_phrases: Phrases = 48
+    min_pesq: Pesq = Field(3.9, description="mean PESQ-WB on the sentences")
+    min_sentence_pesq: Pesq = Field(3.4, description="PESQ-WB of the worst utterance, sentence or phrase")
+    min_phrase_pesq: Pesq = Field(3.6, description="mean PESQ-WB on the short phrases")
+    max_high_band_db: HighBandDb = 1.0
+
+
+class EdgesStage(SpeechGate):
+    """Lets the server skip decoding most of the silence Kokoro puts at an utterance's edges (passes/edges.py);
+    gated: capped vs uncapped speech."""
 
     kind: Literal["edges"]
     lead_frames: int = Field(6, ge=1, le=40, description="frames (25 ms) of the leading pad token the decoder keeps")
     trail_frames: int = Field(8, ge=1, le=60, description="frames of the final punctuation and pad the decoder keeps")
-    check_sentences: int = Field(8, ge=2, le=48, description="corpus sentences the gate compares, capped vs uncapped")
-    min_pesq: float = Field(3.9, ge=1.0, le=4.64, description="mean PESQ-WB of the capped speech vs the uncapped")
-    min_sentence_pesq: float = Field(3.4, ge=1.0, le=4.64)
-    max_high_band_db: float = Field(1.0, gt=0.0, description="|4-12 kHz energy share change| per sentence, in dB")
 
 
-class WindowsStage(Strict):
-    """Statistics and a gate for decoding the generator in windows after one front run (passes/windows.py)."""
+class WindowsStage(SpeechGate):
+    """Graphs, statistics and a gate for decoding the generator in windows after one front run (passes/windows.py);
+    gated: windowed vs whole decoding of the same model."""
 
     kind: Literal["windows"]
     first_steps: int = Field(12, ge=4, le=400, description="generator steps (12.5 ms) in a new listener's first window, at least")
@@ -198,13 +214,11 @@ class WindowsStage(Strict):
     lead_frames: int = Field(2, ge=1, le=40, description="frames (25 ms) of the leading pad decoded before the speech")
     trail_frames: int = Field(6, ge=1, le=60, description="frames of the final pause decoded after the speech")
     calibration_sentences: int = Field(6, ge=1, le=32, description="calibration sentences (whole and in pieces) per voice")
-    check_sentences: int = Field(8, ge=2, le=48, description="corpus sentences the gate compares, windowed vs whole")
-    check_phrases: int = Field(48, ge=0, le=48, description="at most this many corpus short phrases (27) the gate compares too")
     # measured on int8-mixed (docs/serving.md): 3.89 / 3.62 / 3.80 / 5.9 dB
-    min_pesq: float = Field(3.7, ge=1.0, le=4.64, description="mean PESQ-WB of windowed vs whole speech, sentences")
-    min_sentence_pesq: float = Field(3.4, ge=1.0, le=4.64)
-    min_phrase_pesq: float = Field(3.6, ge=1.0, le=4.64, description="mean PESQ-WB on the short phrases")
-    max_high_band_db: float = Field(8.0, gt=0.0, description="|4-12 kHz energy share change| per utterance, in dB")
+    min_pesq: Pesq = 3.7
+    min_sentence_pesq: Pesq = 2.9
+    min_phrase_pesq: Pesq = 3.6
+    max_high_band_db: HighBandDb = 8.0
 
 
 class OrtFormatStage(Strict):
@@ -274,8 +288,6 @@ class Recipe(Strict):
             for stage in self.stages[: kinds.index("edges")]
         ):  # measured: on CPUs without FP16 kernels its Slices move ORT's inserted Casts, and the unfed audio moves 15%
             raise ValueError("stage 'edges' cannot follow FP16 conversion (stage 'fp16' or fallback_precision 'fp16')")
-        if "windows" in kinds and kinds.index("windows") != len(kinds) - 1:  # a later stage would drop its table
-            raise ValueError("stage 'windows' must be the last stage: later stages do not carry its statistics")
         return self
 
     def config_hash(self) -> str:

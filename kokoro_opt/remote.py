@@ -22,17 +22,18 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kokoro_opt.artifacts import MANIFEST, Artifact, build_folder, file_hashes, open_artifact
+from kokoro_opt.artifacts import Artifact, build_folder, file_hashes, open_artifact
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.tracking import (
     EXPERIMENT_PREFIX,
     KIND_TAG,
     _client,
     _experiment,
-    _sqlite_path,
+    existing_client,
     machine_tags,
     resolve_tracking_uri,
 )
+from kokoro_opt.manifest import BUILD_RECORD, MANIFEST, Manifest, parse_manifest, read_build_record
 from kokoro_opt.store import Store, stage_chain
 
 EXPERIMENT = EXPERIMENT_PREFIX + "artifacts"
@@ -40,18 +41,18 @@ PUSHED_KIND = "artifact"
 Say = Callable[[str], None]
 
 
-def verify_folder(folder: Path, manifest: dict[str, Any], origin: str) -> None:
+def verify_folder(folder: Path, manifest: Manifest, origin: str) -> None:
     """Every file the manifest lists, with its sha256, and nothing else; UserError naming the first problem."""
-    expected: dict[str, str] = manifest.get("files") or {}
+    expected = manifest.files
     if not expected:
         raise UserError(f"{origin}: its manifest lists no file hashes", "push it again with this version of kokoro-opt")
     found = file_hashes(folder)
     hint = "the copy was changed or damaged: push it again from the machine that built it (kokoro-opt push)"
-    for name, digest in sorted(expected.items()):
+    for name, entry in sorted(expected.items()):
         if name not in found:
             raise UserError(f"{origin}: {name} is missing", hint)
-        if found[name] != digest:
-            problem = f"{name} does not match its manifest (sha256 {found[name][:12]}... != {digest[:12]}...)"
+        if found[name].sha256 != entry.sha256:
+            problem = f"{name} does not match its manifest (sha256 {found[name].sha256[:12]}... != {entry.sha256[:12]}...)"
             raise UserError(f"{origin}: {problem}", hint)
     extra = sorted(set(found) - set(expected))
     if extra:
@@ -60,7 +61,7 @@ def verify_folder(folder: Path, manifest: dict[str, Any], origin: str) -> None:
 
 def _label(artifact: Artifact) -> str:
     """A recipe artifact's recipe name; a stage output's kind (the fp32 export an artifact was built from)."""
-    return artifact.name if artifact.manifest.get("recipe") else str(artifact.manifest.get("kind") or "stage")
+    return artifact.name if artifact.manifest.recipe else artifact.manifest.kind
 
 
 def _store_place(folder: Path) -> str:
@@ -94,7 +95,7 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path
         "artifact_id": artifact.id,
         "artifact_name": _label(artifact),
         "store_place": _store_place(artifact.path),
-        **machine_tags(artifact.manifest.get("machine") or fingerprint()),
+        **machine_tags(artifact.build.machine or fingerprint()),
     }
     size = sum(p.stat().st_size for p in artifact.path.rglob("*") if p.is_file())
     say(f"pushing {_label(artifact)} {artifact.id} ({size / 1e6:.0f} MB) to {uri}")
@@ -138,20 +139,21 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
         verify_folder(local.path, local.manifest, f"artifact {artifact_id} at {final}")
         return local
 
-    def fill(tmp: Path) -> dict[str, Any]:
+    def fill(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         say(f"fetching {tags.get('artifact_name', '?')} {artifact_id} from MLflow run {run.info.run_id}")
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=root) as download:
             folder = Path(client.download_artifacts(run.info.run_id, FOLDER, download))
             if not (folder / MANIFEST).is_file():
                 raise UserError(f"{origin}: no {MANIFEST} in its files", "push it again with this version of kokoro-opt")
-            manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-            if manifest.get("id") != artifact_id:
-                raise UserError(f"{origin}: its manifest is for artifact {manifest.get('id')}", "push it again")
+            manifest = parse_manifest(_read_json(folder / MANIFEST, origin), origin)
+            if manifest.id != artifact_id:
+                raise UserError(f"{origin}: its manifest is for artifact {manifest.id}", "push it again")
             verify_folder(folder, manifest, origin)
+            record = read_build_record(folder).model_dump(mode="json")
             for item in folder.iterdir():
-                if item.name != MANIFEST:
+                if item.name not in (MANIFEST, BUILD_RECORD):
                     shutil.move(str(item), tmp / item.name)
-        return {k: v for k, v in manifest.items() if k != "files"}  # build_folder hashes the files again
+        return manifest.model_dump(mode="json", exclude={"files"}), record  # build_folder hashes the files again
 
     root.mkdir(parents=True, exist_ok=True)
     return open_artifact(build_folder(final, fill))
@@ -160,11 +162,10 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
 def fetch_artifact(spec: str, root: Path, tracking_uri: str | None = None, say: Say = print) -> Artifact | None:
     """The pushed artifact whose id starts with `spec`, fetched into `root` with its fp32 export and
     verified; None when the tracking store has no such artifact."""
-    uri = resolve_tracking_uri(tracking_uri)
-    db = _sqlite_path(uri)
-    if db is not None and not db.exists():
-        return None  # nothing pushed: do not create an empty store just to look
-    client = _client(uri)
+    opened = existing_client(tracking_uri)
+    if opened is None:
+        return None  # nothing pushed yet
+    uri, client = opened
     runs = _pushed_runs(client, spec, exact=False)
     ids = sorted({r.data.tags["artifact_id"] for r in runs})
     if not ids:
@@ -182,3 +183,10 @@ def fetch_artifact(spec: str, root: Path, tracking_uri: str | None = None, say: 
         else:
             say(f"its fp32 export {key} was not pushed: it can be served here, not scored against fp32")
     return artifact
+
+
+def _read_json(path: Path, origin: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{origin}: {path.name} is not readable JSON ({exc})", "push it again") from None

@@ -27,8 +27,8 @@ from typing import Any
 
 from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.errors import UserError
+from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.runtime.session import SessionSettings
-from kokoro_opt.runtime.synth import runtime_problem
 from kokoro_opt.store import Store
 
 QUALITY_BUDGET_PESQ = 3.8
@@ -66,6 +66,10 @@ def tuned_selection(root: Path, notes: list[str] | None = None) -> Selection | N
                 f"{path} was tuned on another machine ({tuned_on.get('cpu', '?')}, id {tuned_on.get('id', '?')}): not "
                 f"applied here; tune here with kokoro-opt tune <recipe> --artifacts {root}"
             )
+        return None
+    if not tuned.get("applied", True):  # measured side by side, the winner was not sooner than the defaults
+        if notes is not None:
+            notes.append(f"{path}: {tuned.get('not_applied', 'its settings did not beat the defaults')}: the defaults serve")
         return None
     artifact = _by_id(root, tuned["artifact_id"])
     if artifact is None:

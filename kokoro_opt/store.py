@@ -5,39 +5,27 @@
     <root>/_peers/<name>/           models kokoro-opt did not build (kokoro-onnx's int8), for comparison
 
 Every folder is written by `artifacts.build_folder` (temporary folder, rename, lock, file hashes)
-and holds a manifest.json. A recipe manifest carries the stage chain (`stage_cache`), its parent
-(the stage output before the last), its reference export and the machine it was built on.
+and holds a manifest.json (kokoro_opt/manifest.py): the stage chain, the parent (the stage output
+before the last), the reference export; its build.json records what the build measured and where.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from kokoro_opt.artifacts import MANIFEST, Artifact, build_folder, open_artifact
+from kokoro_opt.artifacts import Artifact, Fill, build_folder, open_artifact
+from kokoro_opt.errors import UserError
+from kokoro_opt.manifest import MANIFEST, ChainStep
 
 STAGE_CACHE = "_cache"
 PEERS = "_peers"
 
 
-@dataclass(frozen=True)
-class StageEntry:
-    """One step of a recipe's chain as the manifest records it."""
-
-    kind: str
-    key: str
-    cached: bool = False
-    seconds: float = 0.0
-
-    @classmethod
-    def of(cls, entry: dict[str, Any]) -> StageEntry:
-        return cls(str(entry["kind"]), str(entry["key"]), bool(entry.get("cached", False)), float(entry.get("seconds", 0.0)))
-
-
-def stage_chain(artifact: Artifact) -> list[StageEntry]:
-    return [StageEntry.of(e) for e in artifact.manifest.get("stage_cache") or []]
+def stage_chain(artifact: Artifact) -> list[ChainStep]:
+    return list(artifact.manifest.chain)
 
 
 @dataclass(frozen=True)
@@ -60,25 +48,23 @@ class Store:
         folder = self.stage_path(kind, key)
         return open_artifact(folder) if (folder / MANIFEST).is_file() else None
 
-    def put_stage(self, kind: str, key: str, fill: Callable[[Path], dict[str, Any]]) -> Artifact:
+    def put_stage(self, kind: str, key: str, fill: Fill) -> Artifact:
         return open_artifact(build_folder(self.stage_path(kind, key), fill))
 
-    def put_recipe(self, recipe: str, key: str, fill: Callable[[Path], dict[str, Any]]) -> Artifact:
+    def put_recipe(self, recipe: str, key: str, fill: Fill) -> Artifact:
         return open_artifact(build_folder(self.recipe_path(recipe, key), fill))
 
-    def put_peer(self, name: str, fill: Callable[[Path], dict[str, Any]]) -> Artifact:
+    def put_peer(self, name: str, fill: Fill) -> Artifact:
         return open_artifact(build_folder(self.peer_path(name), fill))
 
     def exports(self) -> list[Artifact]:
         """Every cached export, newest first."""
         found = sorted((self.root / STAGE_CACHE).glob("export-*/" + MANIFEST), key=lambda p: p.stat().st_mtime, reverse=True)
-        return [open_artifact(p.parent) for p in found]
+        return _readable(p.parent for p in found)
 
     def artifacts(self) -> list[Artifact]:
         """Every recipe artifact (not the stage cache, not peers), newest last."""
-        found = [
-            open_artifact(p.parent) for p in self.root.glob("*/*/" + MANIFEST) if not p.parent.parent.name.startswith(("_", "."))
-        ]
+        found = _readable(p.parent for p in self.root.glob("*/*/" + MANIFEST) if not p.parent.parent.name.startswith(("_", ".")))
         return sorted(found, key=lambda a: a.path.stat().st_mtime)
 
     def reference_export(self, artifact: Artifact) -> Artifact | None:
@@ -92,6 +78,16 @@ class Store:
         """The stage output the artifact's last stage read (an .ort artifact's ONNX source)."""
         chain = stage_chain(artifact)
         return self.stage(chain[-2].kind, chain[-2].key) if len(chain) >= 2 else None
+
+
+def _readable(folders: Iterable[Path]) -> list[Artifact]:
+    """The folders whose manifest this version reads; one written by an older kokoro-opt (another manifest
+    format) is passed over: its cache key no longer matches anything a build makes, so a build makes it anew."""
+    found = []
+    for folder in folders:
+        with contextlib.suppress(UserError):
+            found.append(open_artifact(folder))
+    return found
 
 
 def store_of(artifact: Artifact) -> Store:

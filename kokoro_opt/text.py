@@ -127,6 +127,11 @@ def tokenize(phonemes: str, vocab: dict[str, int]) -> list[int]:
     return [i for i in map(get, phonemes) if i is not None]
 
 
+def utterance_tokens(text: str, vocab: dict[str, int], limit: int = CONTEXT_TOKENS) -> list[int]:
+    """One utterance's token ids, whole (not chunked), at most `limit` of them (the model's context)."""
+    return tokenize(phonemize(text), vocab)[:limit]
+
+
 # ---- splitting ------------------------------------------------------------------------------------------
 
 _CLOSERS = "\"”’')]"

@@ -39,12 +39,12 @@ class Case:
 
 def validation_cases(cfg: ValidationConfig, vocab: dict[str, int], packs: dict[str, np.ndarray]) -> list[Case]:
     """Sentence i at speed i mod len(speeds): a graph that ignores `speed` cannot pass."""
-    from kokoro_opt.text import phonemize, tokenize
+    from kokoro_opt.text import utterance_tokens
     from kokoro_opt.voices import style_for
 
     cases = []
     for i, sentence in enumerate(cfg.sentences):
-        tokens = tokenize(phonemize(sentence), vocab)
+        tokens = utterance_tokens(sentence, vocab)
         cases.append(Case(sentence, tokens, style_for(packs[cfg.voice], len(tokens)), cfg.speeds[i % len(cfg.speeds)]))
     return cases
 

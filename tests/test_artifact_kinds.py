@@ -88,7 +88,7 @@ def squashed(text: str) -> str:
 
 def assert_refused(output: str, coreml: Artifact) -> None:
     """One clear line: Core ML needs macOS, use the ONNX artifact it was converted from. No traceback."""
-    from kokoro_opt.runtime.coreml import converted_from
+    from kokoro_opt.runtime.availability import converted_from
 
     source = converted_from(coreml)
     assert source is not None
@@ -100,7 +100,7 @@ def assert_refused(output: str, coreml: Artifact) -> None:
 def test_the_coreml_source_is_the_onnx_it_was_converted_from(kinds: dict[str, Artifact]) -> None:
     pytest.importorskip("coremltools")
     from kokoro_opt.artifacts import open_artifact
-    from kokoro_opt.runtime.coreml import converted_from
+    from kokoro_opt.runtime.availability import converted_from
 
     source = converted_from(kinds["coreml"])
     assert source is not None and open_artifact(source).id == kinds["onnx"].id
@@ -110,7 +110,8 @@ def test_the_coreml_source_is_the_onnx_it_was_converted_from(kinds: dict[str, Ar
 def test_no_loader_hands_model_mlpackage_to_onnx_runtime(kinds: dict[str, Artifact]) -> None:
     pytest.importorskip("coremltools")
     from kokoro_opt.runtime import open_synthesizer
-    from kokoro_opt.runtime.synth import Synthesizer, runtime_problem
+    from kokoro_opt.runtime.availability import runtime_problem
+    from kokoro_opt.runtime.synth import Synthesizer
 
     coreml = kinds["coreml"]
     for load in (open_synthesizer, Synthesizer):

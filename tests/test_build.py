@@ -20,16 +20,18 @@ ROOT = Path(__file__).parent.parent
 
 
 def test_export_writes_a_complete_manifest(tiny_artifact) -> None:
-    manifest = tiny_artifact.manifest
-    assert manifest["id"] == tiny_artifact.path.name
-    assert manifest["weights"]["source"] == "tiny" and len(manifest["weights"]["sha256"]) == 64
-    assert {"torch", "onnx", "onnxruntime", "kokoro"} <= set(manifest["versions"])
-    export = manifest["stages"][0]
+    manifest, record = tiny_artifact.manifest, tiny_artifact.build
+    assert manifest.id == tiny_artifact.path.name and manifest.kind == "recipe"
+    assert manifest.weights.source == "tiny" and len(manifest.weights.sha256) == 64
+    assert {"torch", "onnx", "onnxruntime", "kokoro"} <= set(record.versions)
+    export = record.stages[0]
     assert export["stage"] == "export" and export["config"]["opset"] == 17
     assert export["noise"].startswith("deterministic")
     assert export["validation"]["durations_equal"] is True
-    for name, digest in manifest["files"].items():
-        assert len(digest) == 64 and (tiny_artifact.path / name).is_file()
+    for name, entry in manifest.files.items():
+        path = tiny_artifact.path / name
+        assert path.is_file() and entry.size == path.stat().st_size and len(entry.sha256) == 64
+    assert "build.json" not in manifest.files and record.created and record.machine["id"]
 
 
 def test_exported_graph_has_dynamic_tokens_and_no_random_ops(tiny_artifact) -> None:
@@ -72,22 +74,26 @@ def test_rebuild_is_a_cache_hit_and_a_changed_stage_rebuilds_only_itself(
 
 
 def test_build_folder_is_atomic(tmp_path: Path) -> None:
-    final = tmp_path / "thing"
+    """A killed fill leaves nothing in the output's place; its lock and temporary folder live beside the
+    store's folders (`.locks/`, `.tmp/`), never inside an output that DVC or a reader hashes."""
+    final = tmp_path / "recipe" / "thing"
 
-    def crash(out: Path) -> dict:
+    def crash(out: Path) -> tuple[dict, dict]:
         (out / "model.onnx").write_bytes(b"half")
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         build_folder(final, crash)
-    assert not final.exists() and [p.name for p in tmp_path.iterdir()] == [".lock-thing"]
+    assert not final.exists() and list((tmp_path / "recipe").iterdir()) == [] and list((tmp_path / ".tmp").iterdir()) == []
 
-    def ok(out: Path) -> dict:
+    def ok(out: Path) -> tuple[dict, dict]:
         (out / "model.onnx").write_bytes(b"whole")
-        return {"id": "thing"}
+        return {"id": "thing", "kind": "test"}, {"created": "now"}
 
     build_folder(final, ok)
-    assert json.loads((final / "manifest.json").read_text())["files"]["model.onnx"]
+    assert sorted(p.name for p in (tmp_path / "recipe").iterdir()) == ["thing"]
+    manifest = json.loads((final / "manifest.json").read_text())
+    assert manifest["files"]["model.onnx"]["size"] == 5 and json.loads((final / "build.json").read_text())["created"] == "now"
 
 
 def test_a_killed_build_leaves_nothing_and_resumes(tmp_path: Path) -> None:
@@ -108,16 +114,17 @@ def test_a_killed_build_leaves_nothing_and_resumes(tmp_path: Path) -> None:
     import time
 
     start = time.time()
-    while time.time() - start < deadline and not list((tmp_path / "_cache").glob(".export-*")):
+    while time.time() - start < deadline and not list((tmp_path / ".tmp").glob("_cache-export-*")):
         time.sleep(0.2)
     proc.kill()
     proc.wait()
+    assert list(tmp_path.glob(".tmp/_cache-export-*")), "the build was not killed mid-export"
     assert not list(tmp_path.glob("_cache/export-*/manifest.json"))
     assert not (tmp_path / "tiny").exists()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert open_artifact(tmp_path / "tiny").manifest["weights"]["source"] == "tiny"
-    assert not list(tmp_path.glob("_cache/.export-*"))
+    assert open_artifact(tmp_path / "tiny").manifest.weights.source == "tiny"
+    assert not list(tmp_path.glob(".tmp/*"))  # the killed build's temporary folder is gone
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

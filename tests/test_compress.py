@@ -164,7 +164,7 @@ def test_weights_of_sensitive_blocks_are_never_rounded() -> None:
 
 def test_compress_stage_on_the_tiny_kokoro(tiny_recipe, artifacts_root, tiny_artifact) -> None:
     result = build_with(tiny_recipe, artifacts_root, "t-compress", [{"kind": "compress", "min_elements": 4096}])
-    record = result.artifact.manifest["stages"][-1]
+    record = result.artifact.build.stages[-1]
     assert record["weights"]["rounded"] > 0 and record["weights"]["mb_after"] < record["weights"]["mb_before"] / 3
     assert result.artifact.model_file.stat().st_size < tiny_artifact.model_file.stat().st_size
     test = Synthesizer(result.artifact).run_tokens(TOKENS, "tiny_0")

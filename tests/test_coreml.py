@@ -8,7 +8,8 @@ import platform
 import pytest
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.runtime.coreml import CoreMLSynthesizer, coreml_unavailable_reason
+from kokoro_opt.runtime.availability import coreml_unavailable_reason
+from kokoro_opt.runtime.coreml import CoreMLSynthesizer
 
 pytest.importorskip("coremltools")
 
@@ -24,7 +25,7 @@ def coreml_artifact(tiny_recipe, artifacts_root):
 
 
 def test_conversion_records_the_split_ops_and_precision(coreml_artifact) -> None:
-    record = coreml_artifact.manifest["stages"][-1]
+    record = coreml_artifact.build.stages[-1]
     assert (coreml_artifact.path / "model.mlpackage").is_dir() and (coreml_artifact.path / "front.onnx").is_file()
     assert record["op_counts"]["conv"] > 10 and "sin" in record["op_counts"]
     assert "mod" not in record["op_counts"]  # SineGen's % 1 was rewritten as x - floor(x)

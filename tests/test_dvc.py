@@ -81,6 +81,13 @@ def test_dvc_repro_in_a_git_checkout(tmp_path: Path) -> None:
     run(git, "-c", "commit.gpgsign=false", "commit", "-q", "-m", "dvc.lock")
     assert run(git, "status", "--porcelain", "--untracked-files=all").stdout == ""
 
+    # Built again from nothing, at another time: the outputs hash by content only (the build's records and
+    # locks are not content), so the committed lock still matches, as another machine's identical build would.
+    shutil.rmtree(tmp_path / "artifacts")
+    assert "Running stage 'tiny'" in run(dvc, "repro", "tiny").stdout
+    assert run(git, "status", "--porcelain", "--untracked-files=all").stdout == ""
+    assert "didn't change" in run(dvc, "repro", "tiny").stdout
+
     recipe = tmp_path / "recipes" / "tiny.yaml"
     recipe.write_text(recipe.read_text() + "\n# touched\n")
     assert "Running stage 'tiny'" in run(dvc, "repro", "tiny").stdout

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.passes.edges import gate_failures
+from kokoro_opt.passes.speech_gate import gate_failures
 from kokoro_opt.recipe import EdgesStage
 from kokoro_opt.runtime.edges import EDGE_INPUT, FRAME_SAMPLES, KEEP_ALL, edge_keep, final_silence_tokens, removed_frames
 from kokoro_opt.runtime.synth import Synthesizer
@@ -87,12 +87,13 @@ def test_the_trailing_cut_leaves_at_least_one_frame() -> None:
 
 def test_the_gate_names_each_budget_it_misses() -> None:
     cfg = EdgesStage(kind="edges")
-    good = {"pesq_mean": 4.16, "pesq_min": 3.82, "high_band_db_max": 0.47}
+    good = {"pesq_mean": 4.16, "utterance_pesq_min": 3.82, "phrase_pesq_mean": 3.9, "high_band_db_max": 0.47}
     assert gate_failures(good, cfg) == []
-    bad = gate_failures({"pesq_mean": 3.5, "pesq_min": 2.9, "high_band_db_max": 1.5}, cfg)
-    assert [r.split(" ")[0] for r in bad] == ["mean", "worst", "4-12"]
-    assert all(name in " ".join(bad) for name in ("min_pesq", "min_sentence_pesq", "max_high_band_db"))
-    assert gate_failures({"pesq_mean": None, "pesq_min": None, "high_band_db_max": 0.0}, cfg) == []
+    bad = gate_failures({"pesq_mean": 3.5, "utterance_pesq_min": 2.9, "phrase_pesq_mean": 3.0, "high_band_db_max": 1.5}, cfg)
+    assert [r.split(" ")[0] for r in bad] == ["mean", "worst", "phrase", "4-12"]
+    assert all(name in " ".join(bad) for name in ("min_pesq", "min_sentence_pesq", "min_phrase_pesq", "max_high_band_db"))
+    unscored = {"pesq_mean": None, "utterance_pesq_min": None, "phrase_pesq_mean": None, "high_band_db_max": 0.0}
+    assert gate_failures(unscored, cfg) == []
 
 
 def test_serving_with_capped_edges_needs_the_stage(plain, capped) -> None:

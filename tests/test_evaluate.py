@@ -273,7 +273,7 @@ def test_kokoro_onnx_int8_is_imported_as_an_external_artifact(artifacts_root: Pa
     from kokoro_opt.text import phonemize, tokenize
 
     peer = import_kokoro_onnx(artifacts_root)
-    assert peer.manifest["external"] and peer.kokoro["audio_gain"] == 1.5 and peer.name == PEER_INT8
+    assert peer.manifest.external and peer.kokoro["audio_gain"] == 1.5 and peer.name == PEER_INT8
     assert import_kokoro_onnx(artifacts_root).path == peer.path  # built once
     runner = Runner(peer.name, peer.id, "onnx", peer.path, peer.manifest, external=True).load(threads=2)  # checks input dtypes
     assert [i.name for i in runner.session.get_inputs()] == ["tokens", "style", "speed"]

@@ -33,14 +33,14 @@ def ops(record: dict) -> dict[str, int]:
 
 def test_simplify_with_onnxsim_then_ort_basic(tiny_recipe, artifacts_root, tiny_artifact) -> None:
     result = build_with(tiny_recipe, artifacts_root, "t-simplify", [{"kind": "simplify", "tool": "onnxsim"}])
-    record = result.artifact.manifest["stages"][-1]
+    record = result.artifact.build.stages[-1]
     assert record["graph"]["nodes"] < record["before"]["nodes"]
     np.testing.assert_allclose(runs(result.artifact), runs(tiny_artifact), atol=1e-3)
 
 
 def test_dynamic_and_static_quantization_write_integer_ops(tiny_recipe, artifacts_root) -> None:
     dynamic = build_with(tiny_recipe, artifacts_root, "t-dyn", [{"kind": "quantize", "mode": "dynamic"}])
-    assert "ConvInteger" in ops(dynamic.artifact.manifest["stages"][-1])
+    assert "ConvInteger" in ops(dynamic.artifact.build.stages[-1])
     static = build_with(
         tiny_recipe,
         artifacts_root,
@@ -54,7 +54,7 @@ def test_dynamic_and_static_quantization_write_integer_ops(tiny_recipe, artifact
             }
         ],
     )
-    counts = ops(static.artifact.manifest["stages"][-1])
+    counts = ops(static.artifact.build.stages[-1])
     assert counts["QuantizeLinear"] > 0 and counts["DequantizeLinear"] > 0
     assert (static.artifact.path / "calibration.json").is_file()
     runs(static.artifact)
@@ -75,7 +75,7 @@ TINY_MIXED = {
 
 def test_mixed_writes_a_precision_map(tiny_recipe, artifacts_root) -> None:
     result = build_with(tiny_recipe, artifacts_root, "t-mixed", [TINY_MIXED])
-    mixed = result.artifact.manifest["stages"][-1]["mixed"]
+    mixed = result.artifact.build.stages[-1]["mixed"]
     import json
 
     precision = json.loads((result.artifact.path / "precision_map.json").read_text())
@@ -216,7 +216,7 @@ def test_smooth_keeps_the_output_and_moves_ranges_into_the_weights(tiny_recipe, 
     simplify = {"kind": "simplify"}  # folds 1/alpha into an initializer, as in recipes/int8-mixed.yaml
     plain = build_with(tiny_recipe, artifacts_root, "t-simplify-basic", [simplify])
     result = build_with(tiny_recipe, artifacts_root, "t-smooth", [simplify, {"kind": "smooth", "calibration_sentences": 1}])
-    record = result.artifact.manifest["stages"][-1]
+    record = result.artifact.build.stages[-1]
     assert record["chains"] >= 12  # every AdaIN -> Snake -> Conv of the generator's resblocks
     np.testing.assert_allclose(runs(result.artifact), runs(plain.artifact), rtol=1e-3, atol=1e-4)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import math
+import re
 import struct
 import time
 from collections import deque
@@ -297,6 +298,10 @@ def test_bench_refuses_compressed_formats() -> None:
         bench("http://127.0.0.1:9", [1], response_format="mp3")
 
 
-def test_docs_exist() -> None:
-    doc = Path(__file__).parent.parent / "docs" / "serving.md"
-    assert doc.is_file() and "alloy" in doc.read_text(encoding="utf-8")
+def test_the_docs_voice_table_is_the_servers() -> None:
+    """docs/serving.md's table of OpenAI voice names is the mapping the server applies, row for row."""
+    from kokoro_opt.serve.openai_compat import OPENAI_VOICES
+
+    doc = (Path(__file__).parent.parent / "docs" / "serving.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| ([a-z]+) \| (j[fm]_[a-z]+) \|$", doc, flags=re.M))
+    assert rows == OPENAI_VOICES

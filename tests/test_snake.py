@@ -178,7 +178,7 @@ def test_adain_folds_only_per_channel_vectors(gain_shape: list, folds: int) -> N
 def test_snake_stage_keeps_the_output_and_drops_the_generator_sin(tiny_recipe, artifacts_root) -> None:
     smoothed = build_with(tiny_recipe, artifacts_root, "t-smooth", [SIMPLIFY, SMOOTH])
     result = build_with(tiny_recipe, artifacts_root, "t-snake", [SIMPLIFY, SMOOTH, {"kind": "snake"}])
-    before, record = smoothed.artifact.manifest["stages"][-1], result.artifact.manifest["stages"][-1]
+    before, record = smoothed.artifact.build.stages[-1], result.artifact.build.stages[-1]
     assert record["snakes"] >= 12 and record["adain_folded"] >= 12  # every resblock's two Snakes and AdaINs
     assert record["alpha_absorbed"] == record["snakes"]  # every Snake's input is made by an InstanceNorm or an AdaIN
     assert ops(record)["Sin"] == ops(before)["Sin"] - record["snakes"]  # SineGen's own Sin stays
@@ -191,7 +191,7 @@ def test_snake_stage_keeps_the_output_and_drops_the_generator_sin(tiny_recipe, a
 def test_folding_adain_alone_changes_only_float_rounding(tiny_recipe, artifacts_root) -> None:
     plain = build_with(tiny_recipe, artifacts_root, "t-simplify-basic", [SIMPLIFY])
     result = build_with(tiny_recipe, artifacts_root, "t-adain", [SIMPLIFY, {"kind": "snake", "polynomial_degree": None}])
-    before, record = plain.artifact.manifest["stages"][-1], result.artifact.manifest["stages"][-1]
+    before, record = plain.artifact.build.stages[-1], result.artifact.build.stages[-1]
     assert "snakes" not in record and ops(record)["Sin"] == ops(before)["Sin"]
     assert ops(record)["InstanceNormalization"] == ops(before)["InstanceNormalization"]
     for op, change in (("Mul", -1), ("Add", -1), ("Reshape", 2)):  # per fold: gain Mul and shift Add out, 2 Reshapes in
@@ -202,7 +202,7 @@ def test_folding_adain_alone_changes_only_float_rounding(tiny_recipe, artifacts_
 def test_quantization_after_snake_still_makes_integer_convs(tiny_recipe, artifacts_root) -> None:
     static = {"kind": "quantize", "mode": "static", "op_types": ["Conv", "MatMul"], "calibration_sentences": 1}
     result = build_with(tiny_recipe, artifacts_root, "t-snake-static", [SIMPLIFY, {"kind": "snake"}, static])
-    counts = ops(result.artifact.manifest["stages"][-1])
+    counts = ops(result.artifact.build.stages[-1])
     assert counts["QuantizeLinear"] > 0 and counts["Sub"] > 24
     model = onnx.load(str(result.artifact.model_file))
     per_channel = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and any(a.name == "axis" for a in n.attribute)]

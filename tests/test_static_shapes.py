@@ -26,7 +26,7 @@ def test_static_reshapes_remove_shape_arithmetic_and_keep_the_audio(tiny_recipe,
     stock = tiny_recipe.model_copy(update={"export": tiny_recipe.export.model_copy(update={"alignment": "stock"})})
     plain = build_with(stock, artifacts_root, "t-reshape-plain", [{"kind": "simplify"}]).artifact
     static = build_with(stock, artifacts_root, "t-reshape-static", [{"kind": "simplify", "static_reshapes": True}]).artifact
-    record = static.manifest["stages"][-1]["static_reshapes"]
+    record = static.build.stages[-1]["static_reshapes"]
     assert record["reshapes"] > 10 and record["nodes_removed"] > 0 and record["drift"] < 1e-5
     graph = onnx.load(str(static.model_file)).graph
     constants = {i.name for i in graph.initializer}

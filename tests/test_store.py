@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def test_every_stage_kind_declares_one_pass_with_its_inputs() -> None:
     kinds = {t.model_fields["kind"].annotation.__args__[0] for t in Stage.__origin__.__args__}  # type: ignore[attr-defined]
     assert kinds == set(PASSES)
     for kind, p in PASSES.items():
-        assert p.kind == kind and p.version and p.libraries
+        assert p.kind == kind and len(p.code_key()) == 16 and p.libraries
         for name in p.reads:
             assert (ROOT / name).is_file(), f"{kind} reads {name}, which is not in the project"
     produced = {name for p in PASSES.values() for name in p.produces}
@@ -115,11 +116,12 @@ def test_manifest_records_chain_parent_reference_and_machine(tiny_recipe, artifa
     manifest = result.artifact.manifest
     chain = stage_chain(result.artifact)
     assert [e.kind for e in chain] == ["export", "simplify"]
-    assert manifest["parent"] == chain[0].key == manifest["reference_export"] == tiny_artifact.id
+    assert manifest.parent == chain[0].key == manifest.reference_export == tiny_artifact.id
     store = Store(artifacts_root)
     assert store.reference_export(result.artifact).id == tiny_artifact.id
     assert store.parent(result.artifact).id == tiny_artifact.id
-    assert manifest["machine"]["id"] and manifest["machine"]["cores"] >= 1
+    machine = result.artifact.build.machine
+    assert machine["id"] and machine["cores"] >= 1
     assert not (result.artifact.path / "stage.log").exists() or (result.artifact.path / "stage.log").stat().st_size > 0
 
 
@@ -129,13 +131,13 @@ def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tin
     analysed = build(recipe, seeded(tmp_path / "a"), lock=lock)
     assert analysed.lock_written == lock
     entry = read_lock(lock)["0:quantize"]
-    record = analysed.artifact.manifest["stages"][-1]
+    record = analysed.artifact.build.stages[-1]
     assert record["mixed"]["decisions_from"] == "analysis"
     assert entry.decisions == record["decisions"] and entry.machine["id"]
 
     # another machine: an artifact root without the quantize stage, the committed lock
     locked = build(recipe, seeded(tmp_path / "b"), lock=lock)
-    record = locked.artifact.manifest["stages"][-1]
+    record = locked.artifact.build.stages[-1]
     assert record["mixed"]["decisions_from"] == "lock" and record["mixed"]["final_quality"]["passes"]
     assert record["mixed"]["calibration_from"] == "lock" and not record["seconds"]["calibration"]
     assert locked.lock_written is None
@@ -148,17 +150,17 @@ def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tin
     lock.write_text(json.dumps(data))
     completed = build(recipe, seeded(tmp_path / "c"), lock=lock)
     assert completed.lock_written == lock and read_lock(lock)["0:quantize"] == entry
-    assert completed.artifact.manifest["stages"][-1]["mixed"]["calibration_from"] == "measured"
+    assert completed.artifact.build.stages[-1]["mixed"]["calibration_from"] == "measured"
     assert (completed.artifact.path / "model.onnx").read_bytes() == (analysed.artifact.path / "model.onnx").read_bytes()
 
     # --reanalyze measures again
     again = build(recipe, tmp_path / "a", lock=lock, reanalyze=True)  # this machine's own analysis, cached
-    assert again.artifact.manifest["stages"][-1]["mixed"]["decisions_from"] == "analysis"
+    assert again.artifact.build.stages[-1]["mixed"]["decisions_from"] == "analysis"
 
     # a changed input makes the lock stale: analysed again and rewritten
     changed = recipe_with(tiny_recipe, "t-lock", [{**TINY_MIXED, "min_block_time_share": 0.02}])
     rebuilt = build(changed, tmp_path / "a", lock=lock)
-    assert rebuilt.artifact.manifest["stages"][-1]["mixed"]["decisions_from"] == "analysis"
+    assert rebuilt.artifact.build.stages[-1]["mixed"]["decisions_from"] == "analysis"
     assert read_lock(lock)["0:quantize"].decision_key != entry.decision_key
 
 
@@ -174,7 +176,7 @@ def test_a_recipe_that_extends_a_locked_one_applies_its_lock(tiny_recipe, tmp_pa
     child_file = tmp_path / "t-child.yaml"
     child_file.write_text(yaml.safe_dump({"extends": "t-parent.yaml", "name": "t-child", "append_stages": [{"kind": "ort"}]}))
     child = build(load_recipe(child_file), seeded(tmp_path / "b"), lock=lock_path(child_file))
-    quantize = next(record for record in child.artifact.manifest["stages"] if record["stage"] == "quantize")
+    quantize = next(record for record in child.artifact.build.stages if record["stage"] == "quantize")
     assert quantize["mixed"]["decisions_from"] == "lock" and quantize["mixed"]["calibration_from"] == "lock"
     assert child.lock_written is None and not lock_path(child_file).exists()
 
@@ -186,7 +188,7 @@ def test_a_lock_that_no_longer_holds_fails_the_build_clearly(tiny_recipe, tmp_pa
     recipe = recipe_with(tiny_recipe, "t-lock-gate", [strict])
     lock = lock_path(tmp_path / "t-lock-gate.yaml")
     analysed = build(recipe, seeded(tmp_path / "a"), lock=lock)
-    blocks = analysed.artifact.manifest["stages"][-1]["mixed"]
+    blocks = analysed.artifact.build.stages[-1]["mixed"]
     every_block = sorted(set(blocks["int8_blocks"]) | set(blocks["fallback_blocks"]))
     data = json.loads(lock.read_text())
     data["stages"]["0:quantize"]["decisions"]["int8_units"] = every_block  # what a stale analysis would say
@@ -240,10 +242,18 @@ def test_the_import_graph_has_no_cycle() -> None:
             visit(module, [module])
 
 
+HAND_BUILT_FEED = re.compile(r"\[\[\s*(0|PAD_ID)\s*,\s*\*|[\"']input_ids[\"']\s*:\s*(np|torch)\.")
+
+
 def test_model_feeds_are_built_in_one_place() -> None:
+    """Token ids wrapped in their pads ([[0, *ids, 0]], for numpy, torch or anything else) or an input_ids feed
+    spelled out: only kokoro_opt/runtime/feeds.py does that."""
+    feeds = PACKAGE / "runtime" / "feeds.py"
     builders = [
         str(f.relative_to(ROOT))
         for f in PACKAGE.rglob("*.py")
-        if ("dtype=np.int64" in (text := f.read_text(encoding="utf-8")) and "[[0, *" in text) or '"input_ids": np.' in text
+        if f != feeds and HAND_BUILT_FEED.search(f.read_text(encoding="utf-8"))
     ]
     assert builders == [], f"build feeds with kokoro_opt.runtime.feeds.model_feeds, not in {builders}"
+    assert HAND_BUILT_FEED.search(feeds.read_text(encoding="utf-8"))  # the pattern finds what it looks for
+    assert HAND_BUILT_FEED.search("tokens = torch.tensor([[0, *range(16, 64), 0]], dtype=torch.long)")

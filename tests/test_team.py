@@ -186,7 +186,7 @@ def test_an_empty_root_serves_the_pushed_artifact_by_id(team: dict[str, Any], pu
         output = server.communicate(timeout=30)[0]
     assert "fetching tiny" in output and f"serving tiny artifact {artifact.id}" in output
     fetched = open_artifact(root_b / "tiny" / artifact.id)
-    assert fetched.manifest["files"] == artifact.manifest["files"]  # the same bytes, verified
+    assert fetched.manifest.files == artifact.manifest.files  # the same bytes, verified
     again = _cli("fetch", artifact.id, "--artifacts", str(root_b), "--tracking-uri", team["tracking"], cwd=team["base"])
     assert "every file matches its manifest" in again.stdout and "fetching" not in again.stderr  # already here
 

@@ -16,10 +16,10 @@ LONG_INPUT_TOKENS = 500
 
 def edge_token_inputs(vocab: dict[str, int], long_text: str) -> dict[str, list[int]]:
     """Token ids of each edge input; the long one is the first 500 tokens of `long_text`."""
-    from kokoro_opt.text import phonemize, tokenize
+    from kokoro_opt.text import utterance_tokens
 
-    inputs = {name: tokenize(phonemize(text), vocab) for name, text in EDGE_TEXTS.items()}
-    inputs[f"{LONG_INPUT_TOKENS} tokens"] = tokenize(phonemize(long_text), vocab)[:LONG_INPUT_TOKENS]
+    inputs = {name: utterance_tokens(text, vocab) for name, text in EDGE_TEXTS.items()}
+    inputs[f"{LONG_INPUT_TOKENS} tokens"] = utterance_tokens(long_text, vocab, LONG_INPUT_TOKENS)
     return inputs
 
 

@@ -1,5 +1,7 @@
-"""Which evaluated artifact is best: the fastest that passes the quality budget, measured on this
-machine first. A pure policy over the evaluation runs MLflow holds (kokoro_opt.select serves it)."""
+"""Which evaluated artifact is best: the fastest that passes the quality budget in the mode it will be served
+(windowed for an artifact that streams windowed), measured on this machine first; among speed-ups within 3% of
+each other, the one a listener hears sooner. A pure policy over the evaluation runs MLflow holds
+(kokoro_opt.select serves it)."""
 
 from __future__ import annotations
 
@@ -7,14 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kokoro_opt.evaluate.tracking import (
-    KIND_TAG,
-    _client,
-    _machine_from_tags,
-    _our_experiments,
-    _sqlite_path,
-    resolve_tracking_uri,
-)
+from kokoro_opt.evaluate.tracking import KIND_TAG, _machine_from_tags, _our_experiments, existing_client
 
 
 def best_evaluated(
@@ -34,11 +29,10 @@ def best_evaluated(
     With `machine_id`, only evaluations measured on that machine rank first (the best artifact and
     its speed-up depend on the CPU); when there is none, the best measured elsewhere is returned
     with `measured_here` False and a reason that says so."""
-    uri = resolve_tracking_uri(tracking_uri)
-    db = _sqlite_path(uri)
-    if db is not None and not db.exists():
-        return None  # nothing evaluated yet: do not create an empty store just to look
-    client = _client(uri)
+    opened = existing_client(tracking_uri)
+    if opened is None:
+        return None  # nothing evaluated yet
+    _, client = opened
     ids = _our_experiments(client)
     runs = client.search_runs(ids, f"tags.{KIND_TAG} = 'evaluation' and attributes.status = 'FINISHED'") if ids else []
     if machine_id is not None:
@@ -58,6 +52,17 @@ def best_evaluated(
     }
 
 
+TTFA_TIE = 0.03  # speed-ups within 3% of the fastest are a tie: the sooner first audio wins
+
+
+def served(metrics: dict[str, float]) -> dict[str, float]:
+    """The metrics of the mode `serve` uses for this artifact: windowed when it was measured (the artifact
+    streams windowed by default), else the whole decoding's."""
+    prefix = "windowed_" if "windowed_pesq_mean" in metrics else ""
+    keys = ("pesq_mean", "phrase_pesq_mean", "ttfa_p50")
+    return {key: metrics[prefix + key] for key in keys if prefix + key in metrics} | {"windowed": float(bool(prefix))}
+
+
 def _fastest_passing(
     runs: list[Any], min_pesq: float, min_phrase_pesq: float | None, available: Callable[[str], bool] | None
 ) -> dict[str, Any] | None:
@@ -71,8 +76,9 @@ def _fastest_passing(
             continue
         if available is not None and not available(artifact_id):
             continue
-        phrases_pass = min_phrase_pesq is None or m.get("phrase_pesq_mean", math.inf) >= min_phrase_pesq
-        if tags.get("is_reference") == "true" or (m.get("pesq_mean", -math.inf) >= min_pesq and phrases_pass):
+        heard = served(m)
+        phrases_pass = min_phrase_pesq is None or heard.get("phrase_pesq_mean", math.inf) >= min_phrase_pesq
+        if tags.get("is_reference") == "true" or (heard.get("pesq_mean", -math.inf) >= min_pesq and phrases_pass):
             passing.append(run)
     if not passing:
         return None
@@ -82,20 +88,32 @@ def _fastest_passing(
             return 1.0
         return run.data.metrics.get("speedup_vs_reference")
 
-    best = min(passing, key=lambda run: (0, -speedup(run)) if speedup(run) else (1, run.data.metrics["rtf_p50"]))
+    def ttfa(run: Any) -> float:
+        return served(run.data.metrics).get("ttfa_p50", math.inf)
+
+    measured = [run for run in passing if speedup(run)]
+    if measured:
+        fastest = max(speedup(run) or 0.0 for run in measured)
+        best = min((run for run in measured if speedup(run) >= (1 - TTFA_TIE) * fastest), key=ttfa)
+    else:
+        best = min(passing, key=lambda run: run.data.metrics["rtf_p50"])
     m, tags = best.data.metrics, best.data.tags
+    heard = served(m)
     is_reference = tags.get("is_reference") == "true"
-    quality = "the fp32 reference" if is_reference else f"PESQ {m.get('pesq_mean', math.nan):.2f} >= {min_pesq}"
+    mode = "windowed" if heard["windowed"] else "whole"
+    quality = "the fp32 reference" if is_reference else f"{mode} PESQ {heard.get('pesq_mean', math.nan):.2f} >= {min_pesq}"
     if not is_reference and min_phrase_pesq is not None:
-        scored = "phrase_pesq_mean" in m
-        quality += f", phrases {m['phrase_pesq_mean']:.2f} >= {min_phrase_pesq}" if scored else ", phrases not scored"
+        scored = "phrase_pesq_mean" in heard
+        quality += f", phrases {heard['phrase_pesq_mean']:.2f} >= {min_phrase_pesq}" if scored else ", phrases not scored"
     pace = f"{speedup(best):.2f}x fp32, " if speedup(best) and not is_reference else ""
+    first = f"first audio {heard['ttfa_p50']:.3f} s ({mode}), " if "ttfa_p50" in heard else ""
     return {
         "artifact_id": tags["artifact_id"],
         "run_id": best.info.run_id,
         "rtf_p50": m["rtf_p50"],
-        "pesq_mean": m.get("pesq_mean"),
+        "pesq_mean": heard.get("pesq_mean"),
+        "windowed": bool(heard["windowed"]),
         "machine": _machine_from_tags(tags),
         "reason": f"fastest evaluated artifact passing the quality budget: {tags.get('artifact_name', '?')} "
-        f"{pace}RTF p50 {m['rtf_p50']:.3f}, {quality}, no NaN/silent output (MLflow run {best.info.run_id})",
+        f"{pace}{first}RTF p50 {m['rtf_p50']:.3f}, {quality}, no NaN/silent output (MLflow run {best.info.run_id})",
     }

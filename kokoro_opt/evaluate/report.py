@@ -34,6 +34,7 @@ class EvalResult:
     skipped: bool = False  # found already logged with the same settings: not measured again
     samples: dict[str, Any] = field(default_factory=dict, repr=False)  # a few clips for WAVs and plots; not in JSON
     machine: dict[str, Any] = field(default_factory=dict)  # kokoro_opt.machine.fingerprint() of where it was measured
+    span_ms: tuple[int, int] | None = None  # when its measuring session started and ended (epoch ms)
 
     def metric(self, name: str) -> float:
         value = self.metrics.get(name, math.nan)

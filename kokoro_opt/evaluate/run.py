@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ def measure(
     """Time, probe and score loaded runners in one interleaved session: one EvalResult each.
     `probe`: memory/profile-probe and edge-check only the first N runners (the others are there as
     references: their timing and audio are what the first N are compared with)."""
+    began = _epoch_ms()
     plans = {r.artifact_id: r.plan(corpus, config) for r in runners}
     n = min(len(p.utterances) for p in plans.values())
     asr, asr_note = None, ""
@@ -73,6 +75,9 @@ def measure(
     times: dict[str, list[list[float]]] = {r.artifact_id: [[] for _ in range(n)] for r in runners}
     outputs: dict[str, list[tuple[np.ndarray, np.ndarray | None]]] = {r.artifact_id: [] for r in runners}
     ttfa: dict[str, list[float]] = {r.artifact_id: [] for r in runners}
+    windowed = [r for r in runners if r.windows is not None]
+    steps += len(windowed) * (n + config.runs)
+    streamed: dict[str, Streamed] = {r.artifact_id: Streamed() for r in windowed}
     probes, heard, edges = {}, {}, {}
 
     def rotated(shift: int) -> list[Runner]:
@@ -100,6 +105,14 @@ def measure(
                 r.synth_tokens(plan.first_chunk, plan.utterances[0].voice)
                 ttfa[r.artifact_id].append(time.perf_counter() - started)
                 tick(f"first chunk {r.label}")
+                if r.windows is not None:
+                    started = time.perf_counter()
+                    r.windowed_first_audio(plan.first_chunk, plan.utterances[0].voice)
+                    streamed[r.artifact_id].first_audio.append(time.perf_counter() - started)
+                    tick(f"first window {r.label}")
+        for r in windowed:  # what a stream hears, scored like the whole decoding
+            streamed[r.artifact_id].speech = [r.windowed(plans[r.artifact_id], i) for i in range(n)]
+            tick(f"windowed speech {r.label}")
         for r in probed:  # after timing and one at a time: a probe must not steal the timed cores
             probes[r.artifact_id] = probe_runner(r, plans[r.artifact_id], config)
             tick(f"memory/profile probe {r.label}")
@@ -114,11 +127,14 @@ def measure(
                 heard[r.artifact_id].append(asr.transcribe(audio, r.sample_rate))
                 tick(f"ASR {r.label}")
     by_id = {r.artifact_id: r for r in runners}
+    span = (began, _epoch_ms())
     results = []
     for r in runners:
         ref = by_id.get(r.reference_id or "")
         result = _score(r, ref, plans[r.artifact_id], times, outputs, ttfa[r.artifact_id], probes.get(r.artifact_id, {}), n)
-        result.machine = fingerprint()
+        if r.artifact_id in streamed:
+            result.metrics.update(_score_streamed(streamed[r.artifact_id], ref, plans[r.artifact_id], outputs, r.sample_rate))
+        result.machine, result.span_ms = fingerprint(), span
         if r.artifact_id in edges:
             result.metrics["edge_inputs_ok"] = float(all(edges[r.artifact_id].values()))
             result.notes += [f"edge input '{name}': NaN or silent output" for name, ok in edges[r.artifact_id].items() if not ok]
@@ -128,6 +144,36 @@ def measure(
             result.notes.append(asr_note)
         results.append(result)
     return results
+
+
+def _epoch_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Streamed:
+    """What a windowed artifact's stream gives: first-audio times, and each utterance's speech and span."""
+
+    first_audio: list[float] = field(default_factory=list)
+    speech: list[tuple[np.ndarray, tuple[int, int]]] = field(default_factory=list)
+
+
+def _score_streamed(
+    streamed: Streamed, ref: Runner | None, plan: Plan, outputs: dict[str, list[Any]], rate: int
+) -> dict[str, float]:
+    """`windowed_*`: the stream's first audio (as `ttfa_p50`: the paragraph's first chunk, text to audio) and, against
+    the fp32 reference's same samples, its quality (as the whole decoding's, sentences and phrases apart)."""
+    m = {
+        "windowed_ttfa_model_p50": M.percentile(streamed.first_audio, 50),
+        "windowed_ttfa_p50": plan.frontend_seconds + M.percentile(streamed.first_audio, 50),
+    }
+    if ref is None:
+        return m
+    rows = []
+    for i, (audio, (start, end)) in enumerate(streamed.speech):
+        clean = outputs[ref.artifact_id][i][0][start:end]
+        rows.append({"kind": plan.utterances[i].sentence.kind, **M.quality_row(clean, audio, rate)})
+    return m | {f"windowed_{k}": v for k, v in M.summarise_quality(rows).items()}
 
 
 def _slices(plan: Plan, n: int) -> tuple[list[int], list[int]]:

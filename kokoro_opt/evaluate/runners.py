@@ -21,8 +21,9 @@ from rich.console import Console
 from kokoro_opt.artifacts import Artifact, link_or_copy, open_artifact
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.corpus import Corpus, Utterance
+from kokoro_opt.manifest import Manifest
 from kokoro_opt.recipe import EvaluateConfig
-from kokoro_opt.runtime.synth import runtime_problem
+from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.store import Store, store_of
 
 _INPUT_TYPES = ("tensor(int64)", "tensor(float)", "tensor(float)")  # (tokens, style, speed), by position
@@ -50,16 +51,18 @@ class Runner:
     artifact_id: str
     kind: str  # onnx | coreml | torch
     folder: Path  # onnx: the model's artifact; torch: the fp32 export whose voices and vocab it uses
-    manifest: dict[str, Any]
+    manifest: Manifest
     reference_id: str | None = None  # the runner (by artifact id) its quality is measured against
     external: bool = False
     weights_dir: Path | None = None  # torch: config.json + kokoro-v1_0.pth
+    built_with: dict[str, str] = field(default_factory=dict)  # the library versions its build ran with
     vocab: dict[str, int] = field(default_factory=dict, repr=False)
     packs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     sample_rate: int = 24_000
     size_bytes: int = 0
     load_seconds: float = float("nan")
     session: Any = field(default=None, repr=False)
+    windows: Any = field(default=None, repr=False)  # the windowed decoder of an artifact that streams windowed
     _call: Callable[..., tuple[np.ndarray, np.ndarray | None]] | None = field(default=None, repr=False)
 
     def load(self, threads: int, profile: bool = False) -> Runner:
@@ -83,6 +86,10 @@ class Runner:
             if types != _INPUT_TYPES:  # kokoro-onnx names them tokens/style/speed, our export input_ids/...
                 raise UserError(f"{self.label}: model inputs {types} are not (int64 tokens, float style, float speed)")
             self.session = synth.session
+            if artifact.capabilities.windowed:  # what `serve` streams by default: measured too
+                from kokoro_opt.runtime.windowed import WindowedDecoder
+
+                self.windows = WindowedDecoder.of_artifact(synth)
         self.size_bytes = _size(artifact.model_file)
 
         def call(tokens: list[int], pack: np.ndarray, speed: float) -> tuple[np.ndarray, np.ndarray | None]:
@@ -118,11 +125,24 @@ class Runner:
     def synth(self, plan: Plan, i: int) -> tuple[np.ndarray, np.ndarray | None]:
         return self.synth_tokens(plan.tokens[i], plan.utterances[i].voice, plan.utterances[i].speed)
 
+    def windowed(self, plan: Plan, i: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """Utterance i decoded window by window as a stream hears it: its speech span's audio, and the span in
+        samples (the same samples of a whole decoding: the front's durations are the whole model's)."""
+        from kokoro_opt.runtime.windowed import STEP_SAMPLES
+
+        u = plan.utterances[i]
+        audio, job = self.windows.speak(plan.tokens[i], self.packs[u.voice], u.speed)
+        return audio, (job.speech[0] * STEP_SAMPLES, job.speech[1] * STEP_SAMPLES)
+
+    def windowed_first_audio(self, tokens: list[int], voice: str) -> None:
+        """A streamed job's first audio: its front, its per-job part and its first window."""
+        self.windows.next_window(self.windows.start(tokens, self.packs[voice]))
+
     def plan(self, corpus: Corpus, config: EvaluateConfig) -> Plan:
-        from kokoro_opt.text import CONTEXT_TOKENS, phonemize, tokenize
+        from kokoro_opt.text import CONTEXT_TOKENS, utterance_tokens
 
         utterances = corpus.utterances(config.sentences, sorted(self.packs), config.phrases)
-        tokens = [tokenize(phonemize(u.sentence.text), self.vocab) for u in utterances]
+        tokens = [utterance_tokens(u.sentence.text, self.vocab) for u in utterances]
         if any(not t or len(t) > CONTEXT_TOKENS for t in tokens):
             raise UserError("an evaluation sentence is empty or longer than the context after phonemization")
         first, seconds = _first_chunk(corpus.paragraph, self.vocab, config.first_chunk_tokens)
@@ -160,7 +180,7 @@ def reference_folder(artifact: Artifact) -> Path | None:
 
 
 def _onnx_runner(artifact: Artifact, label: str | None = None, reference_id: str | None = None) -> Runner:
-    from kokoro_opt.runtime.coreml import is_coreml_artifact
+    from kokoro_opt.runtime.availability import is_coreml_artifact
 
     return Runner(
         label or artifact.name,
@@ -169,7 +189,8 @@ def _onnx_runner(artifact: Artifact, label: str | None = None, reference_id: str
         artifact.path,
         artifact.manifest,
         reference_id=reference_id,
-        external=bool(artifact.manifest.get("external")),
+        external=artifact.manifest.external,
+        built_with=artifact.build.versions,
     )
 
 
@@ -190,7 +211,7 @@ def import_kokoro_onnx(root: Path) -> Artifact:
     from kokoro_opt.weights.rebuild import INT8_ONNX_SHA256
     from kokoro_opt.weights.sources import int8_peer_onnx, offline_vocab, offline_voice_packs
 
-    def fill(tmp: Path) -> dict[str, Any]:
+    def fill(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         link_or_copy(int8_peer_onnx(), tmp / "model.onnx")
         np.savez(tmp / "voices.npz", **offline_voice_packs())
         meta = {
@@ -207,12 +228,12 @@ def import_kokoro_onnx(root: Path) -> Artifact:
         (tmp / "kokoro.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
         return {
             "id": f"{PEER_INT8}-{INT8_ONNX_SHA256[:8]}",
+            "kind": "peer",
             "external": True,
             "recipe": {"name": PEER_INT8},
             "weights": {"source": PEER_INT8, "sha256": INT8_ONNX_SHA256},
             "inputs": "tokens int64 [1, n], style float [1, 256], speed float [1]; output audio only (no durations)",
-            "created": datetime.now(UTC).isoformat(),
-        }
+        }, {"created": datetime.now(UTC).isoformat(timespec="seconds")}
 
     return Store(root).put_peer(f"{PEER_INT8}-{INT8_ONNX_SHA256[:12]}", fill)
 
@@ -222,18 +243,25 @@ def torch_peer(artifact: Artifact, reference: Path) -> Runner | None:
     from kokoro_opt.recipe import WeightsConfig
     from kokoro_opt.weights.sources import resolve_weights
 
-    recipe_weights = artifact.manifest.get("recipe", {}).get("weights")
-    built_from = artifact.manifest.get("weights", {})
-    if not recipe_weights or not built_from.get("source"):
+    recipe_weights = (artifact.manifest.recipe or {}).get("weights")
+    built_from = artifact.manifest.weights
+    if not recipe_weights or built_from is None:
         return None
-    weights = resolve_weights(WeightsConfig(**{**recipe_weights, "source": built_from["source"]}), log=lambda _: None)
-    if weights.sha256 != built_from.get("sha256"):
+    weights = resolve_weights(WeightsConfig(**{**recipe_weights, "source": built_from.source}), log=lambda _: None)
+    if weights.sha256 != built_from.sha256:
         return None
     ref = open_artifact(reference)
-    manifest = {"external": True, "recipe": {"name": PEER_TORCH}, "weights": built_from, "runtime": "torch eager, KModel"}
+    manifest = Manifest(
+        id=f"{PEER_TORCH}-{weights.sha256[:8]}",
+        kind="peer",
+        external=True,
+        recipe={"name": PEER_TORCH},
+        weights=built_from,
+        inputs="torch eager, KModel",
+    )
     return Runner(
         PEER_TORCH,
-        f"{PEER_TORCH}-{weights.sha256[:8]}",
+        manifest.id,
         "torch",
         reference,
         manifest,
@@ -256,7 +284,7 @@ def runner_groups(
         if problem is not None:
             say(f"skipped: {problem}", markup=False, highlight=False)
             continue
-        ref = real_reference(root, []) if artifact.manifest.get("external") else reference_folder(artifact)
+        ref = real_reference(root, []) if artifact.manifest.external else reference_folder(artifact)
         ref_id = open_artifact(ref).id if ref else None
         group = [_onnx_runner(artifact, reference_id=ref_id)]
         if ref is not None and ref_id != artifact.id:
@@ -268,7 +296,7 @@ def runner_groups(
     if PEER_INT8 in peers:
         groups.append(_int8_group(root, artifacts, say))
     if PEER_TORCH in peers:
-        primary = next(((a, f) for a in artifacts if not a.manifest.get("external") and (f := reference_folder(a))), None)
+        primary = next(((a, f) for a in artifacts if not a.manifest.external and (f := reference_folder(a))), None)
         eager = torch_peer(*primary) if primary else None
         if eager is None:
             say(f"{PEER_TORCH}: no kokoro-opt artifact whose weights can be loaded again: skipped")

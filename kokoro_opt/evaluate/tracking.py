@@ -38,6 +38,16 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(unquote(uri[len("sqlite:///") :])) if uri.startswith("sqlite:///") else None
 
 
+def existing_client(tracking_uri: str | None) -> tuple[str, Any] | None:
+    """(resolved URI, client) of the tracking store, or None when it is an SQLite file that does not exist
+    yet: nothing was logged, and looking must not create an empty store."""
+    uri = resolve_tracking_uri(tracking_uri)
+    db = _sqlite_path(uri)
+    if db is not None and not db.exists():
+        return None
+    return uri, _client(uri)
+
+
 def _client(uri: str) -> Any:
     from mlflow.tracking import MlflowClient
 
@@ -98,11 +108,10 @@ def _runs_with_key(client: Any, key: str) -> list[Any]:
 
 def find_evaluation(tracking_uri: str | None, key: str) -> EvalResult | None:
     """The logged result of an identical evaluation, or None. Runs a crash left unfinished are removed."""
-    uri = resolve_tracking_uri(tracking_uri)
-    db = _sqlite_path(uri)
-    if db is not None and not db.exists():
+    opened = existing_client(tracking_uri)
+    if opened is None:
         return None
-    client = _client(uri)
+    _, client = opened
     found = None
     for run in _runs_with_key(client, key):
         if run.info.status == "FINISHED" and found is None:
@@ -152,20 +161,21 @@ def _flat(prefix: str, value: Any, out: dict[str, str]) -> None:
         out[prefix] = text[:_PARAM_CHARS]
 
 
-def _params(manifest: dict[str, Any], settings: dict[str, Any], threads: int, machine: dict[str, Any]) -> dict[str, str]:
+def _params(runner: Any, settings: dict[str, Any], threads: int, machine: dict[str, Any]) -> dict[str, str]:
     from kokoro_opt.artifacts import versions
     from kokoro_opt.runtime.session import SessionSettings
 
-    recipe = manifest.get("recipe", {})
+    manifest = runner.manifest
+    recipe = manifest.recipe or {}
     out: dict[str, str] = {}
     kinds = ">".join(str(stage.get("kind", "?")) for stage in recipe.get("stages", []))
-    _flat("recipe", {"name": recipe.get("name", "?"), "hash": manifest.get("recipe_hash", ""), "stages": kinds or "export"}, out)
+    _flat("recipe", {"name": recipe.get("name", "?"), "hash": manifest.recipe_hash or "", "stages": kinds or "export"}, out)
     _flat("export", recipe.get("export", {}), out)
     for i, stage in enumerate(recipe.get("stages", [])):
         _flat(f"stage.{i}.{stage.get('kind', '?')}", {k: v for k, v in stage.items() if k != "kind"}, out)
     _flat("ort", asdict(SessionSettings(intra_op_num_threads=threads)), out)
     _flat("version", versions(), out)
-    _flat("built_with", manifest.get("versions", {}), out)
+    _flat("built_with", runner.built_with, out)
     isa = machine.get("isa", [])
     shown = {k: v for k, v in machine.items() if k != "versions"}  # the versions are the version.* params
     _flat("machine", {**shown, "isa": ",".join(isa), "avx512_vnni": "avx512_vnni" in isa}, out)
@@ -210,7 +220,8 @@ def _log_batch(client: Any, run_id: str, metrics: dict[str, float], params: dict
     from mlflow.entities import Metric, Param
 
     stamp = int(time.time() * 1000)
-    items = [Metric(k, v, stamp, 0) for k, v in metrics.items()]
+    # six significant digits: what the measurements resolve; the UI shows them without float noise
+    items = [Metric(k, float(f"{v:.6g}"), stamp, 0) for k, v in metrics.items()]
     for i in range(0, len(items), 900):  # MLflow takes at most 1000 metrics and 100 params per batch
         client.log_batch(run_id, metrics=items[i : i + 900])
     pairs = [Param(k, v) for k, v in params.items()]
@@ -233,9 +244,9 @@ def log_evaluation(
     for old in _runs_with_key(client, key):
         client.delete_run(old.info.run_id)
     manifest = runner.manifest
-    family = "peers" if result.external else recipe_family(manifest.get("recipe", {}).get("name", result.label))
+    family = "peers" if result.external else recipe_family(manifest.name or result.label)
     experiment = _experiment(client, uri, EXPERIMENT_PREFIX + family)
-    weights = manifest.get("weights", {})
+    weights = manifest.weights.model_dump() if manifest.weights else {}
     tags = {
         KEY_TAG: key,
         KIND_TAG: "evaluation",
@@ -252,15 +263,18 @@ def log_evaluation(
     }
     if commit := _git_commit():
         tags["git_commit"] = commit
-    run = client.create_run(experiment, tags=tags, run_name=f"{result.label}-{result.artifact_id[:8]}-{key[:6]}")
+    started, ended = result.span_ms or (None, None)  # the run spans the measuring, not only the logging
+    run = client.create_run(
+        experiment, start_time=started, tags=tags, run_name=f"{result.label}-{result.artifact_id[:8]}-{key[:6]}"
+    )
     run_id = str(run.info.run_id)
     try:
-        params = _params(manifest, settings, int(settings.get("threads", 0)), machine)
+        params = _params(runner, settings, int(settings.get("threads", 0)), machine)
         _flat("precision", precision_summary(Path(runner.folder)), params)
         _log_batch(client, run_id, _metrics(result), params)
         with tempfile.TemporaryDirectory(prefix="kokoro-opt-mlflow-") as tmp:
             folder = Path(tmp)
-            (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
+            (folder / "manifest.json").write_text(manifest.to_json(), encoding="utf-8")
             (folder / "machine.json").write_text(json.dumps(machine, indent=2, sort_keys=True), encoding="utf-8")
             (folder / "metrics.json").write_text(results_json([result], {"settings": settings}), encoding="utf-8")
             (folder / "profile").mkdir()
@@ -283,7 +297,7 @@ def log_evaluation(
     except BaseException:
         client.set_terminated(run_id, "FAILED")
         raise
-    client.set_terminated(run_id)
+    client.set_terminated(run_id, end_time=ended)
     return run_id
 
 

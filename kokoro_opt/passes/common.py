@@ -1,28 +1,13 @@
-"""What every stage shares: carrying the runtime files along and describing a graph."""
+"""What every stage shares: recording runtime settings and describing a graph."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-from kokoro_opt.artifacts import Artifact
-
-RUNTIME_FILES = ("voices.npz", "kokoro.json")
-
-
-def copy_runtime(source: Artifact, out: Path, side_files: tuple[str, ...] = ()) -> None:
-    """Voices and vocab travel with every stage so each stage output is runnable on its own; so do
-    the `side_files` the source has (a precision map, calibration ranges)."""
-    for name in RUNTIME_FILES:
-        shutil.copy2(source.path / name, out / name)
-    for name in side_files:
-        if (source.path / name).exists():
-            shutil.copy2(source.path / name, out / name)
 
 
 def set_runtime_meta(out: Path, key: str, value: Any) -> None:

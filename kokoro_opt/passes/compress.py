@@ -26,7 +26,7 @@ import numpy as np
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.onnx_graph import GraphIndex
-from kokoro_opt.passes.common import copy_runtime, stage_record
+from kokoro_opt.passes.common import stage_record
 from kokoro_opt.recipe import CompressStage
 
 # Which input of each op is a weight, and along which axes its output channels run (scales vary there).
@@ -228,10 +228,9 @@ def run_compress(source: Artifact, cfg: CompressStage, out: Path) -> dict[str, A
     import onnx
 
     started = time.perf_counter()
-    copy_runtime(source, out, CARRIED)
     protected: set[str] = set()
-    if (out / "precision_map.json").exists():
-        protected = sensitive_nodes(json.loads((out / "precision_map.json").read_text(encoding="utf-8")))
+    if (source.path / "precision_map.json").exists():
+        protected = sensitive_nodes(json.loads((source.path / "precision_map.json").read_text(encoding="utf-8")))
     model = onnx.load(str(source.model_file))
     stats = compress_model(model, cfg, protected)
     onnx.save(model, str(out / "model.onnx"))
@@ -242,8 +241,8 @@ PASS = Pass(
     "compress",
     CompressStage,
     run_compress,
-    version="1",
     libraries=("onnx",),
     consumes=("precision_map.json",),  # its FP32 nodes are the ones whose weights may be rounded
-    produces=CARRIED,
+    carries=CARRIED,  # node names and precisions stay: only how weights are stored changes
+    keeps=("edges",),
 )

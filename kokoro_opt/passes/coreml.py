@@ -28,9 +28,8 @@ from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.model import deterministic_noise, style_for
-from kokoro_opt.passes.common import copy_runtime
 from kokoro_opt.recipe import CoreMLStage
-from kokoro_opt.runtime.feeds import model_feeds
+from kokoro_opt.runtime.feeds import feed_arrays, model_feeds
 from kokoro_opt.weights.sources import exported_kmodel
 
 # Ops whose FP16 rounding wrecks phase or level: kept in FP32.
@@ -167,14 +166,11 @@ def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
     from kokoro_opt.export import _quiet_native_stderr
 
     started = time.perf_counter()
-    copy_runtime(source, out)
     kmodel = exported_kmodel(source.kokoro["weights"])  # Core ML converts from torch, not ONNX
 
     packs = source.voice_packs()
     pack = packs[sorted(packs)[0]]
-    tokens = torch.tensor([[0, *range(16, 16 + 48), 0]], dtype=torch.long)
-    style = torch.from_numpy(style_for(pack, 48))
-    speed = torch.tensor([1.0])
+    tokens, style, speed = (torch.from_numpy(a) for a in feed_arrays(list(range(16, 16 + 48)), style_for(pack, 48), 1.0))
     with deterministic_noise(), torch.no_grad(), _quiet_native_stderr():
         torch.onnx.export(
             KokoroFront(kmodel).eval(),
@@ -220,17 +216,24 @@ def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
         compute_precision=precision,
         minimum_deployment_target=ct.target.macOS13,
     )
+    zero_channels = 0
     if cfg.int8_weights:
         from coremltools.optimize.coreml import OpLinearQuantizerConfig, OptimizationConfig, linear_quantize_weights
 
+        # The offline weights hold output channels that are all zero (per-tensor int8 rounded them away). Their
+        # per-channel scale is 0 and coremltools divides by it (0/0, then a cast of NaN): numpy warns, and the
+        # channel dequantizes to 0 * code = 0 exactly, as it was. Counted and recorded instead of warned.
+        zero_channels = all_zero_channels(KokoroDecoder(kmodel))
         op_config = OpLinearQuantizerConfig(mode="linear_symmetric", granularity="per_channel")
-        mlmodel = linear_quantize_weights(mlmodel, config=OptimizationConfig(global_config=op_config))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mlmodel = linear_quantize_weights(mlmodel, config=OptimizationConfig(global_config=op_config))
     mlmodel.save(str(out / "model.mlpackage"))
     ops, dtypes = mil_op_counts(mlmodel)
     return {
         "stage": "coreml",
         "config": cfg.model_dump(mode="json"),
         "split": "front.onnx (ONNX Runtime, host) -> model.mlpackage (Core ML decoder)",
+        "zero_weight_channels": zero_channels,
         "op_counts": ops,
         "output_dtypes": dtypes,
         "fp32_ops": sorted(FP32_OPS) if cfg.precision == "fp16" else "all",
@@ -238,6 +241,12 @@ def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
         "seconds": {"trace": round(converted - started, 2), "convert": round(time.perf_counter() - converted, 2)},
         "prediction": "needs macOS: run kokoro-opt evaluate on a Mac to score this artifact",
     }
+
+
+def all_zero_channels(module: torch.nn.Module) -> int:
+    """Output channels whose weights are all zero, over every weight of two or more dimensions."""
+    with torch.no_grad():
+        return sum(int((p.reshape(p.shape[0], -1).abs().amax(dim=1) == 0).sum()) for p in module.parameters() if p.dim() >= 2)
 
 
 def example_feeds(front_path: Path, tokens: list[int], style: np.ndarray, speed: float = 1.0) -> dict[str, np.ndarray]:
@@ -250,4 +259,4 @@ def example_feeds(front_path: Path, tokens: list[int], style: np.ndarray, speed:
     return {"asr": asr, "f0": f0, "noise": noise, "style": style, "durations": durations}
 
 
-PASS = Pass("coreml", CoreMLStage, run_coreml, version="2", libraries=("coremltools", "torch", "kokoro"))
+PASS = Pass("coreml", CoreMLStage, run_coreml, libraries=("coremltools", "torch", "kokoro"), produces=("front.onnx",))

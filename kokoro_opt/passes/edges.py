@@ -14,7 +14,6 @@ shortest utterances, 6 frames about half of that.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,10 @@ import numpy as np
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
-from kokoro_opt.passes.common import copy_runtime, set_runtime_meta, stage_record
+from kokoro_opt.passes.common import set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
 from kokoro_opt.passes.edge_input import add_edge_input, has_edge_input
+from kokoro_opt.passes.speech_gate import gate_failures, gate_utterances, score, summarise
 from kokoro_opt.recipe import EdgesStage
 from kokoro_opt.runtime.edges import EDGE_INPUT, FRAME_SAMPLES, edge_keep, removed_frames
 
@@ -37,30 +37,15 @@ def uncapped_span(audio: np.ndarray, durations: np.ndarray, keep: np.ndarray) ->
     return audio[lead * FRAME_SAMPLES : len(audio) - trail * FRAME_SAMPLES]
 
 
-def gate_cases(artifact: Artifact, count: int) -> list[tuple[str, list[int], np.ndarray]]:
-    """(id, token ids, style) for the first `count` corpus sentences, voices round robin as in evaluations."""
-    from kokoro_opt.evaluate.corpus import load_corpus
-    from kokoro_opt.text import phonemize, tokenize
+def measure(model_file: Path, artifact: Artifact, cfg: EdgesStage) -> dict[str, Any]:
+    """Capped vs uncapped speech of `model_file` on the gate's utterances: per-utterance scores and the summary."""
+    from kokoro_opt.runtime.synth import Synthesizer
     from kokoro_opt.voices import style_for
 
-    packs = artifact.voice_packs()
-    cases = []
-    for utterance in load_corpus().utterances(count, sorted(packs)):
-        tokens = tokenize(phonemize(utterance.sentence.text), artifact.kokoro["vocab"])[:510]
-        cases.append((utterance.sentence.id, tokens, style_for(packs[utterance.voice], len(tokens))))
-    return cases
-
-
-def measure(model_file: Path, artifact: Artifact, cfg: EdgesStage) -> dict[str, Any]:
-    """Capped vs uncapped speech of `model_file` on the gate's sentences: per-sentence scores and the summary."""
-    from kokoro_opt.evaluate import metrics as M
-    from kokoro_opt.runtime.synth import Synthesizer
-
     synth = Synthesizer(artifact, model_file=model_file)  # the new graph with the source's voices and vocab
-    rate = synth.sample_rate
     rows = []
-    for sentence_id, tokens, style in gate_cases(artifact, cfg.check_sentences):
-        feeds = synth.feeds(tokens, style, 1.0)
+    for utterance, tokens in gate_utterances(cfg, synth.voices, synth.vocab):
+        feeds = synth.feeds(tokens, style_for(synth.packs[utterance.voice], len(tokens)), 1.0)
         keep = edge_keep(cfg.lead_frames, cfg.trail_frames, tokens, synth.symbols)
         full, durations = (np.asarray(x) for x in synth.session.run(None, feeds))
         capped = np.asarray(synth.session.run(None, {**feeds, EDGE_INPUT: keep})[0]).reshape(-1)
@@ -70,43 +55,16 @@ def measure(model_file: Path, artifact: Artifact, cfg: EdgesStage) -> dict[str, 
                 f"edge capping cut {len(full) - len(capped)} samples where the durations say {len(full) - len(reference)}",
                 "report this: the graph's slicing is wrong",
             )
-        pesq = M.pesq_wb(reference, capped, rate)
-        rows.append(
-            {
-                "sentence": sentence_id,
-                "tokens": len(tokens),
-                "frames_cut": round(1 - len(capped) / max(len(full.reshape(-1)), 1), 4),
-                "pesq": round(pesq, 3) if math.isfinite(pesq) else None,
-                "high_band_db": round(M.high_band_ratio_db(reference, capped, rate), 3),
-            }
-        )
-    scored = [r["pesq"] for r in rows if r["pesq"] is not None]
-    return {
-        "sentences": rows,
-        "pesq_mean": round(float(np.mean(scored)), 3) if scored else None,
-        "pesq_min": round(float(np.min(scored)), 3) if scored else None,
-        "high_band_db_max": round(max(abs(r["high_band_db"]) for r in rows), 3),
-        "frames_cut_mean": round(float(np.mean([r["frames_cut"] for r in rows])), 4),
-    }
-
-
-def gate_failures(scores: dict[str, Any], cfg: EdgesStage) -> list[str]:
-    """Why the capped speech is outside the budget (empty when it is within)."""
-    checks = [
-        (scores["pesq_mean"], cfg.min_pesq, "mean PESQ {} < min_pesq {}", False),
-        (scores["pesq_min"], cfg.min_sentence_pesq, "worst sentence PESQ {} < min_sentence_pesq {}", False),
-        (scores["high_band_db_max"], cfg.max_high_band_db, "4-12 kHz energy moved {} dB > max_high_band_db {}", True),
-    ]
-    if scores["pesq_mean"] is None:  # the tiny model's noise: PESQ finds no speech to score
-        return []
-    return [text.format(value, limit) for value, limit, text, upper in checks if (value > limit if upper else value < limit)]
+        cut = round(1 - len(capped) / max(len(full.reshape(-1)), 1), 4)
+        rows.append(score(utterance, reference, capped, synth.sample_rate, tokens=len(tokens), frames_cut=cut))
+    summary = summarise(rows)
+    return {**summary, "frames_cut_mean": round(float(np.mean([r["frames_cut"] for r in rows])), 4)}
 
 
 def run_edges(source: Artifact, cfg: EdgesStage, out: Path) -> dict[str, Any]:
     import onnx
 
     started = time.perf_counter()
-    copy_runtime(source, out, CARRIED)
     model = onnx.load(str(source.model_file))
     if has_edge_input(model):
         raise UserError(f"{source.name} already has the edges stage's input", "keep one edges stage in the recipe")
@@ -133,8 +91,8 @@ PASS = Pass(
     "edges",
     EdgesStage,
     run_edges,
-    version="1",
     libraries=("onnx", "onnxruntime"),
-    produces=CARRIED,
+    carries=CARRIED,  # it adds slices; every node it had keeps its name and precision
+    grants=("edges",),
     reads=("kokoro_opt/data/eval_corpus.yaml",),
 )

@@ -16,7 +16,7 @@ from typing import Any
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
-from kokoro_opt.passes.common import copy_runtime, stage_record
+from kokoro_opt.passes.common import stage_record
 from kokoro_opt.passes.fp16_islands import convert_with_fp32_islands, fp32_exceptions
 from kokoro_opt.recipe import Fp16Stage
 
@@ -25,7 +25,6 @@ def run_fp16(source: Artifact, cfg: Fp16Stage, out: Path) -> dict[str, Any]:
     import onnx
 
     started = time.perf_counter()
-    copy_runtime(source, out)
     model = onnx.load(str(source.model_file))
     kept = fp32_exceptions(model)
     listed = {n.name: f"op_block_list: {n.op_type}" for n in model.graph.node if n.op_type in cfg.op_block_list}
@@ -36,4 +35,4 @@ def run_fp16(source: Artifact, cfg: Fp16Stage, out: Path) -> dict[str, Any]:
     return stage_record("fp16", cfg, out, started, fp32_nodes=len(kept))
 
 
-PASS = Pass("fp16", Fp16Stage, run_fp16, version="3", libraries=("onnx", "onnxruntime"), produces=("precision_map.json",))
+PASS = Pass("fp16", Fp16Stage, run_fp16, libraries=("onnx", "onnxruntime"), produces=("precision_map.json",))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kokoro_opt.onnx_graph import dependent_tensors, node_reads
+from kokoro_opt.onnx_graph import cut, dependent_tensors, node_reads
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,6 @@ class Hoisted:
 def hoist(model: Any, moving: list[str], job: list[str]) -> Hoisted:
     """Cut `model` into the part computed from the `job` inputs alone and the rest (see the module docstring)."""
     import onnx
-
-    from kokoro_opt.passes.windows_split import cut
 
     varies = dependent_tensors(model, moving)
     per_job = dependent_tensors(model, job) - varies

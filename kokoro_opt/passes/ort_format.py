@@ -2,7 +2,8 @@
 
 .ort loads faster and is what ORT's mobile/minimal builds run; `required_operators.config` lists
 the kernels a reduced build must keep. `Fixed` bakes the optimisations in for this build's
-kernels; `Runtime` defers layout optimisations to load time (portable across EPs).
+kernels; `Runtime` defers layout optimisations to load time (portable across EPs). The windowed
+graphs of a `windows` stage before it are converted too, so the artifact still streams windowed.
 """
 
 from __future__ import annotations
@@ -17,16 +18,15 @@ from typing import Any
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
-from kokoro_opt.passes.common import copy_runtime
 from kokoro_opt.recipe import OrtFormatStage
+from kokoro_opt.runtime.windowed import WINDOWS_DIR
 
 
-def run_ort_format(source: Artifact, cfg: OrtFormatStage, out: Path) -> dict[str, Any]:
-    started = time.perf_counter()
-    copy_runtime(source, out)
-    work = out / "convert"
+def convert(models: list[Path], work: Path, cfg: OrtFormatStage) -> dict[str, Path]:
+    """Each ONNX file in `models` (distinct names) converted in `work`: its stem -> its .ort file."""
     work.mkdir()
-    shutil.copy2(source.model_file, work / "model.onnx")
+    for model in models:
+        shutil.copy2(model, work / model.name)
     result = subprocess.run(
         [
             sys.executable,
@@ -44,13 +44,30 @@ def run_ort_format(source: Artifact, cfg: OrtFormatStage, out: Path) -> dict[str
         raise UserError(
             f"ORT format conversion failed: {result.stderr.strip().splitlines()[-1:]}", "try optimization_style: Runtime"
         )
-    produced = sorted(work.rglob("*.ort"))
-    if not produced:
-        raise UserError("ORT format conversion wrote no .ort file", "check the onnxruntime version")
-    produced[0].rename(out / "model.ort")
+    produced = {p.name.split(".")[0]: p for p in work.rglob("*.ort")}  # "model.ort", "model.with_runtime_opt.ort"
+    missing = [m.name for m in models if m.stem not in produced]
+    if missing:
+        raise UserError(f"ORT format conversion wrote no .ort file for {missing[0]}", "check the onnxruntime version")
+    return produced
+
+
+def run_ort_format(source: Artifact, cfg: OrtFormatStage, out: Path) -> dict[str, Any]:
+    started = time.perf_counter()
+    work = out / "convert"
+    convert([source.model_file], work, cfg)["model"].rename(out / "model.ort")
     for config in work.rglob("required_operators*.config"):
         config.rename(out / config.name)
     shutil.rmtree(work)
+    windows = source.path / WINDOWS_DIR
+    if windows.is_dir():  # the windowed graphs, converted alike; the rest of the folder as it is
+        graphs = sorted(windows.glob("*.onnx"))
+        (out / WINDOWS_DIR).mkdir()
+        for stem, converted in convert(graphs, work, cfg).items():
+            converted.rename(out / WINDOWS_DIR / f"{stem}.ort")
+        shutil.rmtree(work)
+        for other in windows.iterdir():
+            if other.suffix != ".onnx":
+                shutil.copy2(other, out / WINDOWS_DIR / other.name)
     return {
         "stage": "ort",
         "config": cfg.model_dump(mode="json"),
@@ -59,4 +76,12 @@ def run_ort_format(source: Artifact, cfg: OrtFormatStage, out: Path) -> dict[str
     }
 
 
-PASS = Pass("ort", OrtFormatStage, run_ort_format, version="1", libraries=("onnxruntime",))
+PASS = Pass(
+    "ort",
+    OrtFormatStage,
+    run_ort_format,
+    libraries=("onnxruntime",),
+    produces=("required_operators*.config", WINDOWS_DIR),
+    consumes=(WINDOWS_DIR,),
+    keeps=("edges", "windowed"),  # the same graphs in another format: inputs and windows alike
+)

@@ -70,7 +70,7 @@ def calibration_corpus() -> list[str]:
 
 def calibration_feeds(artifact: Artifact, count: int) -> list[dict[str, np.ndarray]]:
     """Deterministic feeds: sentence i is spoken by voice i mod V at speed i mod 3."""
-    from kokoro_opt.text import phonemize, tokenize
+    from kokoro_opt.text import utterance_tokens
 
     sentences = calibration_corpus()
     if count > len(sentences):
@@ -82,7 +82,7 @@ def calibration_feeds(artifact: Artifact, count: int) -> list[dict[str, np.ndarr
     voices = sorted(packs)
     feeds = []
     for i, sentence in enumerate(sentences[:count]):
-        tokens = tokenize(phonemize(sentence), vocab)[:510]
+        tokens = utterance_tokens(sentence, vocab)
         style = style_for(packs[voices[i % len(voices)]], len(tokens))
         feeds.append(model_feeds(tokens, style, CALIBRATION_SPEEDS[i % len(CALIBRATION_SPEEDS)]))
     return feeds

@@ -12,7 +12,7 @@ from typing import Any
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
-from kokoro_opt.passes.common import copy_runtime, graph_summary
+from kokoro_opt.passes.common import graph_summary
 from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, calibrate, quantize_static_qdq
 from kokoro_opt.passes.sensitivity import SENSITIVITY_CORPUS, run_mixed
 from kokoro_opt.recipe import QuantizeStage
@@ -22,7 +22,6 @@ def run_quantize(source: Artifact, cfg: QuantizeStage, out: Path, decisions: dic
     """`decisions`: mixed mode's locked choice of INT8 units and their ranges (locks.py), applied
     instead of measured."""
     started = time.perf_counter()
-    copy_runtime(source, out)
     record: dict[str, Any] = {"stage": "quantize", "config": cfg.model_dump(mode="json")}
     timings: dict[str, float] = {}
     if cfg.mode == "dynamic":
@@ -53,7 +52,6 @@ PASS = Pass(
     "quantize",
     QuantizeStage,
     run_quantize,
-    version="8",
     reads=(CALIBRATION_CORPUS, SENSITIVITY_CORPUS),
     libraries=("onnx", "onnxruntime", "phonemizer-fork", "espeakng-loader"),
     decides=True,

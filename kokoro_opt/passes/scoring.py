@@ -50,7 +50,7 @@ class AudioScorer:
     def __init__(self, source: Artifact, sentences: list[str], threads: int = 0) -> None:
         from kokoro_opt.runtime.session import SessionSettings
         from kokoro_opt.runtime.synth import Synthesizer
-        from kokoro_opt.text import phonemize, tokenize
+        from kokoro_opt.text import utterance_tokens
 
         self.settings = SessionSettings(intra_op_num_threads=threads)
         reference = Synthesizer(source, self.settings)
@@ -60,7 +60,7 @@ class AudioScorer:
         self.feeds = []
         self.references = []
         for i, sentence in enumerate(sentences):
-            tokens = tokenize(phonemize(sentence), reference.vocab)
+            tokens = utterance_tokens(sentence, reference.vocab)
             pack = reference.packs[voices[i % len(voices)]]
             self.feeds.append((tokens, pack))
             self.references.append(reference.run_tokens(tokens, pack))

@@ -16,7 +16,7 @@ from typing import Any
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
-from kokoro_opt.passes.common import copy_runtime, graph_summary
+from kokoro_opt.passes.common import graph_summary
 from kokoro_opt.recipe import SimplifyStage
 from kokoro_opt.runtime.session import GRAPH_LEVELS
 
@@ -59,7 +59,6 @@ def _static_reshapes(source: Artifact, model_file: Path) -> dict[str, Any]:
 def run_simplify(source: Artifact, cfg: SimplifyStage, out: Path) -> dict[str, Any]:
     import onnx
 
-    copy_runtime(source, out)
     started = time.perf_counter()
     before = graph_summary(source.model_file)
     current = source.model_file
@@ -97,4 +96,4 @@ def run_simplify(source: Artifact, cfg: SimplifyStage, out: Path) -> dict[str, A
     }
 
 
-PASS = Pass("simplify", SimplifyStage, run_simplify, version="1", libraries=("onnx", "onnxruntime", "onnxsim", "onnxslim"))
+PASS = Pass("simplify", SimplifyStage, run_simplify, libraries=("onnx", "onnxruntime", "onnxsim", "onnxslim"))

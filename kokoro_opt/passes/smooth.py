@@ -28,7 +28,7 @@ from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.onnx_graph import PatternIndex, replace_nodes
-from kokoro_opt.passes.common import copy_runtime, intermediate_values, stage_record
+from kokoro_opt.passes.common import intermediate_values, stage_record
 from kokoro_opt.passes.snake import snake_at
 from kokoro_opt.recipe import SmoothStage
 
@@ -122,7 +122,6 @@ def run_smooth(source: Artifact, cfg: SmoothStage, out: Path) -> dict[str, Any]:
     from kokoro_opt.passes.qdq import calibration_feeds
 
     started = time.perf_counter()
-    copy_runtime(source, out)
     model = onnx.load(str(source.model_file))
     tensors = [c["u"] for c in match_chains(model)]
     if not tensors:
@@ -141,7 +140,6 @@ PASS = Pass(
     "smooth",
     SmoothStage,
     run_smooth,
-    version="1",
     reads=("calibration/sentences.txt",),
     libraries=("onnx", "onnxruntime", "phonemizer-fork", "espeakng-loader"),
 )

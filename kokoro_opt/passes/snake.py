@@ -43,7 +43,7 @@ from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.onnx_graph import PatternIndex, replace_nodes
-from kokoro_opt.passes.common import copy_runtime, stage_record
+from kokoro_opt.passes.common import stage_record
 from kokoro_opt.recipe import SnakeStage
 
 
@@ -333,7 +333,6 @@ def run_snake(source: Artifact, cfg: SnakeStage, out: Path) -> dict[str, Any]:
     import onnx
 
     started = time.perf_counter()
-    copy_runtime(source, out)
     model = onnx.load(str(source.model_file))
     facts: dict[str, Any] = {}
     if cfg.fold_adain:  # first, so the folded InstanceNormalization can take alpha / pi as well
@@ -351,4 +350,4 @@ def run_snake(source: Artifact, cfg: SnakeStage, out: Path) -> dict[str, Any]:
     return stage_record("snake", cfg, out, started, **facts)
 
 
-PASS = Pass("snake", SnakeStage, run_snake, version="2", libraries=("onnx",))
+PASS = Pass("snake", SnakeStage, run_snake, libraries=("onnx",))

@@ -15,7 +15,6 @@ and refuses the artifact below the budget.
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from collections.abc import Callable
@@ -27,8 +26,9 @@ import numpy as np
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
-from kokoro_opt.passes.common import copy_runtime, set_runtime_meta, stage_record
+from kokoro_opt.passes.common import set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
+from kokoro_opt.passes.speech_gate import gate_failures, gate_utterances, score, summarise
 from kokoro_opt.recipe import WindowsStage
 from kokoro_opt.runtime.norm_stats import STATS_FILE, StatsTable
 from kokoro_opt.runtime.windowed import STEP_SAMPLES, WINDOWS_DIR, WindowedDecoder, WindowSettings
@@ -39,7 +39,7 @@ PIECE_TOKENS = (12, 24, 48)  # calibration sentences are also cut into pieces of
 def calibration_pieces(vocab: dict[str, int], sentences: int) -> list[list[int]]:
     """Token ids of the first `sentences` calibration sentences, whole and cut into pieces of each size."""
     from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, calibration_corpus
-    from kokoro_opt.text import chunk_text, phonemize, tokenize
+    from kokoro_opt.text import chunk_text, utterance_tokens
 
     texts = calibration_corpus()
     if sentences > len(texts):
@@ -48,7 +48,7 @@ def calibration_pieces(vocab: dict[str, int], sentences: int) -> list[list[int]]
         )
     pieces = []
     for text in texts[:sentences]:
-        pieces.append(tokenize(phonemize(text), vocab)[:510])
+        pieces.append(utterance_tokens(text, vocab))
         for size in PIECE_TOKENS:
             pieces += [c.token_ids for c in chunk_text(text, vocab, first_chunk_tokens=size, chunk_tokens=size)]
     return [p for p in pieces if p]
@@ -73,14 +73,9 @@ def measure_table(
 
 def measure(decoder: WindowedDecoder, cfg: WindowsStage) -> dict[str, Any]:
     """Windowed vs whole decoding of the same speech samples on the gate's utterances."""
-    from kokoro_opt.evaluate import metrics as M
-    from kokoro_opt.evaluate.corpus import load_corpus
-    from kokoro_opt.text import phonemize, tokenize
-
     synth = decoder.synth
     rows = []
-    for utterance in load_corpus().utterances(cfg.check_sentences, synth.voices, cfg.check_phrases):
-        tokens = tokenize(phonemize(utterance.sentence.text), synth.vocab)[:510]
+    for utterance, tokens in gate_utterances(cfg, synth.voices, synth.vocab):
         pack = synth.packs[utterance.voice]
         whole = synth.run_tokens(tokens, pack)
         windowed, job = decoder.speak(tokens, pack)
@@ -91,49 +86,8 @@ def measure(decoder: WindowedDecoder, cfg: WindowsStage) -> dict[str, Any]:
                 f"windowed decoding gave {len(windowed)} samples where the durations say {len(reference)}",
                 "report this: the windows do not tile the speech",
             )
-        pesq = M.pesq_wb(reference, windowed, synth.sample_rate)
-        rows.append(
-            {
-                "utterance": utterance.sentence.id,
-                "kind": utterance.sentence.kind,
-                "tokens": len(tokens),
-                "windows": job.windows,
-                "pesq": round(pesq, 3) if math.isfinite(pesq) else None,
-                "high_band_db": round(M.high_band_ratio_db(reference, windowed, synth.sample_rate), 3),
-            }
-        )
-    return {"utterances": rows, **summarise(rows)}
-
-
-def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    def scores(kind: str) -> list[float]:
-        return [r["pesq"] for r in rows if r["pesq"] is not None and (r["kind"] == "phrase") == (kind == "phrase")]
-
-    sentences, phrases = scores("sentence"), scores("phrase")
-    return {
-        "pesq_mean": round(float(np.mean(sentences)), 3) if sentences else None,
-        "pesq_min": round(float(np.min(sentences)), 3) if sentences else None,
-        "phrase_pesq_mean": round(float(np.mean(phrases)), 3) if phrases else None,
-        "phrase_pesq_min": round(float(np.min(phrases)), 3) if phrases else None,
-        "high_band_db_max": round(max((abs(r["high_band_db"]) for r in rows), default=0.0), 3),
-    }
-
-
-def gate_failures(scores: dict[str, Any], cfg: WindowsStage) -> list[str]:
-    """Why the windowed speech is outside the budget (empty when it is within)."""
-    checks = [
-        (scores["pesq_mean"], cfg.min_pesq, "mean PESQ {} < min_pesq {}", False),
-        (scores["pesq_min"], cfg.min_sentence_pesq, "worst sentence PESQ {} < min_sentence_pesq {}", False),
-        (scores["phrase_pesq_mean"], cfg.min_phrase_pesq, "phrase PESQ {} < min_phrase_pesq {}", False),
-        (scores["high_band_db_max"], cfg.max_high_band_db, "4-12 kHz energy moved {} dB > max_high_band_db {}", True),
-    ]
-    if scores["pesq_mean"] is None:  # the tiny model's noise: PESQ finds no speech to score
-        return []
-    return [
-        text.format(value, limit)
-        for value, limit, text, upper in checks
-        if value is not None and (value > limit if upper else value < limit)
-    ]
+        rows.append(score(utterance, reference, windowed, synth.sample_rate, tokens=len(tokens), windows=job.windows))
+    return summarise(rows)
 
 
 class MomentsProbe:
@@ -165,7 +119,6 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any
     from kokoro_opt.runtime.synth import Synthesizer
 
     started = time.perf_counter()
-    copy_runtime(source, out, CARRIED)
     shutil.copy2(source.model_file, out / "model.onnx")
     synth = Synthesizer(source, load=False)
     settings = WindowSettings(cfg.first_steps, cfg.steps, cfg.overlap_steps, cfg.lead_frames, cfg.trail_frames)
@@ -212,8 +165,10 @@ PASS = Pass(
     "windows",
     WindowsStage,
     run_windows,
-    version="2",
     libraries=("onnx", "onnxruntime"),
-    produces=(*CARRIED, WINDOWS_DIR),
+    produces=(WINDOWS_DIR,),
+    carries=CARRIED,  # the model is the input's, unchanged
+    grants=("windowed",),
+    keeps=("edges",),
     reads=("kokoro_opt/data/eval_corpus.yaml", "calibration/sentences.txt"),
 )

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from kokoro_opt.onnx_graph import cut
 from kokoro_opt.passes.edge_input import PREFIX as EDGES_PREFIX
 from kokoro_opt.passes.edge_input import SOURCE_CONSUMER, float_source
 from kokoro_opt.passes.hoisting import hoist
@@ -87,80 +88,6 @@ def anchors(model: Any) -> GeneratorAnchors:
         style=style_readers[0].input[0],
         norms=norms,
     )
-
-
-def cut(
-    model: Any,
-    inputs: list[str],
-    outputs: list[str],
-    output_names: list[str] | tuple[str, ...],
-    input_names: list[str] | tuple[str, ...] | None = None,
-) -> Any:
-    """The part of `model` computing `outputs` from `inputs`, renamed; unlike onnx.utils.Extractor it follows
-    what Loop/If bodies read from the graph around them (Kokoro's alignment is a Loop)."""
-    from onnx import helper
-
-    from kokoro_opt.onnx_graph import outer_names, subgraphs
-
-    graph = model.graph
-    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
-    wanted, keep, stack = set(inputs), set(), list(outputs)
-    seen: set[str] = set()
-    while stack:
-        tensor = stack.pop()
-        if tensor in seen or tensor in wanted or tensor not in producer:
-            continue
-        seen.add(tensor)
-        index = producer[tensor]
-        if index in keep:
-            continue
-        keep.add(index)
-        node = graph.node[index]
-        stack += [t for t in node.input if t] + [t for sub in subgraphs(node) for t in outer_names(sub)]
-    reads = seen | {t for i in keep for t in graph.node[i].input}
-    sub_reads = {t for i in keep for sub in subgraphs(graph.node[i]) for t in outer_names(sub)}
-    initializers = [
-        init for init in graph.initializer if (init.name in reads or init.name in sub_reads) and init.name not in inputs
-    ]
-    result = helper.make_model(
-        helper.make_graph(
-            [graph.node[i] for i in sorted(keep)],
-            graph.name,
-            [_input_value(graph, t) for t in inputs],
-            [helper.make_empty_tensor_value_info(o) for o in outputs],
-            initializers,
-        ),
-        opset_imports=model.opset_import,
-        ir_version=model.ir_version,
-    )
-    overridable = [init.name for init in initializers if init.name in {v.name for v in graph.input}]
-    result.graph.input.extend(_input_value(graph, name) for name in overridable)  # e.g. edge_keep stays feedable
-    return _renamed(
-        result, {**dict(zip(outputs, output_names, strict=True)), **dict(zip(inputs, input_names or inputs, strict=True))}
-    )
-
-
-def _input_value(graph: Any, name: str) -> Any:
-    """The graph input's declaration, else a float tensor of unknown shape."""
-    from onnx import TensorProto, helper
-
-    for value in graph.input:
-        if value.name == name:
-            copy = type(value)()
-            copy.CopyFrom(value)
-            return copy
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
-
-
-def _renamed(model: Any, names: dict[str, str]) -> Any:
-    """`model` with tensors renamed (graph inputs, outputs and every node's reads and writes)."""
-    graph = model.graph
-    for node in graph.node:
-        node.input[:] = [names.get(t, t) for t in node.input]
-        node.output[:] = [names.get(t, t) for t in node.output]
-    for value in [*graph.input, *graph.output, *graph.value_info]:
-        value.name = names.get(value.name, value.name)
-    return model
 
 
 def _edge_slice(model: Any) -> Any:

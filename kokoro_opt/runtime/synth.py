@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.errors import UserError
+from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.runtime.edges import EDGE_INPUT, edge_keep
 from kokoro_opt.runtime.feeds import model_feeds
 from kokoro_opt.runtime.session import SessionSettings, make_session
@@ -48,9 +50,16 @@ class Speaker:
         raise NotImplementedError
 
     def synthesize(
-        self, text: str | None = None, *, phonemes: str | None = None, voice: str = "jf_alpha", speed: float = 1.0
+        self,
+        text: str | None = None,
+        *,
+        phonemes: str | None = None,
+        voice: str = "jf_alpha",
+        speed: float = 1.0,
+        on_chunk: Callable[[int, int], None] | None = None,
     ) -> SynthesisResult:
-        """Whole input, split at sentence/clause boundaries under the 510-token context, joined."""
+        """Whole input, split at sentence/clause boundaries under the 510-token context, joined; `on_chunk(done,
+        total)` after each chunk (a long text takes a while)."""
         from kokoro_opt.text import chunk_phonemes, chunk_text
 
         if (text is None) == (phonemes is None):
@@ -61,7 +70,11 @@ class Speaker:
         chunks = chunk_text(text, self.vocab) if text is not None else chunk_phonemes(phonemes or "", self.vocab)
         if not chunks:
             raise UserError("nothing to say: the text is empty or has no pronounceable characters", "pass some words")
-        parts = [self.run_tokens(chunk.token_ids, pack, speed) for chunk in chunks]
+        parts = []
+        for chunk in chunks:
+            parts.append(self.run_tokens(chunk.token_ids, pack, speed))
+            if on_chunk is not None:
+                on_chunk(len(parts), len(chunks))
         return SynthesisResult(
             np.concatenate([p.audio for p in parts]),
             self.sample_rate,
@@ -147,12 +160,3 @@ class Synthesizer(Speaker):
         # kokoro-onnx's own graph has no durations output
         durations = np.asarray(outputs[1]).reshape(-1) if len(outputs) > 1 else np.zeros(0, dtype=np.int64)
         return SynthesisResult(audio, self.sample_rate, durations)
-
-
-def runtime_problem(artifact: Artifact) -> UserError | None:
-    """Why `artifact` cannot run on this machine (a Core ML artifact off macOS), or None.
-
-    Serve and evaluate ask before loading anything: serve refuses to start, evaluate skips it."""
-    from kokoro_opt.runtime.coreml import coreml_problem
-
-    return coreml_problem(artifact)

@@ -187,8 +187,7 @@ class WindowedDecoder:
     @staticmethod
     def check(artifact: Any) -> None:
         """Refuse an artifact without the `windows` stage's graphs and statistics, naming the fix."""
-        folder = artifact.path / WINDOWS_DIR
-        if not artifact.kokoro.get("windows") or not (folder / STATS_FILE).exists():
+        if not artifact.capabilities.windowed:
             raise UserError(
                 f"{artifact.name} has no windows stage (no {WINDOWS_DIR}/{STATS_FILE})",
                 "serve an artifact whose recipe ends with `- kind: windows`, or drop --windowed",

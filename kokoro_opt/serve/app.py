@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.runtime.synth import runtime_problem
+from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.cache import AudioCache, CacheKey
 from kokoro_opt.serve.config import ServeConfig

@@ -61,9 +61,9 @@ class ServeConfig:
         known = set(cls.__dataclass_fields__)
         tuned = {k: v for k, v in selection.chunking.items() if k in known}
         config = cls(**{**tuned, **{k: v for k, v in overrides.items() if v is not None}})
-        if config.cap_edges and not selection.artifact.kokoro.get("edges"):
+        if config.cap_edges and not selection.artifact.capabilities.edges:
             raise UserError(edges_missing(selection.artifact.name), "serve an artifact built with it, or drop --cap-edges")
-        if config.windowed and not selection.artifact.kokoro.get("windows"):
+        if config.windowed and not selection.artifact.capabilities.windowed:
             raise UserError(windows_missing(selection.artifact.name), "serve an artifact built with it, or drop --windowed")
         if config.windowed and config.cap_edges:  # windows decode only the speech already, with its real context
             raise UserError("--windowed and --cap-edges both skip the edge silence", "use one of them (--windowed)")

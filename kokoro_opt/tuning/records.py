@@ -21,7 +21,7 @@ from kokoro_opt.evaluate.tracking import (
     _client,
     _experiment,
     _our_experiments,
-    _sqlite_path,
+    existing_client,
     machine_tags,
     resolve_tracking_uri,
 )
@@ -49,11 +49,10 @@ def study_key(storage: str, study: Any) -> str:
 
 def recorded_evaluation(tracking_uri: str | None, artifact_id: str) -> dict[str, float] | None:
     """Metrics of the most thorough (most sentences, then newest) finished evaluation of an artifact."""
-    uri = resolve_tracking_uri(tracking_uri)
-    db = _sqlite_path(uri)
-    if db is not None and not db.exists():
+    opened = existing_client(tracking_uri)
+    if opened is None:
         return None
-    client = _client(uri)
+    _, client = opened
     ids = _our_experiments(client)
     query = f"tags.artifact_id = '{artifact_id}' and tags.{KIND_TAG} = 'evaluation' and attributes.status = 'FINISHED'"
     runs = list(client.search_runs(ids, query)) if ids else []

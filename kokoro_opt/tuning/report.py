@@ -72,6 +72,13 @@ def tuned_json(study: Any, storage: str, trial: Any, settings: TrialSettings, na
     if comparison is not None:
         data["vs_defaults"] = comparison.to_json()
         data["ttfa_ratio"] = comparison.ratio
+        # Applied only where it beat the defaults side by side: a study's winner among noisy trials can be slower.
+        data["applied"] = comparison.ratio < 1.0
+        if not data["applied"]:
+            data["not_applied"] = (
+                f"trial {trial.number} gave first audio in {comparison.tuned_p50 * 1000:.0f} ms against the defaults' "
+                f"{comparison.defaults_p50 * 1000:.0f} ms, measured side by side"
+            )
     return data
 
 
@@ -94,6 +101,8 @@ def ratio_line(vs: dict[str, Any]) -> str:
     """One line from a comparison's JSON (Comparison.to_json, tuned.json's vs_defaults)."""
     d, t, r = vs["defaults_ttfa_p50"], vs["tuned_ttfa_p50"], vs["ttfa_ratio"]
     head = f"TTFA p50 on {vs['artifact_id'][:8]}: defaults {_ms(d)} ms, tuned {_ms(t)} ms"
+    if r >= 1.0:
+        return f"{head} -> ratio {r:.2f}: not sooner than the defaults, so not applied (serve keeps the defaults)"
     return f"{head} -> ratio {r:.2f} ({1 / r:.2f}x sooner first audio)"
 
 

@@ -181,7 +181,10 @@ def _finish(result: TuneResult, recipe: Any, resolved: ResolvedSpace, url: str, 
         out.print(ratio_line(comparison.to_json()), highlight=False)
         data = tuned_json(study, url, best, settings, names, resolved.quality_metric, comparison, score[best.number])
         result.tuned_path = write_tuned(root, data)
-        say(f"wrote {result.tuned_path}: `kokoro-opt serve --artifact best` uses {data['artifact']} with these settings")
+        if data.get("applied", True):
+            say(f"wrote {result.tuned_path}: `kokoro-opt serve --artifact best` uses {data['artifact']} with these settings")
+        else:
+            say(f"wrote {result.tuned_path}, not applied: {data['not_applied']}; `serve --artifact best` keeps the defaults")
     with best_effort("MLflow study summary", say):
         ratio = data.get("ttfa_ratio") if data else None
         metrics = {"trials_finished": finished(study), "best_trial": best.number, "ttfa_ratio": ratio}

@@ -112,14 +112,6 @@ def _is_reference(artifact: Artifact) -> bool:
     return ref is not None and ref.resolve() == artifact.path.resolve()
 
 
-def _evaluation_config(artifact: Artifact, quality: QualityConfig) -> Any:
-    from kokoro_opt.recipe import EvaluateConfig
-
-    stored = artifact.manifest.get("recipe", {}).get("evaluate", {})
-    base = EvaluateConfig(**{k: v for k, v in stored.items() if k in EvaluateConfig.model_fields})
-    return base.model_copy(update=quality.evaluate.model_dump())
-
-
 def quality_of(
     artifact: Artifact, quality: QualityConfig, tracking_uri: str | None, root: Path, say: Say
 ) -> tuple[float, str] | None:
@@ -133,9 +125,12 @@ def quality_of(
     metrics, source = recorded_evaluation(tracking_uri, artifact.id), "MLflow evaluation record"
     if metrics is None and quality.evaluate_missing:
         from kokoro_opt.evaluate.run import evaluate_artifacts
+        from kokoro_opt.evaluate.settings import evaluate_config
 
         say(f"{label}: no evaluation record, evaluating it first (quality budget)")
-        results = evaluate_artifacts([artifact], _evaluation_config(artifact, quality), tracking_uri, root=root)
+        results = evaluate_artifacts(
+            [artifact], evaluate_config(artifact.manifest, **quality.evaluate.model_dump()), tracking_uri, root=root
+        )
         metrics, source = (dict(results[0].metrics), "evaluated now") if results else (None, "")
     if metrics is None:
         say(f"{label}: no evaluation record of its quality, skipped (run kokoro-opt evaluate on it)")

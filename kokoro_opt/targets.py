@@ -1,4 +1,4 @@
-"""What `kokoro-opt evaluate` / `compare` are pointed at, as artifacts, and the evaluation settings to use."""
+"""What `kokoro-opt evaluate` / `compare` are pointed at, as artifacts: built, found or fetched."""
 
 from __future__ import annotations
 
@@ -7,15 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from kokoro_opt.errors import UserError
-
-
-def evaluate_config(manifest: dict[str, Any], **overrides: Any) -> Any:
-    """The recipe's evaluate settings (from the artifact manifest), then the command-line overrides."""
-    from kokoro_opt.recipe import EvaluateConfig
-
-    stored = manifest.get("recipe", {}).get("evaluate", {})
-    base = EvaluateConfig(**{k: v for k, v in stored.items() if k in EvaluateConfig.model_fields})
-    return base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
 
 
 def evaluation_targets(

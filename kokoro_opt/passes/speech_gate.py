@@ -1,0 +1,75 @@
+"""The gate a stage holds its speech to (recipe.SpeechGate): each utterance of the evaluation corpus, spoken by
+the stage's way (capped edges, windowed decoding) and by the same model's reference way, scored PESQ-WB and by
+its 4-12 kHz energy share; the sentences and the short-phrase slice summarised apart; the budget checked."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from kokoro_opt.recipe import SpeechGate
+
+
+def gate_utterances(cfg: SpeechGate, voices: list[str], vocab: dict[str, int]) -> Iterator[tuple[Any, list[int]]]:
+    """(corpus utterance, its token ids) for the gate's sentences, then its phrases, voices round robin."""
+    from kokoro_opt.evaluate.corpus import load_corpus
+    from kokoro_opt.text import utterance_tokens
+
+    for utterance in load_corpus().utterances(cfg.check_sentences, voices, cfg.check_phrases):
+        yield utterance, utterance_tokens(utterance.sentence.text, vocab)
+
+
+def score(utterance: Any, reference: np.ndarray, speech: np.ndarray, rate: int, **facts: Any) -> dict[str, Any]:
+    """One row: `speech` against `reference` (the same samples the reference way)."""
+    from kokoro_opt.evaluate import metrics as M
+
+    pesq = M.pesq_wb(reference, speech, rate)
+    return {
+        "utterance": utterance.sentence.id,
+        "kind": utterance.sentence.kind,
+        **facts,
+        "pesq": round(pesq, 3) if math.isfinite(pesq) else None,
+        "high_band_db": round(M.high_band_ratio_db(reference, speech, rate), 3),
+    }
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rows and their summary: each kind's mean and worst PESQ, the worst of all, the largest 4-12 kHz move."""
+    from kokoro_opt.evaluate.corpus import PHRASE
+
+    def scores(phrases: bool) -> list[float]:
+        return [r["pesq"] for r in rows if r["pesq"] is not None and (r["kind"] == PHRASE) == phrases]
+
+    def rounded(values: list[float], how: Any) -> float | None:
+        return round(float(how(values)), 3) if values else None
+
+    sentences, phrases = scores(False), scores(True)
+    return {
+        "utterances": rows,
+        "pesq_mean": rounded(sentences, np.mean),
+        "pesq_min": rounded(sentences, np.min),
+        "phrase_pesq_mean": rounded(phrases, np.mean),
+        "phrase_pesq_min": rounded(phrases, np.min),
+        "utterance_pesq_min": rounded(sentences + phrases, np.min),
+        "high_band_db_max": round(max((abs(r["high_band_db"]) for r in rows), default=0.0), 3),
+    }
+
+
+def gate_failures(scores: dict[str, Any], cfg: SpeechGate) -> list[str]:
+    """Why the speech is outside the budget (empty when it is within)."""
+    if scores["pesq_mean"] is None:  # the tiny model's noise: PESQ finds no speech to score
+        return []
+    checks = [
+        (scores["pesq_mean"], cfg.min_pesq, "mean PESQ {} < min_pesq {}", False),
+        (scores["utterance_pesq_min"], cfg.min_sentence_pesq, "worst utterance PESQ {} < min_sentence_pesq {}", False),
+        (scores["phrase_pesq_mean"], cfg.min_phrase_pesq, "phrase PESQ {} < min_phrase_pesq {}", False),
+        (scores["high_band_db_max"], cfg.max_high_band_db, "4-12 kHz energy moved {} dB > max_high_band_db {}", True),
+    ]
+    return [
+        text.format(value, limit)
+        for value, limit, text, upper in checks
+        if value is not None and (value > limit if upper else value < limit)
+    ]

@@ -1,0 +1,95 @@
+"""The pass contract as the build engine holds passes to it: cache keys follow the code that makes an output,
+declared side files are carried forward by the engine, undeclared ones refused, capabilities derived."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from kokoro_opt.artifacts import open_artifact
+from kokoro_opt.build import _Engine
+from kokoro_opt.contract import Pass, check_order, source_closure
+from kokoro_opt.errors import UserError
+from kokoro_opt.store import Store
+
+
+def _package(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / "kokoro_opt" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_the_code_key_follows_the_code_a_pass_imports_not_its_comments(tmp_path: Path) -> None:
+    def key(files: dict[str, str]) -> tuple:
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        _package(root, files)
+        return source_closure("kokoro_opt.passes.step", root)
+
+    step = "from kokoro_opt.helper import scale\n\ndef run(x):\n    return scale(x)\n"
+    base = key({"passes/step.py": step, "helper.py": "def scale(x):\n    return 2 * x\n", "other.py": "Y = 1\n"})
+    assert [name for name, _ in base] == ["kokoro_opt.helper", "kokoro_opt.passes.step"]  # only what it imports
+    documented = key(
+        {"passes/step.py": step, "helper.py": '"""Doc."""\n# why\ndef scale(x):\n    """Twice."""\n    return 2 * x\n'}
+    )
+    assert documented == base
+    changed = key({"passes/step.py": step, "helper.py": "def scale(x):\n    return 3 * x\n"})
+    assert changed != base and changed[1] == base[1]
+    lazy = "def run(x):\n    from kokoro_opt.helper import scale\n\n    return scale(x)\n"
+    assert [n for n, _ in key({"passes/step.py": lazy, "helper.py": "def scale(x):\n    return x\n"})] == [
+        "kokoro_opt.helper",
+        "kokoro_opt.passes.step",
+    ]
+
+
+def test_every_real_pass_has_a_code_key_that_covers_its_own_module() -> None:
+    from kokoro_opt.passes import PASSES
+
+    for p in PASSES.values():
+        assert p.run.__module__ in dict(source_closure(p.run.__module__)) and len(p.code_key()) == 16
+
+
+class _Config(BaseModel):
+    kind: str = "fake"
+
+
+def _stage(store: Store, p: Pass, source=None, write=None):
+    def runner(out: Path) -> dict:
+        (out / "model.onnx").write_bytes(b"model")
+        for name in write or []:
+            (out / name).write_text(name)
+        return {"stage": p.kind}
+
+    return _Engine(store, {"id": "here"}).run(p, f"{p.kind}0000000000"[:16], source, runner, "e")
+
+
+def test_the_engine_carries_declared_side_files_and_refuses_undeclared_ones(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    make = Pass("make", _Config, lambda *a: {}, produces=("map.json", "notes.json"), grants=("edges",))
+    first = _stage(store, make, write=["map.json", "notes.json", "voices.npz", "kokoro.json"])
+    assert first.manifest.side_files == ["map.json", "notes.json"] and first.capabilities.edges
+    carry = Pass("carry", _Config, lambda *a: {}, carries=("map.json",), keeps=("edges",))
+    second = _stage(store, carry, first)
+    assert second.manifest.side_files == ["map.json"] and (second.path / "map.json").read_text() == "map.json"
+    assert second.capabilities.edges and [s.kind for s in second.manifest.chain] == ["carry"]
+    assert open_artifact(second.path).build.stages == [{"stage": "carry"}]
+    plain = Pass("plain", _Config, lambda *a: {})
+    third = _stage(store, plain, second)
+    assert third.manifest.side_files == [] and not third.capabilities.edges
+    sloppy = Pass("sloppy", _Config, lambda *a: {})
+    with pytest.raises(UserError, match=r"stage 'sloppy' wrote stray\.json, which it does not declare"):
+        _stage(store, sloppy, third, write=["stray.json"])
+    assert not list(tmp_path.glob("_cache/sloppy-*"))
+
+
+def test_a_stage_cannot_follow_one_whose_capability_it_drops() -> None:
+    make = Pass("windows", _Config, lambda *a: {}, grants=("windowed",))
+    convert = Pass("ort", _Config, lambda *a: {}, keeps=("windowed",))
+    rewrite = Pass("simplify", _Config, lambda *a: {})
+    passes = {p.kind: p for p in (make, convert, rewrite)}
+    check_order(["windows", "ort"], passes)
+    check_order(["simplify", "windows"], passes)
+    with pytest.raises(UserError, match="stage 'simplify' after stage 'windows' drops what 'windows' made"):
+        check_order(["windows", "ort", "simplify"], passes)
