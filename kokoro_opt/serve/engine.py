@@ -67,6 +67,7 @@ class Stream:
         self.audio_out = 0.0  # seconds of audio handed out
         self.jobs = 0
         self.cancelled = False
+        self.cancelled_at = 0.0  # when `cancelled` was set (monotonic): how long its running unit took to stop
         self.finished = False
         self.run_options: Any = None
         self.job: tuple[list[int], bool, WindowedJob] | None = None  # a windowed job with windows still to decode
@@ -221,16 +222,20 @@ class Engine:
             if stream.finished or stream.cancelled:
                 return
             stream.cancelled = True
+            stream.cancelled_at = time.monotonic()
             dropped = len(stream.pieces)
             stream.pieces.clear()
             stream.job = None
             if stream in self._streams:
                 self._streams.remove(stream)
-            if stream in self._running and stream.run_options is not None:
+            running = stream in self._running
+            if running and stream.run_options is not None:
                 stream.run_options.terminate = True
         if self.metrics:
             self.metrics.cancelled.inc()
             self.metrics.dropped.inc(dropped)
+            if not running:  # no worker is busy with it: free at once (else `_serve` observes when its unit stops)
+                self.metrics.cancel_release.observe(0.0)
 
     def queue_depth(self) -> int:
         with self._cond:
@@ -326,6 +331,8 @@ class Engine:
                     self._running.discard(stream)
                     stream.run_options = None
                     self._cond.notify_all()  # the stream's next unit may go to a waiting worker
+                if stream.cancelled and self.metrics:
+                    self.metrics.cancel_release.observe(time.monotonic() - stream.cancelled_at)
 
     def _window_step(self, stream: Stream, tokens: list[int], last: bool) -> None:
         """One unit of windowed work: a job's front and first window, or its next window. Each window is
