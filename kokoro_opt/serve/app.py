@@ -189,7 +189,7 @@ def _probes(service: Service) -> APIRouter:
     guarded = not config.public_metrics and bool(config.api_key)
     metrics_docs = {**openapi.metrics_response(), **(openapi.errors(401) if guarded else {})}
 
-    @router.get("/metrics", response_model=None, responses=metrics_docs, dependencies=_auth(config) if guarded else [])
+    @router.get("/metrics", response_class=Response, responses=metrics_docs, dependencies=_auth(config) if guarded else [])
     async def prometheus() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -226,7 +226,7 @@ def _v1(service: Service) -> APIRouter:
     voice_names = [*_voice_names(service.selection.artifact.path), *OPENAI_VOICES]
     speech_docs = {**openapi.speech_responses(), **common}
 
-    @router.post("/audio/speech", response_model=None, responses=speech_docs,
+    @router.post("/audio/speech", response_class=Response, responses=speech_docs,
                  openapi_extra=openapi.speech_body(voice_names, service.config))  # fmt: skip
     async def speech(request: Request) -> Response:
         return await SpeechHandler(service, request).respond()

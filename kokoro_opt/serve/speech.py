@@ -185,7 +185,7 @@ class SpeechHandler:
 
     async def _plan(self, req: SpeechRequest) -> list[list[int]]:
         try:
-            pieces = await asyncio.to_thread(self.service.engine.plan, req.input)
+            pieces = await asyncio.to_thread(self.service.engine.plan, req.input, req.speed)
         except UserError as exc:
             raise ApiError(400, str(exc), param="input") from None
         check_cost(sum(map(len, pieces)), req.speed, self.service.config.max_input_tokens)
