@@ -18,22 +18,19 @@ as histogram bucket bounds) against its mean job or window (synthesis seconds / 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
+from soak import soak_args, soak_parser  # beside this script
 
-from kokoro_opt.errors import UserError
-from kokoro_opt.serve import ServeConfig
 from kokoro_opt.serve.bench import PARAGRAPH, PHRASES, spawned_server
 from kokoro_opt.tables import print_table
 
@@ -42,7 +39,7 @@ PLAIN = {"input": PARAGRAPH, "response_format": "pcm"}  # the load the bound is 
 KINDS: list[dict[str, Any]] = [
     PLAIN,
     {"input": " ".join([PARAGRAPH] * 2), "response_format": "pcm", "speed": 0.5},  # long and slow
-    {"input": PARAGRAPH, "response_format": "mp3", "speed": 4.0, "voice": "jf_alpha(2)+jm_kumo(0.5)"},
+    {"input": PARAGRAPH, "response_format": "mp3", "speed": 4.0, "voice": "alloy(2)+echo(0.5)"},
     {"input": PHRASES[1], "response_format": "wav", "speed": 0.25},
     {"input": PARAGRAPH, "response_format": "pcm", "stream_format": "sse"},
     {"input": PHRASES[0], "response_format": "wav"},
@@ -156,32 +153,15 @@ def baseline(url: str, clients: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--artifact", default="best")
-    parser.add_argument("--artifacts", default="artifacts")
-    parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--every", type=float, default=60.0, help="seconds between samples")
-    parser.add_argument("--clients", type=int, default=4)
+    parser = soak_parser(__doc__, minutes=10.0)
     parser.add_argument("--hangup", type=float, default=0.5, help="share of requests hung up mid-stream")
     parser.add_argument("--max-requests", type=int, default=20_000, help="a bound on the requests sent in all")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--windowed", action="store_true", help="serve with --windowed (an artifact with the windows stage)")
-    parser.add_argument("--workers", type=int, default=1, help="serve with --workers (2 needs --windowed)")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    try:  # the server's own rules (workers, windowed), before one is started
-        ServeConfig(windowed=args.windowed, workers=args.workers)
-    except UserError as exc:
-        parser.error(str(exc))
+    args, serve = soak_args(parser)
     console = Console(width=140)
     counts, stop = Counts(), threading.Event()
-    serve = ["--artifact", args.artifact, "--artifacts", args.artifacts, "--max-queue", str(args.clients)]
     # --timeout: on a busy machine a slow stream shared four ways can take longer than the default 300 s
-    serve += (
-        ["--audio-cache-mb", "0", "--timeout", "1800"]
-        + ["--windowed"] * args.windowed
-        + ["--workers", str(args.workers)] * (args.workers != 1)
-    )
+    serve += ["--audio-cache-mb", "0", "--timeout", "1800"]
     samples: list[dict[str, float]] = []
     with spawned_server(serve) as url:
         warm = scrape(url)["kokoro_process_peak_rss_bytes"] / 1e6

@@ -239,8 +239,9 @@ def _read_manifest(client: Any, run_id: str, download: str, origin: str) -> dict
 
 def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
     tags = run.data.tags
-    origin = f"artifact {tags.get('artifact_id')!r} (MLflow run {run.info.run_id})"
-    artifact_id = check_artifact_id(str(tags.get("artifact_id", "")), origin + ": its id")
+    run_origin = f"MLflow run {run.info.run_id}"
+    artifact_id = check_artifact_id(str(tags.get("artifact_id", "")), f"{run_origin}: its artifact id")
+    origin = f"artifact {artifact_id} ({run_origin})"
     final = _safe_place(root, tags.get("store_place", ""), artifact_id, origin)
     if (final / MANIFEST).is_file():
         local = open_artifact(final)

@@ -31,8 +31,10 @@ EXAMPLES = 25  # per operation and phase: the whole run stays near a minute per 
 def say(request: pytest.FixtureRequest, line: str) -> None:
     """A line on the terminal whatever pytest captures: how many cases were tried."""
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(line)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,8 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
                "--report", "json", "--report-dir", str(tmp_path)]  # fmt: skip
     if key:
         command += ["--header", f"Authorization: Bearer {key}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1200, check=False)
+    # in tmp_path: schemathesis keeps a cache folder in its working directory
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200, check=False, cwd=tmp_path)
     [report_file] = tmp_path.glob("json-*.json")
     report = json.loads(report_file.read_text())
     cases = report["test_cases"]
