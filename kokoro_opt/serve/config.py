@@ -28,7 +28,9 @@ class ServeConfig:
     # The work a request may ask for: phoneme tokens after normalization, weighted by 1/speed below 1
     # (slower speech decodes more frames per token). A 4096-character paragraph of prose is ~4,700.
     max_input_tokens: int = 6000
-    max_body_bytes: int = 64 * 1024
+    # every body the OpenAPI document allows fits: 4,096 characters of input and of instructions, each
+    # up to 12 bytes as JSON (an escaped surrogate pair), are 98 KB
+    max_body_bytes: int = 128 * 1024
     api_key: str | None = None
     public_metrics: bool = False  # with an api_key, /metrics needs it too unless this is set
     drain_timeout: float = 30.0  # on SIGTERM: seconds streams in flight may take to finish before the exit
