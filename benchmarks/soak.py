@@ -46,21 +46,34 @@ def rss_mb(url: str) -> tuple[float, float]:
     return found.get("kokoro_process_rss_bytes", float("nan")), found.get("kokoro_process_peak_rss_bytes", float("nan"))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def soak_parser(doc: str | None, minutes: float) -> argparse.ArgumentParser:
+    """The options every soak shares: the artifact and how it is served, how long, how many clients."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument("--artifact", default="best")
     parser.add_argument("--artifacts", default="artifacts")
-    parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--every", type=float, default=60.0, help="seconds between memory samples")
+    parser.add_argument("--minutes", type=float, default=minutes)
+    parser.add_argument("--every", type=float, default=60.0, help="seconds between samples")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--windowed", action="store_true", help="serve with --windowed (an artifact with the windows stage)")
     parser.add_argument("--workers", type=int, default=1, help="serve with --workers (2 needs --windowed)")
+    return parser
+
+
+def soak_args(parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
+    """The parsed options, checked by the server's own rules before one is started, and its `serve` options."""
     args = parser.parse_args()
-    try:  # the server's own rules (workers, windowed), before one is started
+    try:
         ServeConfig(windowed=args.windowed, workers=args.workers)
     except UserError as exc:
         parser.error(str(exc))
+    serve = ["--artifact", args.artifact, "--artifacts", args.artifacts, "--max-queue", str(args.clients)]
+    serve += ["--windowed"] * args.windowed + ["--workers", str(args.workers)] * (args.workers != 1)
+    return args, serve
+
+
+def main() -> None:
+    args, serve = soak_args(soak_parser(__doc__, minutes=30.0))
     console = Console(width=120)
     counts = {"requests": 0, "ok": 0, "rejected": 0, "unexpected": 0}
     lock, stop = threading.Lock(), threading.Event()
@@ -83,9 +96,6 @@ def main() -> None:
                     counts["unexpected"] += status not in (expected, 429)
 
     samples: list[dict[str, float]] = []
-    serve = ["--artifact", args.artifact, "--artifacts", args.artifacts, "--max-queue", str(args.clients)]
-    serve += ["--windowed"] if args.windowed else []
-    serve += ["--workers", str(args.workers)] if args.workers != 1 else []
     with spawned_server(serve) as url:
         started = time.monotonic()
         rss, peak = rss_mb(url)

@@ -178,6 +178,14 @@ def serve(
     max_queue: Annotated[int, typer.Option(help="admitted requests at once; more get 429")] = 4,
     timeout: Annotated[float, typer.Option(help="seconds a request may take in total")] = 300.0,
     max_input_chars: Annotated[int, typer.Option(help="longest input text")] = 4096,
+    max_input_tokens: Annotated[
+        int,
+        typer.Option(help="most phoneme tokens an input may make after normalization (weighted by 1/speed below 1); more: 413"),
+    ] = 6000,
+    drain_timeout: Annotated[
+        float, typer.Option(help="on SIGTERM, seconds the requests in flight get to finish (new ones get 503) before the exit")
+    ] = 30.0,
+    public_metrics: Annotated[bool, typer.Option(help="with --api-key, serve /metrics without the key")] = False,
     first_chunk_tokens: Annotated[int | None, typer.Option(help="first chunk size (default: tuned, else 40)")] = None,
     chunk_tokens: Annotated[int | None, typer.Option(help="largest later chunk (default: tuned, else 200)")] = None,
     crossfade_ms: Annotated[float | None, typer.Option(help="crossfade at chunk seams (default: tuned, else 10)")] = None,
@@ -205,6 +213,9 @@ def serve(
         max_queue=max_queue,
         request_timeout=timeout,
         max_input_chars=max_input_chars,
+        max_input_tokens=max_input_tokens,
+        drain_timeout=drain_timeout,
+        public_metrics=public_metrics,
         first_chunk_tokens=first_chunk_tokens,
         chunk_tokens=chunk_tokens,
         crossfade_ms=crossfade_ms,

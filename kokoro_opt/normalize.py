@@ -48,6 +48,9 @@ _UNICODE = str.maketrans(
 )
 
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"  # 1,234.5 | 1234.5 | 12
+# A number followed by a suffix starts where a digit run starts: without it, a long run of digits is
+# tried from each of its digits (4,000 digits took 3 s to normalize).
+_NUM_START = r"(?<![\d,.])"
 _CURRENCY = {
     "$": ("dollar", "dollars", "cent", "cents"),
     "£": ("pound", "pounds", "penny", "pence"),
@@ -253,10 +256,10 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(rf"\b(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d)(?!:?\d){_AMPM}?"), _time),
     (re.compile(rf"\b(?P<h>1[0-2]|[1-9])(?P<m>){_AMPM}"), _time),
     (re.compile(rf"(?P<sym>[$£€])\s?(?P<amt>{_NUM})(?:\s(?P<scale>{_SCALE})\b)?"), _money),
-    (re.compile(rf"(?P<amt>{_NUM})\s?(?P<sym2>[£€])(?P<scale>)"), _money),
-    (re.compile(rf"(-?)({_NUM})\s?%"), lambda m: ("minus " if m.group(1) else "") + number(m.group(2)) + " percent"),
+    (re.compile(rf"{_NUM_START}(?P<amt>{_NUM})\s?(?P<sym2>[£€])(?P<scale>)"), _money),
+    (re.compile(rf"(-?){_NUM_START}({_NUM})\s?%"), lambda m: ("minus " if m.group(1) else "") + number(m.group(2)) + " percent"),
     (re.compile(r"%"), " percent"),
-    (re.compile(rf"({_NUM})\s?({_UNIT_RE})(?![\w/])"), _unit),
+    (re.compile(rf"{_NUM_START}({_NUM})\s?({_UNIT_RE})(?![\w/])"), _unit),
     (re.compile(r"\b(1[1-9]|20)(\d0)s\b"), lambda m: _plural(year(int(m.group(1) + m.group(2))))),
     (re.compile(r"'(\d0)s\b"), lambda m: _plural(cardinal(int(m.group(1))))),
     (re.compile(r"(?i)\b(\d+)(st|nd|rd|th)\b"), lambda m: ordinal(int(m.group(1)))),

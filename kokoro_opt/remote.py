@@ -9,6 +9,13 @@ into a temporary folder inside the store, checks every file against the sha256 i
 file missing, none extra, none changed) and only then renames it into place: a tampered or damaged
 copy is refused, naming the file, and leaves nothing behind.
 
+What a tracking server serves is untrusted: an artifact id is a plain name (no path characters), a
+run's store place is `<folder>/<name>` inside the store and ends with its id, every file a run lists
+or a manifest names is a plain relative path (no `..`, not absolute, no symlink once downloaded),
+and the manifest (kokoro_opt/manifest.py, validated when read) gives each file's size: a listed file
+of another size, or one the manifest does not name, is refused before anything but the manifest is
+downloaded. The build's records (build.json, stage.log) are not content and are only size-bounded.
+
 An artifact is pushed with the fp32 export it was built from, so a machine that fetches it can also
 evaluate it against its reference, not only serve it.
 """
@@ -16,6 +23,7 @@ evaluate it against its reference, not only serve it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -33,7 +41,16 @@ from kokoro_opt.evaluate.tracking import (
     machine_tags,
     resolve_tracking_uri,
 )
-from kokoro_opt.manifest import BUILD_RECORD, MANIFEST, Manifest, parse_manifest, read_build_record
+from kokoro_opt.manifest import (
+    BUILD_RECORD,
+    MANIFEST,
+    RECORD_FILES,
+    Manifest,
+    check_id,
+    check_relative,
+    parse_manifest,
+    read_build_record,
+)
 from kokoro_opt.store import Store, stage_chain
 
 EXPERIMENT = EXPERIMENT_PREFIX + "artifacts"
@@ -41,11 +58,53 @@ PUSHED_KIND = "artifact"
 Say = Callable[[str], None]
 
 
+_MANIFEST_LIMIT = 1 << 20  # a manifest is a few KB
+_RECORD_LIMIT = 16 << 20  # a build record or stage log: KB to a few MB
+_PUSH_AGAIN = "push it again from the machine that built it (kokoro-opt push)"
+
+
+def check_artifact_id(artifact_id: str, origin: str = "artifact id") -> str:
+    try:
+        return check_id(artifact_id)
+    except ValueError:
+        raise UserError(
+            f"{origin} {artifact_id!r} is not an artifact id", "an id is letters, digits, '.', '_', '-': 49bf3e57ae25cd04"
+        ) from None
+
+
+def _is_name(text: str) -> bool:
+    try:
+        check_id(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_relative(name: str, origin: str) -> str:
+    """A file name from elsewhere: a plain path below its folder, or UserError."""
+    try:
+        return check_relative(name)
+    except ValueError:
+        raise UserError(f"{origin}: refusing the file name {name!r} (outside its folder)", _PUSH_AGAIN) from None
+
+
+def _regular_files(folder: Path, origin: str) -> None:
+    """No symlink anywhere in a folder that is about to be trusted: one could point outside it."""
+    for base, dirs, files in os.walk(folder):
+        for entry in (*dirs, *files):
+            if (Path(base) / entry).is_symlink():
+                name = (Path(base) / entry).relative_to(folder)
+                raise UserError(f"{origin}: {name} is a symbolic link", "an artifact holds plain files only")
+
+
 def verify_folder(folder: Path, manifest: Manifest, origin: str) -> None:
     """Every file the manifest lists, with its sha256, and nothing else; UserError naming the first problem."""
     expected = manifest.files
     if not expected:
         raise UserError(f"{origin}: its manifest lists no file hashes", "push it again with this version of kokoro-opt")
+    for name in expected:
+        _check_relative(name, origin)
+    _regular_files(folder, origin)
     found = file_hashes(folder)
     hint = "the copy was changed or damaged: push it again from the machine that built it (kokoro-opt push)"
     for name, entry in sorted(expected.items()):
@@ -71,8 +130,9 @@ def _store_place(folder: Path) -> str:
 
 def _pushed_runs(client: Any, artifact_id: str, exact: bool = True, place: str | None = None) -> list[Any]:
     """Finished pushes of an id (or id prefix); recipe artifacts before stage outputs of the same id."""
+    check_artifact_id(artifact_id)
     found = client.get_experiment_by_name(EXPERIMENT)
-    if found is None or "'" in artifact_id:
+    if found is None:
         return []
     match = f"= '{artifact_id}'" if exact else f"LIKE '{artifact_id}%'"
     query = f"tags.{KIND_TAG} = '{PUSHED_KIND}' and tags.artifact_id {match} and attributes.status = 'FINISHED'"
@@ -97,7 +157,8 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path
         "store_place": _store_place(artifact.path),
         **machine_tags(artifact.build.machine or fingerprint()),
     }
-    size = sum(p.stat().st_size for p in artifact.path.rglob("*") if p.is_file())
+    _regular_files(artifact.path, f"artifact {artifact.id}")
+    size = sum(entry.size for entry in artifact.manifest.files.values())
     say(f"pushing {_label(artifact)} {artifact.id} ({size / 1e6:.0f} MB) to {uri}")
     experiment = _experiment(client, uri, EXPERIMENT)
     run_id = str(client.create_run(experiment, tags=tags, run_name=f"{_label(artifact)}-{artifact.id[:8]}").info.run_id)
@@ -123,32 +184,90 @@ def push_artifact(artifact: Artifact, tracking_uri: str | None = None, say: Say 
     return _push_folder(client, uri, artifact, say, lock)
 
 
-def _safe_place(place: str, origin: str) -> PurePosixPath:
-    parts = PurePosixPath(place).parts
-    if len(parts) != 2 or any(p.startswith(".") for p in parts):
-        raise UserError(f"{origin}: refusing its store place {place!r}", "push it again with this version of kokoro-opt")
-    return PurePosixPath(place)
+def _safe_place(root: Path, place: str, artifact_id: str, origin: str) -> Path:
+    """`<folder>/<name>` inside the store, named after the artifact (`<recipe>/<id>`, `_cache/<kind>-<id>`)."""
+    parts = place.split("/")
+    hint = "push it again with this version of kokoro-opt"
+    named = len(parts) == 2 and _is_name(parts[0].removeprefix("_")) and _is_name(parts[1])
+    if not named or parts[1] not in (artifact_id, f"{parts[1].rsplit('-', 1)[0]}-{artifact_id}"):
+        raise UserError(f"{origin}: refusing its store place {place!r}", hint)
+    final = root / parts[0] / parts[1]
+    if not final.resolve().is_relative_to(root.resolve()):  # a symlinked folder in the store
+        raise UserError(f"{origin}: its store place {place!r} leads outside {root}", hint)
+    return final
+
+
+def _listing(client: Any, run_id: str, origin: str) -> dict[str, int | None]:
+    """The run's files under `artifact/` with the sizes the server reports; MLflow refuses unsafe paths."""
+    from mlflow.exceptions import MlflowException
+
+    found: dict[str, int | None] = {}
+    pending = [FOLDER]
+    try:
+        while pending:
+            for info in client.list_artifacts(run_id, pending.pop()):
+                if info.is_dir:
+                    pending.append(info.path)
+                else:
+                    name = _check_relative(str(PurePosixPath(info.path).relative_to(FOLDER)), origin)
+                    found[name] = info.file_size
+    except (MlflowException, ValueError) as exc:
+        raise UserError(f"{origin}: its file list was refused: {exc}", _PUSH_AGAIN) from None
+    return found
+
+
+def _check_listing(listed: dict[str, int | None], manifest: Manifest, origin: str) -> None:
+    """Before the download: the files the run lists are the manifest's, of the sizes it gives."""
+    records = {name: _RECORD_LIMIT for name in RECORD_FILES if name in listed}
+    expected = {name: entry.size for name, entry in manifest.files.items()} | records
+    for name in sorted((set(listed) - {MANIFEST}) ^ set(expected)):
+        where = "is not in its manifest" if name in listed else "is missing"
+        raise UserError(f"{origin}: {name} {where}", _PUSH_AGAIN)
+    for name, size in sorted(listed.items()):
+        if name == MANIFEST:
+            continue
+        if size is None or (size > expected[name] if name in records else size != expected[name]):
+            want = f"at most {expected[name]}" if name in records else str(expected[name])
+            raise UserError(f"{origin}: {name} is {size} bytes on the server; its manifest says {want}", _PUSH_AGAIN)
+
+
+def _read_manifest(client: Any, run_id: str, download: str, origin: str) -> Manifest:
+    path = Path(client.download_artifacts(run_id, f"{FOLDER}/{MANIFEST}", download))
+    if path.stat().st_size > _MANIFEST_LIMIT:
+        raise UserError(f"{origin}: its {MANIFEST} is {path.stat().st_size} bytes", _PUSH_AGAIN)
+    manifest = parse_manifest(_read_json(path, origin), origin)
+    path.unlink()
+    return manifest
 
 
 def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
     tags = run.data.tags
-    artifact_id, origin = tags["artifact_id"], f"artifact {tags['artifact_id']} (MLflow run {run.info.run_id})"
-    final = root / _safe_place(tags.get("store_place", ""), origin)
+    run_origin = f"MLflow run {run.info.run_id}"
+    artifact_id = check_artifact_id(str(tags.get("artifact_id", "")), f"{run_origin}: its artifact id")
+    origin = f"artifact {artifact_id} ({run_origin})"
+    final = _safe_place(root, tags.get("store_place", ""), artifact_id, origin)
     if (final / MANIFEST).is_file():
         local = open_artifact(final)
         verify_folder(local.path, local.manifest, f"artifact {artifact_id} at {final}")
         return local
 
     def fill(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-        say(f"fetching {tags.get('artifact_name', '?')} {artifact_id} from MLflow run {run.info.run_id}")
+        listed = _listing(client, run.info.run_id, origin)
+        if MANIFEST not in listed:
+            raise UserError(f"{origin}: no {MANIFEST} in its files", "push it again with this version of kokoro-opt")
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=root) as download:
-            folder = Path(client.download_artifacts(run.info.run_id, FOLDER, download))
-            if not (folder / MANIFEST).is_file():
-                raise UserError(f"{origin}: no {MANIFEST} in its files", "push it again with this version of kokoro-opt")
-            manifest = parse_manifest(_read_json(folder / MANIFEST, origin), origin)
+            manifest = _read_manifest(client, run.info.run_id, download, origin)
             if manifest.id != artifact_id:
                 raise UserError(f"{origin}: its manifest is for artifact {manifest.id}", "push it again")
+            _check_listing(listed, manifest, origin)
+            total = sum(size or 0 for size in listed.values())
+            name = tags.get("artifact_name", "?")
+            say(f"fetching {name} {artifact_id} ({total / 1e6:.0f} MB) from MLflow run {run.info.run_id}")
+            folder = Path(client.download_artifacts(run.info.run_id, FOLDER, download))
             verify_folder(folder, manifest, origin)
+            for file, size in listed.items():
+                if file != MANIFEST and (got := (folder / file).stat().st_size) != size:
+                    raise UserError(f"{origin}: {file} arrived with {got} bytes, not {size}", "fetch it again")
             record = read_build_record(folder).model_dump(mode="json")
             for item in folder.iterdir():
                 if item.name not in (MANIFEST, BUILD_RECORD):

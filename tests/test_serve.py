@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -149,6 +150,9 @@ def test_voices_blends_and_openai_names(url: str) -> None:
         ({"input": "Hi.", "stream_format": "video"}, 400, "stream_format"),
         ({"input": "x " * 3000}, 400, "input"),
         ({"input": "a" * 1_000_000}, 413, "input"),
+        ({"input": "1234567890" * 400}, 413, "input"),  # 4,000 characters, 21,000 phoneme tokens
+        ({"input": "Hi.", "speed": "2"}, 400, "speed"),  # types are strict, as the OpenAPI document says
+        ({"input": "Hi.", "stream": "yes"}, 400, "stream"),
     ],
 )
 def test_bad_input_is_an_openai_error_and_server_keeps_serving(url: str, body: dict, status: int, param: str) -> None:
@@ -159,11 +163,38 @@ def test_bad_input_is_an_openai_error_and_server_keeps_serving(url: str, body: d
     assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200
 
 
+def test_a_normalization_bomb_is_refused_before_synthesis(url: str) -> None:
+    """4,000 characters under the 4,096 limit that normalize into ~20 minutes of speech: refused with the
+    limit and the request's size, before any synthesis, and fast to refuse (normalization is linear)."""
+    jobs = metric(url, "kokoro_jobs_total")
+    response = httpx.post(f"{url}/v1/audio/speech", json={"input": "1234567890" * 400, "voice": "alloy"}, timeout=60)
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert error["code"] == "input_too_long" and error["param"] == "input"
+    assert re.search(r"input is [\d,]+ phoneme tokens after normalization; the limit is 6,000", error["message"])
+    slow = speech(url, input=" ".join(["Sentence number one is here, and it keeps going."] * 40), speed=0.25, stream=False)
+    assert slow.status_code == 413 and "at speed 0.25 is the work of" in slow.json()["error"]["message"]
+    assert metric(url, "kokoro_jobs_total") == jobs
+
+
+def test_nothing_to_voice_is_a_short_silence(url: str) -> None:
+    for fmt in ("wav", "mp3", "pcm"):
+        response = speech(url, input="\u200b|_", response_format=fmt, stream=False)
+        assert response.status_code == 200, response.text
+        if fmt == "wav":
+            audio, rate = sf.read(io.BytesIO(response.content))
+            assert rate == 24_000 and len(audio) == 2_400 and not np.any(audio)
+    events = speech(url, input="|", stream_format="sse").text
+    assert '"speech.audio.done"' in events
+
+
 def test_malformed_json_and_unknown_route(url: str) -> None:
     response = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "hi"', headers={"content-type": "application/json"})
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
     response = httpx.post(f"{url}/v1/audio/speech", content=b"[1, 2]")
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+    response = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "Hi \\ud800"}')  # JSON carries a lone surrogate
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input"
     response = httpx.get(f"{url}/v1/nothing")
     assert response.status_code == 404 and "error" in response.json()
     assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200

@@ -151,3 +151,18 @@ def test_auth_and_timeout(tiny_artifact) -> None:
         ):
             r.read()
         assert httpx.post(f"{base}/v1/audio/speech", json=body("Hi."), headers=key, timeout=30).status_code == 200
+        # with a key, /metrics needs it too
+        assert httpx.get(f"{base}/metrics").status_code == 401
+        assert httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer s3cre"}).status_code == 401
+        assert "kokoro_requests_total" in httpx.get(f"{base}/metrics", headers=key).text
+    public = ServeConfig(api_key="s3cret", public_metrics=True, warmup=False)
+    with running(resolve_artifact(str(tiny_artifact.path)), public) as base:
+        assert httpx.get(f"{base}/metrics").status_code == 200  # --public-metrics: for a scraper without the key
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+
+
+def test_keys_are_compared_whole() -> None:
+    from kokoro_opt.serve.app import keys_match
+
+    assert keys_match("s3cret", "s3cret") and keys_match("ключ", "ключ")
+    assert not any(keys_match(given, "s3cret") for given in ("s3cre", "s3cret ", "S3cret", "", "s3cret" * 100))

@@ -22,7 +22,7 @@ from kokoro_opt.select import Selection
 from kokoro_opt.serve.bench import playback
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.encoders import make_encoder, supported_formats
-from kokoro_opt.serve.engine import Engine
+from kokoro_opt.serve.engine import Engine, frames_bound
 from kokoro_opt.serve.join import END_KEEP, LEAD_KEEP, PAUSES, Joiner, boundary, edge_silence
 from kokoro_opt.serve.openai_compat import OPENAI_VOICES, openai_voice_map, voice_entries
 from kokoro_opt.serve.plan import CostModel, make_pieces, queue_seconds, take_job, window_steps
@@ -94,6 +94,23 @@ def test_pieces_cover_long_text(vocab: dict[str, int]) -> None:
     assert all(len(p) <= 80 for p in pieces) and len(pieces) >= 12
     whole = sum(len(c.token_ids) for c in chunk_text(text, vocab, first_chunk_tokens=40, chunk_tokens=510))
     assert whole > 510 and abs(sum(map(len, pieces)) - whole) <= 0.05 * whole  # nothing truncated
+
+
+def test_slow_speech_gets_jobs_of_no_more_frames_than_at_speed_1() -> None:
+    """Below speed 1 a token makes 1/speed frames, and a job's memory grows with its frames: pieces and jobs
+    of a slow request hold speed x the tokens (inputs at speed 0.25-0.5 took a server 200 MB above its
+    peak under four plain streams before)."""
+    assert [frames_bound(200, s) for s in (4.0, 1.0, 0.5, 0.25)] == [200, 200, 100, 50]
+    assert frames_bound(3, 0.25) == 1  # never zero: a job holds at least one piece
+
+    async def budgets() -> tuple[int, int]:
+        engine = Engine(cast(Selection, None), ServeConfig(chunk_tokens=200))
+        pack = np.zeros((510, 1, 256), np.float32)
+        normal, slow = (engine.submit([[1] * 10] * 40, pack, speed, _FakeEncoder(), False) for speed in (1.0, 0.25))
+        now = time.monotonic()
+        return engine._budget(normal, now), engine._budget(slow, now)  # nobody listening live: the largest jobs
+
+    assert asyncio.run(budgets()) == (200, 50)
 
 
 def test_cost_model() -> None:

@@ -1,84 +1,119 @@
-"""The OpenAI-compatible HTTP server: FastAPI routes over one `Engine`."""
+"""The OpenAI-compatible HTTP server: FastAPI routes over one `Engine`.
+
+`Service` holds what the routes share (engine, limits, queue slots, the drain on shutdown); the probes
+(/health, /ready, /metrics) and the OpenAI routes (/v1/...) are two routers over it; a speech request is
+a `SpeechHandler` (speech.py); the OpenAPI document says all of it (openapi.py).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import hashlib
 import hmac
-import json
 import logging
+import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request
+import numpy as np
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.select import Selection
+from kokoro_opt.serve import openapi
 from kokoro_opt.serve.cache import AudioCache, CacheKey
 from kokoro_opt.serve.config import ServeConfig
-from kokoro_opt.serve.encoders import MEDIA_TYPES, make_encoder, supported_formats
-from kokoro_opt.serve.engine import Engine, Stream
+from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.openai_compat import (
     OPENAI_MODELS,
+    OPENAI_VOICES,
+    ApiError,
     SpeechRequest,
-    error_response,
     openai_voice_map,
-    sse_delta,
-    sse_done,
-    sse_event,
     validation_message,
     voice_entries,
 )
+from kokoro_opt.serve.speech import SpeechHandler
 from kokoro_opt.voices import blend_voice
 
 log = logging.getLogger("kokoro_opt.serve")
-_DRAIN_LIMIT = 8 * 1024 * 1024  # an oversized body is read (and dropped) up to this, so the client sees the 413
+_RETRY_SECONDS = "2"  # while warming up or shutting down: a restart or a warm-up takes seconds
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type_, self.headers = status, message, param, code, type_, headers
+def keys_match(given: str, expected: str) -> bool:
+    """Compare API keys in constant time: digests of equal length, so neither content nor length leaks."""
+    return hmac.compare_digest(hashlib.sha256(given.encode()).digest(), hashlib.sha256(expected.encode()).digest())
 
 
-class _Aborted(Exception):
-    """A stream that cannot finish (timeout, synthesis error) after its headers left: drop the connection."""
+class Service:
+    """What every route shares. `inflight` and the drain are touched only on the event loop (the SIGTERM
+    handler runs there too: uvicorn installs it on the loop's thread)."""
 
-
-class AudioStreamResponse(StreamingResponse):
-    """A StreamingResponse whose cleanup runs however it ends: done, client gone (even before the first
-    byte, when the body generator never starts), or aborted."""
-
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        except* _Aborted:
-            pass  # returning without the final chunk makes the server close the connection: the client sees the failure
-        finally:
-            self._on_close()
-
-
-class _State:
-    def __init__(self, engine: Engine, config: ServeConfig, metrics: Metrics) -> None:
-        self.engine, self.config, self.metrics = engine, config, metrics
-        self.inflight = 0  # touched only on the event loop
-        self._aliases: dict[str, str] | None = None
+    def __init__(self, selection: Selection, config: ServeConfig, engine: Engine, metrics: Metrics) -> None:
+        self.selection, self.config, self.engine, self.metrics = selection, config, engine, metrics
+        self.inflight = 0  # admitted speech requests (queue slots)
+        self.open_requests = 0  # /v1 requests in progress, from their headers on (what a drain waits for)
         self.cache = AudioCache(int(config.audio_cache_mb * 1024 * 1024))
+        self.draining = False
+        self._drain_deadline = math.inf
+        self._aliases: dict[str, str] | None = None
+
+    # ---- admission and shutdown ---------------------------------------------------------------------
+
+    def admit(self) -> None:
+        """Take a queue slot (give it back with `release`), or 429 with when one likely frees."""
+        if self.inflight >= self.config.max_queue:
+            raise ApiError(429, f"server busy: {self.inflight} requests in progress (limit {self.config.max_queue})",
+                           type_="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(self.engine.retry_after(self.inflight))})  # fmt: skip
+        self.inflight += 1
+
+    def release(self) -> None:
+        self.inflight -= 1
+
+    def begin_drain(self) -> None:
+        """Stop taking requests (503, /ready too); the ones in flight may finish within `drain_timeout`."""
+        if not self.draining:
+            self.draining = True
+            self._drain_deadline = time.monotonic() + self.config.drain_timeout
+            log.info("draining: %d requests in flight get up to %.0f s to finish", self.inflight, self.config.drain_timeout)
+
+    def drained(self) -> bool:
+        """Draining and nothing left to wait for: every request finished, or the drain timeout passed."""
+        if not self.draining:
+            return False
+        if self.open_requests and time.monotonic() >= self._drain_deadline:
+            log.warning("drain timeout: cutting %d requests still in flight", self.open_requests)
+            return True
+        return self.open_requests == 0
+
+    @staticmethod
+    def shutting_down() -> ApiError:
+        return ApiError(503, "the server is shutting down: send the request again (to another instance, or to this one "
+                        "once it is restarted)", type_="server_error", code="shutting_down",
+                        headers={"Retry-After": _RETRY_SECONDS, "Connection": "close"})  # fmt: skip
+
+    def require_ready(self) -> None:
+        engine = self.engine
+        if engine.error is not None:
+            raise ApiError(503, f"the model failed to load: {engine.error}", type_="server_error", code="load_failed",
+                           headers={"Retry-After": "60"})  # fmt: skip
+        if not engine.ready.is_set():
+            raise ApiError(503, "the model is still warming up", type_="server_error", code="not_ready",
+                           headers={"Retry-After": _RETRY_SECONDS})  # fmt: skip
+
+    # ---- what requests ask for ------------------------------------------------------------------------
 
     def cache_key(self, req: SpeechRequest) -> CacheKey | None:
         """Where this request's response is kept; None when the cache is off, or for SSE events."""
@@ -104,90 +139,136 @@ class _State:
                     return blend_voice(spec.lower(), packs, self.aliases)
             raise ApiError(400, exc.message + (f"; {exc.hint}" if exc.hint else ""), param="voice") from None
 
-
-async def _read_json(request: Request, limit: int) -> dict[str, Any]:
-    body = bytearray()
-    too_big = False
-    async for part in request.stream():
-        if not too_big:
-            body += part
-            too_big = len(body) > limit
-        if too_big and len(body) + len(part) > _DRAIN_LIMIT:
-            break
-    if too_big:
-        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large",
-                       param="input")  # fmt: skip
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"could not parse the JSON body: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the JSON body must be an object", code="invalid_json")
-    return data
+    def model_entries(self) -> list[dict[str, Any]]:
+        art = self.selection.artifact
+        created = int(art.path.stat().st_mtime)
+        base = {"object": "model", "created": created, "owned_by": "kokoro-opt"}
+        served = {"id": art.id, **base, "name": art.name, "reason": self.selection.reason}
+        return [served, *({"id": m, **base, "root": art.id} for m in OPENAI_MODELS)]
 
 
-def _parse(data: dict[str, Any], state: _State) -> SpeechRequest:
-    try:
-        req = SpeechRequest.model_validate(data)
-    except ValidationError as exc:
-        message, param = validation_message(exc.errors())
-        raise ApiError(400, message, param=param) from None
-    if req.response_format not in supported_formats():
-        raise ApiError(400, f"unsupported response_format '{req.response_format}'; use one of: {', '.join(supported_formats())}",
-                       param="response_format")  # fmt: skip
-    if req.stream_format == "sse":
-        req.stream = True  # events are a stream by definition
-    if not req.input.strip():
-        raise ApiError(400, "input is empty: give some text to speak", param="input")
-    if len(req.input) > state.config.max_input_chars:
-        raise ApiError(400, f"input is {len(req.input)} characters; the limit is {state.config.max_input_chars}",
-                       param="input", code="string_above_max_length")  # fmt: skip
-    return req
+_BEARER = HTTPBearer(auto_error=False, description="the server's --api-key")
+BearerKey = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
 
 
-async def _chunks(stream: Stream, deadline: float) -> AsyncIterator[bytes]:
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            item = await asyncio.wait_for(stream.queue.get(), max(0.0, deadline - loop.time()))
-        except TimeoutError:
-            raise ApiError(504, "the request timed out", type_="server_error", code="timeout") from None
-        if item is None:
+class _KeyCheck:
+    """The dependency that checks the bearer key; FastAPI's HTTPBearer puts the scheme into the OpenAPI document."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    async def __call__(self, credentials: BearerKey) -> None:
+        if credentials is None or not keys_match(credentials.credentials.strip(), self.key):
+            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key")
+
+
+def _auth(config: ServeConfig) -> list[Any]:
+    """Dependencies of the routes behind the key: none without --api-key."""
+    return [Depends(_KeyCheck(config.api_key))] if config.api_key else []
+
+
+def _probes(service: Service) -> APIRouter:
+    """/health (liveness), /ready (readiness: 503 while loading or draining), /metrics (Prometheus)."""
+    router = APIRouter()
+    engine, config = service.engine, service.config
+
+    @router.get("/health", response_model=None, responses=openapi.ok(openapi.Health, "The process answers"))
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok", "ready": engine.ready.is_set()})
+
+    ready_docs = {**openapi.ok(openapi.Ready, "Loaded, warmed up and taking requests"), **openapi.not_ready()}
+
+    @router.get("/ready", response_model=None, responses=ready_docs)
+    async def ready() -> JSONResponse:
+        if engine.ready.is_set() and not service.draining:
+            return JSONResponse({"status": "ready", "artifact": service.selection.artifact.id})
+        status = "draining" if service.draining else "failed" if engine.error is not None else "loading"
+        body = {"status": status, "error": str(engine.error) if engine.error else None}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": _RETRY_SECONDS})
+
+    guarded = not config.public_metrics and bool(config.api_key)
+    metrics_docs = {**openapi.metrics_response(), **(openapi.errors(401) if guarded else {})}
+
+    @router.get("/metrics", response_class=Response, responses=metrics_docs, dependencies=_auth(config) if guarded else [])
+    async def prometheus() -> Response:
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def _v1(service: Service) -> APIRouter:
+    """The OpenAI routes: models, voices, speech; behind the API key when there is one."""
+    auth = _auth(service.config)
+    router = APIRouter(prefix="/v1", dependencies=auth)
+    common = openapi.errors(401, 503) if auth else openapi.errors(503)
+
+    @router.get("/models", response_model=None, responses={**openapi.ok(openapi.ModelList, "The served artifact and the "
+                "OpenAI model names that stand for it"), **common})  # fmt: skip
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": service.model_entries()})
+
+    @router.get("/models/{model_id}", response_model=None,
+                responses={**openapi.ok(openapi.ModelEntry, "One model"), **openapi.errors(404), **common})  # fmt: skip
+    async def model(model_id: str) -> JSONResponse:
+        for entry in service.model_entries():
+            if entry["id"] == model_id:
+                return JSONResponse(entry)
+        raise ApiError(404, f"no model '{model_id}'", param="model", code="model_not_found")
+
+    voice_docs = {**openapi.ok(openapi.VoiceList, "The artifact's voices, then the OpenAI names"), **common}
+
+    @router.get("/audio/voices", response_model=None, responses=voice_docs)
+    async def voices() -> JSONResponse:
+        service.require_ready()
+        assert service.engine.synth is not None
+        return JSONResponse({"voices": voice_entries(service.engine.synth.voices, service.aliases)})
+
+    voice_names = [*_voice_names(service.selection.artifact.path), *OPENAI_VOICES]
+    speech_docs = {**openapi.speech_responses(), **common}
+
+    @router.post("/audio/speech", response_class=Response, responses=speech_docs,
+                 openapi_extra=openapi.speech_body(voice_names, service.config))  # fmt: skip
+    async def speech(request: Request) -> Response:
+        return await SpeechHandler(service, request).respond()
+
+    return router
+
+
+class _Gate:
+    """Counts the /v1 requests in progress (from their headers to their last byte) and, while the server
+    drains, turns new ones away with 503: a request that arrived before the drain finishes, even one
+    still sending its body."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app, self.service = app, service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
             return
-        if isinstance(item, BaseException):
-            raise ApiError(500, f"synthesis failed: {item}", type_="server_error", code="synthesis_failed")
-        yield item
+        if self.service.draining:
+            refusal = self.service.shutting_down()
+            self.service.metrics.errors.labels(refusal.code).inc()
+            await refusal.response()(scope, receive, send)
+            return
+        self.service.open_requests += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.service.open_requests -= 1
 
 
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+def _voice_names(folder: Path) -> list[str]:
+    with np.load(folder / "voices.npz") as packs:  # the names only: no pack is read
+        return list(packs.files)
 
 
-def create_app(selection: Selection, config: ServeConfig | None = None, *, engine: Engine | None = None) -> FastAPI:
-    """The app serving `selection`; the engine loads and warms up when the app starts (lifespan).
-    An artifact that cannot run here (Core ML off macOS) is refused now, before a server starts."""
-    problem = runtime_problem(selection.artifact)
-    if problem is not None:
-        raise problem
-    config = config or ServeConfig.for_selection(selection)
-    metrics = engine.metrics if engine and engine.metrics else Metrics()
-    engine = engine or Engine(selection, config, metrics)
-    state = _State(engine, config, metrics)
-    metrics.bind(engine.queue_depth, lambda: state.inflight, lambda: float(engine.busy()), lambda: float(engine.ready.is_set()))
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        engine.start()
-        yield
-        engine.stop()
-
-    app = FastAPI(title="kokoro-opt", summary="OpenAI-compatible Kokoro TTS", lifespan=lifespan)
-    app.state.serve = state
+def _error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    """Every error as OpenAI's error body, counted by code; framework errors keep their headers (405's Allow)."""
 
     def fail(exc: ApiError) -> JSONResponse:
         metrics.errors.labels(exc.code or str(exc.status)).inc()
-        return error_response(exc.status, exc.message, type_=exc.type_, param=exc.param, code=exc.code, headers=exc.headers)
+        return exc.response()
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -200,172 +281,34 @@ def create_app(selection: Selection, config: ServeConfig | None = None, *, engin
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return fail(ApiError(exc.status_code, str(exc.detail), code=str(exc.status_code)))
+        return fail(ApiError(exc.status_code, str(exc.detail), code=str(exc.status_code), headers=exc.headers))
 
-    def auth(request: Request) -> None:
-        if not config.api_key:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
-            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key")
 
-    def require_ready() -> None:
-        if engine.error is not None:
-            raise ApiError(503, f"the model failed to load: {engine.error}", type_="server_error", code="load_failed")
-        if not engine.ready.is_set():
-            raise ApiError(503, "the model is still warming up", type_="server_error", code="not_ready",
-                           headers={"Retry-After": "2"})  # fmt: skip
+def create_app(selection: Selection, config: ServeConfig | None = None, *, engine: Engine | None = None) -> FastAPI:
+    """The app serving `selection`; the engine loads and warms up when the app starts (lifespan).
+    An artifact that cannot run here (Core ML off macOS) is refused now, before a server starts."""
+    problem = runtime_problem(selection.artifact)
+    if problem is not None:
+        raise problem
+    if config is None:
+        config = engine.config if engine is not None else ServeConfig.for_selection(selection)
+    metrics = engine.metrics if engine and engine.metrics else Metrics()
+    engine = engine or Engine(selection, config, metrics)
+    service = Service(selection, config, engine, metrics)
+    metrics.bind(engine.queue_depth, lambda: service.inflight, lambda: float(engine.busy()), lambda: float(engine.ready.is_set()),
+                 lambda: service.open_requests)  # fmt: skip
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "ready": engine.ready.is_set()}
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        yield
+        engine.stop()
 
-    @app.get("/ready")
-    async def ready() -> JSONResponse:
-        if engine.ready.is_set():
-            return JSONResponse({"status": "ready", "artifact": selection.artifact.id})
-        status = "failed" if engine.error is not None else "loading"
-        return JSONResponse({"status": status, "error": str(engine.error) if engine.error else None}, status_code=503)
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    def model_entries() -> list[dict[str, Any]]:
-        art = selection.artifact
-        created = int(art.path.stat().st_mtime)
-        base = {"object": "model", "created": created, "owned_by": "kokoro-opt"}
-        served = {"id": art.id, **base, "name": art.name, "reason": selection.reason}
-        return [served, *({"id": m, **base, "root": art.id} for m in OPENAI_MODELS)]
-
-    @app.get("/v1/models", dependencies=[Depends(auth)])
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": model_entries()}
-
-    @app.get("/v1/models/{model_id}", dependencies=[Depends(auth)])
-    async def model(model_id: str) -> dict[str, Any]:
-        for entry in model_entries():
-            if entry["id"] == model_id:
-                return entry
-        raise ApiError(404, f"no model '{model_id}'", param="model", code="model_not_found")
-
-    @app.get("/v1/audio/voices", dependencies=[Depends(auth)])
-    async def voices() -> dict[str, Any]:
-        require_ready()
-        assert engine.synth is not None
-        return {"voices": voice_entries(engine.synth.voices, state.aliases)}
-
-    @app.post("/v1/audio/speech", dependencies=[Depends(auth)])
-    async def speech(request: Request) -> Response:
-        started = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        req = _parse(await _read_json(request, config.max_body_bytes), state)
-        require_ready()
-        pack = state.pack(req.voice)
-        label = "true" if req.stream else "false"
-        directives = request.headers.get("cache-control", "").lower()
-        key = None if "no-store" in directives else state.cache_key(req)  # no-store: neither read nor kept
-        cached = state.cache.get(key) if key and "no-cache" not in directives else None
-        if cached is not None:  # a repeat: no synthesis, no queue slot
-            metrics.cache_hits.inc()
-            metrics.requests.labels(req.response_format, label, "200").inc()
-            metrics.ttfa.labels(label).observe(time.perf_counter() - started)
-            return Response(cached, media_type=MEDIA_TYPES[req.response_format])
-        if state.inflight >= config.max_queue:
-            raise ApiError(429, f"server busy: {state.inflight} requests in progress (limit {config.max_queue})",
-                           type_="rate_limit_error", code="rate_limit_exceeded",
-                           headers={"Retry-After": str(engine.retry_after(state.inflight))})  # fmt: skip
-        state.inflight += 1
-        outcome = {"status": "cancelled"}
-        stream: Stream | None = None
-
-        def close() -> None:
-            state.inflight -= 1
-            if stream is not None:
-                engine.cancel(stream)  # a no-op when it finished
-            metrics.requests.labels(req.response_format, label, outcome["status"]).inc()
-
-        try:
-            try:
-                pieces = await asyncio.to_thread(engine.plan, req.input)
-            except UserError as exc:
-                raise ApiError(400, str(exc), param="input") from None
-            if not pieces:
-                raise ApiError(400, "nothing to say: the input has no pronounceable characters", param="input")
-            encoder = make_encoder(req.response_format, engine.sample_rate, streaming=req.stream)
-            stream = engine.submit(pieces, pack, req.speed, encoder, req.stream)
-        except BaseException as exc:
-            outcome["status"] = str(exc.status) if isinstance(exc, ApiError) else "500"
-            close()
-            raise
-        assert stream is not None
-        deadline = loop.time() + config.request_timeout
-        tokens = sum(map(len, pieces))
-
-        if not req.stream:
-            watcher = asyncio.ensure_future(_until_disconnect(request))
-            collector = asyncio.ensure_future(_collect(stream, deadline))
-            try:
-                await asyncio.wait({watcher, collector}, return_when=asyncio.FIRST_COMPLETED)
-                if not collector.done():  # the client left: stop its synthesis now
-                    collector.cancel()
-                    return Response(status_code=499)
-                body = collector.result()
-                outcome["status"] = "200"
-            except ApiError as exc:
-                outcome["status"] = str(exc.status)
-                raise
-            finally:
-                watcher.cancel()
-                close()
-            elapsed = time.perf_counter() - started
-            metrics.ttfa.labels(label).observe(elapsed)
-            metrics.response.labels(label).observe(elapsed)
-            if key:
-                state.cache.put(key, body)
-            return Response(body, media_type=MEDIA_TYPES[req.response_format])
-
-        async def body() -> AsyncIterator[bytes]:
-            first = True
-            sent = 0
-            kept: list[bytes] | None = [] if key else None  # the body, for the cache, while it fits there
-            try:
-                async for data in _chunks(stream, deadline):
-                    if first:
-                        metrics.ttfa.labels(label).observe(time.perf_counter() - started)
-                        first = False
-                    sent += len(data)
-                    if kept is not None and sent <= state.cache.entry_limit:
-                        kept.append(data)
-                    else:
-                        kept = None
-                    yield sse_delta(data) if req.stream_format == "sse" else data
-            except ApiError as exc:
-                outcome["status"] = str(exc.status)
-                metrics.errors.labels(exc.code or str(exc.status)).inc()
-                log.warning("request aborted after %d bytes: %s", sent, exc.message)
-                if req.stream_format != "sse":
-                    raise _Aborted from None
-                yield sse_event("error", error={"message": exc.message, "type": exc.type_, "code": exc.code})
-                return
-            if req.stream_format == "sse":
-                yield sse_done(tokens, stream.audio_out)
-            outcome["status"] = "200"
-            if key and kept is not None:
-                state.cache.put(key, b"".join(kept))
-            metrics.response.labels(label).observe(time.perf_counter() - started)
-
-        sse = req.stream_format == "sse"
-        return AudioStreamResponse(
-            body(),
-            close,
-            media_type="text/event-stream" if sse else MEDIA_TYPES[req.response_format],
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-
+    app = FastAPI(title="kokoro-opt", summary="OpenAI-compatible Kokoro TTS", description=openapi.DESCRIPTION, lifespan=lifespan)
+    app.state.serve = service
+    app.add_middleware(_Gate, service=service)
+    _error_handlers(app, metrics)
+    app.include_router(_probes(service))
+    app.include_router(_v1(service))
+    openapi.install(app)
     return app
-
-
-async def _collect(stream: Stream, deadline: float) -> bytes:
-    return b"".join([data async for data in _chunks(stream, deadline)])

@@ -25,14 +25,21 @@ class ServeConfig:
     max_queue: int = 4  # admitted requests (chunking, waiting or streaming); more get 429
     request_timeout: float = 300.0
     max_input_chars: int = 4096  # OpenAI's limit
-    max_body_bytes: int = 64 * 1024
+    # The work a request may ask for: phoneme tokens after normalization, weighted by 1/speed below 1
+    # (slower speech decodes more frames per token). A 4096-character paragraph of prose is ~4,700.
+    max_input_tokens: int = 6000
+    # every body the OpenAPI document allows fits: 4,096 characters of input and of instructions, each
+    # up to 12 bytes as JSON (an escaped surrogate pair), are 98 KB
+    max_body_bytes: int = 128 * 1024
     api_key: str | None = None
+    public_metrics: bool = False  # with an api_key, /metrics needs it too unless this is set
+    drain_timeout: float = 30.0  # on SIGTERM: seconds streams in flight may take to finish before the exit
     default_voice: str | None = None  # None: the OpenAI default 'alloy', mapped
     warmup: bool = True
     audio_cache_mb: float = 8.0  # finished responses kept for repeats (cache.py): ~130 phrases as pcm; 0: off
 
     def __post_init__(self) -> None:
-        for name in ("first_chunk_tokens", "chunk_tokens", "max_queue", "max_input_chars", "max_body_bytes"):
+        for name in ("first_chunk_tokens", "chunk_tokens", "max_queue", "max_input_chars", "max_input_tokens", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be at least 1", "use a positive number")
         if not self.first_chunk_tokens <= self.chunk_tokens <= CONTEXT_TOKENS:
@@ -48,8 +55,8 @@ class ServeConfig:
                 "(two at once measured slower)",
                 "add --windowed with an artifact built with the windows stage, or drop --workers",
             )
-        if self.crossfade_ms < 0 or self.request_timeout <= 0 or self.audio_cache_mb < 0:
-            raise UserError("crossfade_ms and audio_cache_mb must be >= 0 and request_timeout > 0")
+        if self.crossfade_ms < 0 or self.request_timeout <= 0 or self.audio_cache_mb < 0 or self.drain_timeout < 0:
+            raise UserError("crossfade_ms, audio_cache_mb and drain_timeout must be >= 0 and request_timeout > 0")
 
     @property
     def pieces(self) -> int:

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -50,6 +51,14 @@ FIRST_JOB_BUDGET = 0  # a streaming request's first job: its first piece alone (
 _WARMUP_TEXT = "Warming up, so that the first listener never waits for a cold start."
 
 
+def frames_bound(tokens: int, speed: float) -> int:
+    """The tokens a piece or job of `tokens` may hold at `speed`: below speed 1 each token makes 1/speed as
+    many frames, and a job's memory (the decoder's activations; windowed, the front's) grows with its
+    frames. So slow speech gets proportionally smaller jobs and never more frames than a job at speed 1:
+    the peak memory a server reaches under its load holds for every speed."""
+    return max(1, math.floor(tokens * min(speed, 1.0)))
+
+
 class Stream:
     """One request in the engine. The worker thread owns the synthesis state; the loop reads `queue`."""
 
@@ -68,6 +77,7 @@ class Stream:
         self.audio_out = 0.0  # seconds of audio handed out
         self.jobs = 0
         self.cancelled = False
+        self.cancelled_at = 0.0  # when `cancelled` was set (monotonic): how long its running unit took to stop
         self.finished = False
         self.run_options: Any = None
         self.job: tuple[list[int], bool, WindowedJob] | None = None  # a windowed job with windows still to decode
@@ -204,10 +214,11 @@ class Engine:
     def sample_rate(self) -> int:
         return self.synth.sample_rate if self.synth else 24_000
 
-    def plan(self, text: str) -> list[list[int]]:
-        """Text -> token pieces; CPU work (espeak): call it off the event loop."""
+    def plan(self, text: str, speed: float = 1.0) -> list[list[int]]:
+        """Text -> token pieces, smaller for slow speech (`frames_bound`); CPU work (espeak): call it off the event loop."""
         assert self.synth is not None
-        return make_pieces(text, self.synth.vocab, self.config.first_chunk_tokens, self.config.pieces)
+        first = frames_bound(self.config.first_chunk_tokens, speed)
+        return make_pieces(text, self.synth.vocab, first, max(first, frames_bound(self.config.pieces, speed)))
 
     def submit(self, pieces: list[list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool) -> Stream:
         stream = Stream(pieces, pack, speed, encoder, streaming, self.new_joiner())
@@ -222,16 +233,20 @@ class Engine:
             if stream.finished or stream.cancelled:
                 return
             stream.cancelled = True
+            stream.cancelled_at = time.monotonic()
             dropped = len(stream.pieces)
             stream.pieces.clear()
             stream.job = None
             if stream in self._streams:
                 self._streams.remove(stream)
-            if stream in self._running and stream.run_options is not None:
+            running = stream in self._running
+            if running and stream.run_options is not None:
                 stream.run_options.terminate = True
         if self.metrics:
             self.metrics.cancelled.inc()
             self.metrics.dropped.inc(dropped)
+            if not running:  # no worker is busy with it: free at once (else `_serve` observes when its unit stops)
+                self.metrics.cancel_release.observe(0.0)
 
     def queue_depth(self) -> int:
         with self._cond:
@@ -253,10 +268,11 @@ class Engine:
         """Tokens the next job may hold: what fits in the tightest streaming listener's buffered audio."""
         if stream.streaming and stream.jobs == 0:
             return FIRST_JOB_BUDGET  # just the first piece: the first audio is what users wait for
+        largest = frames_bound(self.config.chunk_tokens, stream.speed)
         slack = [s.deadline() - now for s in self._streams if s.streaming and s.pieces]
         if not slack:
-            return self.config.chunk_tokens  # nobody is listening live: biggest jobs, best throughput
-        return min(self.config.chunk_tokens, self.cost.tokens_within(SAFETY * min(slack), stream.speed))
+            return largest  # nobody is listening live: biggest jobs, best throughput
+        return min(largest, self.cost.tokens_within(SAFETY * min(slack), stream.speed))
 
     def _pick(self) -> tuple[Stream, list[int], bool] | None:
         """The stream to work for next and, unless it continues a windowed job, its next job."""
@@ -327,6 +343,8 @@ class Engine:
                     self._running.discard(stream)
                     stream.run_options = None
                     self._cond.notify_all()  # the stream's next unit may go to a waiting worker
+                if stream.cancelled and self.metrics:
+                    self.metrics.cancel_release.observe(time.monotonic() - stream.cancelled_at)
 
     def _window_step(self, stream: Stream, tokens: list[int], last: bool) -> None:
         """One unit of windowed work: a job's front and first window, or its next window. Each window is

@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+_RELEASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0, 1.5, 2.0, 5.0)
 
 
@@ -31,8 +32,17 @@ class Metrics:
         self.cache_hits = Counter("kokoro_cache_hits", "Requests answered from the audio cache (repeats)", registry=r)
         self.cancelled = Counter("kokoro_cancelled", "Requests cancelled (client gone or timed out)", registry=r)
         self.dropped = Counter("kokoro_dropped_pieces", "Queued pieces dropped by cancellation", registry=r)
+        self.cancel_release = Histogram(
+            "kokoro_cancel_release_seconds",
+            "Cancellation to the worker being free of the request (its running job or window stopped; 0 if none ran)",
+            buckets=_RELEASE_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge("kokoro_queue_depth", "Text pieces waiting for synthesis", registry=r)
         self.active = Gauge("kokoro_active_requests", "Admitted requests (being chunked, queued or streaming)", registry=r)
+        self.open = Gauge(
+            "kokoro_open_requests", "/v1 requests from their headers to their last byte (a drain waits for them)", registry=r
+        )
         self.busy = Gauge("kokoro_worker_busy", "1 while a worker runs a job or window", registry=r)
         self.ready = Gauge("kokoro_ready", "1 once the model is loaded and warmed up", registry=r)
         self.rss = Gauge("kokoro_process_rss_bytes", "Resident memory of the server process", registry=r)
@@ -41,11 +51,17 @@ class Metrics:
         self.peak_rss.set_function(_peak_rss_bytes)
 
     def bind(
-        self, queue_depth: Callable[[], float], active: Callable[[], float], busy: Callable[[], float], ready: Callable[[], float]
+        self,
+        queue_depth: Callable[[], float],
+        active: Callable[[], float],
+        busy: Callable[[], float],
+        ready: Callable[[], float],
+        open_requests: Callable[[], float] = lambda: 0.0,
     ) -> None:
         """Gauges read live state at scrape time instead of being kept in sync by hand."""
         self.queue_depth.set_function(queue_depth)
         self.active.set_function(active)
+        self.open.set_function(open_requests)
         self.busy.set_function(busy)
         self.ready.set_function(ready)
 

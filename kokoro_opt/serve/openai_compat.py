@@ -68,19 +68,42 @@ def voice_entries(voices: list[str], aliases: dict[str, str]) -> list[dict[str, 
     return entries
 
 
+MAX_VOICE_CHARS = 1000  # a blend of many voices fits; the body limit stays far off
+MAX_MODEL_CHARS = 256
+MAX_INSTRUCTIONS_CHARS = 4096
+
+
 class SpeechRequest(BaseModel):
-    """OpenAI's `audio.speech.create` body; unknown fields are ignored like OpenAI-compatible servers do."""
+    """OpenAI's `audio.speech.create` body; unknown fields are ignored like OpenAI-compatible servers do.
+    Types are strict (a speed of "2" is refused, as the JSON schema says), so the OpenAPI document
+    generated from this model is exactly what the server accepts."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    model: str = "kokoro"  # any value is accepted: one artifact is served (see GET /v1/models)
-    input: str
-    voice: str = DEFAULT_VOICE
-    response_format: str = "mp3"
+    model: str = Field(
+        default="kokoro",
+        max_length=MAX_MODEL_CHARS,
+        description="Any value: one artifact is served (GET /v1/models lists it and the OpenAI names)",
+    )
+    input: str = Field(description="The text to speak")  # limits: the OpenAPI document (openapi.py) and `parse`
+    voice: str = Field(
+        default=DEFAULT_VOICE,
+        max_length=MAX_VOICE_CHARS,
+        description="A voice of the artifact, an OpenAI voice name, or a blend like `jf_alpha(2)+jm_kumo(1)`; "
+        'an object `{"id": "..."}` also works',
+    )
+    response_format: str = Field(default="mp3", description="Audio format; upper case is accepted too")
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
-    stream_format: Literal["audio", "sse"] = "audio"
-    instructions: str | None = None  # accepted, ignored: Kokoro has no instruction following
-    stream: bool = True  # extension (as in Kokoro-FastAPI): false = whole file, exact length headers
+    stream_format: Literal["audio", "sse"] = Field(
+        default="audio", description="`audio`: the encoded bytes; `sse`: `speech.audio.delta` events, then `speech.audio.done`"
+    )
+    instructions: str | None = Field(
+        default=None, max_length=MAX_INSTRUCTIONS_CHARS, description="Accepted and ignored: Kokoro follows no instructions"
+    )
+    stream: bool = Field(
+        default=True,
+        description="Extension (as in Kokoro-FastAPI): false synthesizes the whole file first and sends it with exact lengths",
+    )
 
     @field_validator("voice", mode="before")
     @classmethod
@@ -92,6 +115,31 @@ class SpeechRequest(BaseModel):
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """Every error the server sends, shaped like OpenAI's."""
+
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    """An error response (`error_response`), raised anywhere in a request's handling."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type_, self.headers = status, message, param, code, type_, headers
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.message, type_=self.type_, param=self.param, code=self.code, headers=self.headers)
 
 
 def error_response(

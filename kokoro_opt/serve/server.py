@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -14,20 +15,48 @@ import uvicorn
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
-from kokoro_opt.serve.app import create_app
+from kokoro_opt.serve.app import Service, create_app
 from kokoro_opt.serve.config import ServeConfig
 
 log = logging.getLogger("kokoro_opt.serve")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but SIGTERM (or a first Ctrl-C) drains before it stops: /ready and new requests get 503
+    with Retry-After while the requests in flight finish (up to the app's drain timeout); then uvicorn
+    closes its socket and exits, and the process ends with 0. A second signal stops at once.
+
+    uvicorn alone closes the listening socket at the first signal (new requests and probes see
+    "connection refused") and cuts what runs past its graceful timeout; it also raises the signal again
+    after its shutdown, so the process would end killed by SIGTERM rather than with 0."""
+
+    def __init__(self, config: uvicorn.Config, service: Service) -> None:
+        super().__init__(config)
+        self.service = service
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.service.draining:
+            self.should_exit = self.force_exit = True  # the second signal: stop now
+        else:
+            self.service.begin_drain()
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.service.drained():
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
 def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.0.1", port: int = 8880) -> None:
-    """Serve until interrupted; the artifact loads and warms up while /health already answers."""
+    """Serve until SIGTERM or Ctrl-C (then drain, see `DrainingServer`); the artifact loads and warms up
+    while /health already answers."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if host not in LOOPBACK and not config.api_key:
         log.warning("listening on %s without an API key: anyone who can reach it can use it (set --api-key)", host)
     app = create_app(selection, config)
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+    # after the drain nothing should be left: what still runs (past the drain timeout) is cut after 1 s
+    settings = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=1)
+    DrainingServer(settings, app.state.serve).run()
 
 
 class ServerThread:

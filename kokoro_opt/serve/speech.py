@@ -1,0 +1,286 @@
+"""POST /v1/audio/speech: one request from its body to the last byte sent.
+
+A request is read (bounded), parsed (strict types, the limits of the OpenAPI document), admitted (a
+queue slot, or 429), planned (normalized and phonemized off the event loop, then its cost checked
+against `max_input_tokens` before any synthesis), then either collected whole or streamed. However it
+ends (done, client gone, timeout, error), its slot is given back and its synthesis cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.serve.config import ServeConfig
+from kokoro_opt.serve.encoders import MEDIA_TYPES, make_encoder, supported_formats
+from kokoro_opt.serve.engine import Stream
+from kokoro_opt.serve.openai_compat import ApiError, SpeechRequest, sse_delta, sse_done, sse_event, validation_message
+
+if TYPE_CHECKING:
+    from kokoro_opt.serve.app import Service
+
+log = logging.getLogger("kokoro_opt.serve")
+_DRAIN_LIMIT = 8 * 1024 * 1024  # an oversized body is read (and dropped) up to this, so the client sees the 413
+SILENCE_SECONDS = 0.1  # the answer to input with nothing to voice (only symbols espeak does not read)
+
+
+class _Aborted(Exception):
+    """A stream that cannot finish (timeout, synthesis error) after its headers left: drop the connection."""
+
+
+class AudioStreamResponse(StreamingResponse):
+    """A StreamingResponse whose cleanup runs however it ends: done, client gone (even before the first
+    byte, when the body generator never starts), or aborted."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except* _Aborted:
+            pass  # returning without the final chunk makes the server close the connection: the client sees the failure
+        finally:
+            self._on_close()
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    body = bytearray()
+    too_big = False
+    async for part in request.stream():
+        if not too_big:
+            body += part
+            too_big = len(body) > limit
+        if too_big and len(body) + len(part) > _DRAIN_LIMIT:
+            break
+    if too_big:
+        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large", param="input")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"could not parse the JSON body: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the JSON body must be an object", code="invalid_json")
+    return data
+
+
+def parse(data: dict[str, Any], config: ServeConfig) -> SpeechRequest:
+    try:
+        req = SpeechRequest.model_validate(data)
+    except ValidationError as exc:
+        message, param = validation_message(exc.errors())
+        raise ApiError(400, message, param=param) from None
+    if req.response_format not in supported_formats():
+        raise ApiError(400, f"unsupported response_format '{req.response_format}'; use one of: {', '.join(supported_formats())}",
+                       param="response_format")  # fmt: skip
+    if req.stream_format == "sse":
+        req.stream = True  # events are a stream by definition
+    if not req.input.strip():
+        raise ApiError(400, "input is empty: give some text to speak", param="input")
+    if len(req.input) > config.max_input_chars:
+        raise ApiError(400, f"input is {len(req.input)} characters; the limit is {config.max_input_chars}",
+                       param="input", code="string_above_max_length")  # fmt: skip
+    try:
+        req.input.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON can carry a lone surrogate ("\ud800"); it is no text
+        raise ApiError(400, f"input has an invalid character at position {exc.start} (a lone surrogate)", param="input") from None
+    return req
+
+
+def check_cost(tokens: int, speed: float, limit: int) -> None:
+    """The work a request asks for, known after normalization and phonemization, before any synthesis.
+    Slower speech decodes more frames per token: below speed 1 a token weighs 1/speed."""
+    cost = tokens / min(speed, 1.0)
+    if cost > limit:
+        weighed = "" if speed >= 1.0 else f", which at speed {speed:g} is the work of {round(cost):,}"
+        raise ApiError(
+            413,
+            f"input is {tokens:,} phoneme tokens after normalization{weighed}; the limit is {limit:,} "
+            "(serve --max-input-tokens): send it as several requests",
+            param="input",
+            code="input_too_long",
+        )
+
+
+async def _chunks(stream: Stream, deadline: float) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            item = await asyncio.wait_for(stream.queue.get(), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            raise ApiError(504, "the request timed out", type_="server_error", code="timeout") from None
+        if item is None:
+            return
+        if isinstance(item, BaseException):
+            raise ApiError(500, f"synthesis failed: {item}", type_="server_error", code="synthesis_failed")
+        yield item
+
+
+async def _collect(stream: Stream, deadline: float) -> bytes:
+    return b"".join([data async for data in _chunks(stream, deadline)])
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class SpeechHandler:
+    """One speech request: `await SpeechHandler(service, request).respond()`."""
+
+    def __init__(self, service: Service, request: Request) -> None:
+        self.service, self.request = service, request
+        self.started = time.perf_counter()
+        self.status = "cancelled"  # what the request counts as in kokoro_requests_total, if nothing else is set
+        self.stream: Stream | None = None
+        self.req: SpeechRequest | None = None
+
+    @property
+    def label(self) -> str:
+        return "true" if self.req is not None and self.req.stream else "false"
+
+    async def respond(self) -> Response:
+        service = self.service
+        self.req = req = parse(await read_json(self.request, service.config.max_body_bytes), service.config)
+        service.require_ready()
+        pack = service.pack(req.voice)
+        directives = self.request.headers.get("cache-control", "").lower()
+        key = None if "no-store" in directives else service.cache_key(req)  # no-store: neither read nor kept
+        cached = service.cache.get(key) if key and "no-cache" not in directives else None
+        if cached is not None:  # a repeat: no synthesis, no queue slot
+            service.metrics.cache_hits.inc()
+            service.metrics.requests.labels(req.response_format, self.label, "200").inc()
+            self._observe(whole=False)
+            return Response(cached, media_type=MEDIA_TYPES[req.response_format])
+        service.admit()
+        try:
+            pieces = await self._plan(req)
+            if pieces:
+                engine = service.engine
+                encoder = make_encoder(req.response_format, engine.sample_rate, streaming=req.stream)
+                self.stream = engine.submit(pieces, pack, req.speed, encoder, req.stream)
+        except BaseException as exc:
+            self.status = str(exc.status) if isinstance(exc, ApiError) else "500"
+            self.close()
+            raise
+        if not pieces:
+            self.status = "200"
+            self.close()
+            return self._silence(req)
+        if not req.stream:
+            return await self._whole(key)
+        return self._streaming(key, tokens=sum(map(len, pieces)))
+
+    async def _plan(self, req: SpeechRequest) -> list[list[int]]:
+        try:
+            pieces = await asyncio.to_thread(self.service.engine.plan, req.input, req.speed)
+        except UserError as exc:
+            raise ApiError(400, str(exc), param="input") from None
+        check_cost(sum(map(len, pieces)), req.speed, self.service.config.max_input_tokens)
+        return pieces
+
+    def close(self) -> None:
+        """Give the queue slot back and stop the synthesis (a no-op when it finished): once, however it ended."""
+        self.service.release()
+        if self.stream is not None:
+            self.service.engine.cancel(self.stream)
+        assert self.req is not None
+        self.service.metrics.requests.labels(self.req.response_format, self.label, self.status).inc()
+
+    def _observe(self, whole: bool = True) -> None:
+        """A response sent in one piece: its first audio is its last byte."""
+        elapsed = time.perf_counter() - self.started
+        self.service.metrics.ttfa.labels(self.label).observe(elapsed)
+        if whole:
+            self.service.metrics.response.labels(self.label).observe(elapsed)
+
+    def _silence(self, req: SpeechRequest) -> Response:
+        """Input with nothing to voice gets a short silence in the format asked for, as a player expects."""
+        rate = self.service.engine.sample_rate
+        encoder = make_encoder(req.response_format, rate, streaming=req.stream)
+        audio = encoder.encode(np.zeros(round(SILENCE_SECONDS * rate), dtype=np.float32)) + encoder.finish()
+        self._observe()
+        if req.stream_format == "sse":
+            return Response(sse_delta(audio) + sse_done(0, SILENCE_SECONDS), media_type="text/event-stream")
+        return Response(audio, media_type=MEDIA_TYPES[req.response_format])
+
+    async def _whole(self, key: Any) -> Response:
+        assert self.stream is not None and self.req is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.service.config.request_timeout
+        watcher = asyncio.ensure_future(_until_disconnect(self.request))
+        collector = asyncio.ensure_future(_collect(self.stream, deadline))
+        try:
+            await asyncio.wait({watcher, collector}, return_when=asyncio.FIRST_COMPLETED)
+            if not collector.done():  # the client left: stop its synthesis now
+                collector.cancel()
+                return Response(status_code=499)
+            body = collector.result()
+            self.status = "200"
+        except ApiError as exc:
+            self.status = str(exc.status)
+            raise
+        finally:
+            watcher.cancel()
+            self.close()
+        self._observe()
+        if key:
+            self.service.cache.put(key, body)
+        return Response(body, media_type=MEDIA_TYPES[self.req.response_format])
+
+    def _streaming(self, key: Any, tokens: int) -> Response:
+        req = self.req
+        assert req is not None
+        sse = req.stream_format == "sse"
+        return AudioStreamResponse(
+            self._body(key, tokens),
+            self.close,
+            media_type="text/event-stream" if sse else MEDIA_TYPES[req.response_format],
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def _body(self, key: Any, tokens: int) -> AsyncIterator[bytes]:
+        stream, req, service = self.stream, self.req, self.service
+        assert stream is not None and req is not None
+        metrics, sse = service.metrics, req.stream_format == "sse"
+        deadline = asyncio.get_running_loop().time() + service.config.request_timeout
+        first = True
+        sent = 0
+        kept: list[bytes] | None = [] if key else None  # the body, for the cache, while it fits there
+        try:
+            async for data in _chunks(stream, deadline):
+                if first:
+                    metrics.ttfa.labels(self.label).observe(time.perf_counter() - self.started)
+                    first = False
+                sent += len(data)
+                if kept is not None and sent <= service.cache.entry_limit:
+                    kept.append(data)
+                else:
+                    kept = None
+                yield sse_delta(data) if sse else data
+        except ApiError as exc:
+            self.status = str(exc.status)
+            metrics.errors.labels(exc.code or str(exc.status)).inc()
+            log.warning("request aborted after %d bytes: %s", sent, exc.message)
+            if not sse:
+                raise _Aborted from None
+            yield sse_event("error", error={"message": exc.message, "type": exc.type_, "code": exc.code})
+            return
+        if sse:
+            yield sse_done(tokens, stream.audio_out)
+        self.status = "200"
+        if key and kept is not None:
+            service.cache.put(key, b"".join(kept))
+        metrics.response.labels(self.label).observe(time.perf_counter() - self.started)

@@ -1,0 +1,138 @@
+"""Artifacts from a tracking server are untrusted: a real MLflow server serves crafted runs (paths out of
+the artifact folder, ids with path characters, files larger than their manifest says), and fetching
+refuses each with a clear error and writes nothing outside the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kokoro_opt.artifacts import Artifact, link_or_copy
+from kokoro_opt.errors import UserError
+from kokoro_opt.evaluate.tracking import KIND_TAG
+from kokoro_opt.hashing import file_sha256
+from kokoro_opt.manifest import MANIFEST
+from kokoro_opt.remote import EXPERIMENT, PUSHED_KIND, fetch_artifact, push_artifact
+from tests.servers import mlflow_server
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    base = tmp_path_factory.mktemp("untrusted")
+    with mlflow_server(f"sqlite:///{base / 'mlflow.db'}", base / "mlflow-artifacts") as url:
+        yield url
+
+
+def craft(tracking: str, artifact_id: str, files: dict[str, bytes], *, manifest_files: dict[str, str] | None = None,
+          place: str | None = None, declared: dict[str, int] | None = None) -> None:  # fmt: skip
+    """A finished push run as a hostile machine could make it: any tags, any manifest, any files. The manifest
+    lists `manifest_files` (name: sha256) or the files themselves, each with its size or the `declared` one."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking)
+    found = client.get_experiment_by_name(EXPERIMENT)
+    experiment = found.experiment_id if found else client.create_experiment(EXPERIMENT)
+    with tempfile.TemporaryDirectory() as folder:
+        for name, data in files.items():
+            (Path(folder) / name).write_bytes(data)
+        hashes = {n: file_sha256(Path(folder) / n) for n in files} if manifest_files is None else manifest_files
+        sizes = {n: len(data) for n, data in files.items()} | (declared or {})
+        listed = {name: {"sha256": sha, "size": sizes.get(name, 1)} for name, sha in hashes.items()}
+        manifest = {"format": 2, "id": artifact_id, "kind": "recipe", "files": listed}
+        (Path(folder) / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+        run_tags = {KIND_TAG: PUSHED_KIND, "artifact_id": artifact_id, "artifact_name": "tiny",
+                    "store_place": place or f"tiny/{artifact_id}"}  # fmt: skip
+        run = client.create_run(experiment, tags=run_tags)
+        client.log_artifacts(run.info.run_id, folder, "artifact")
+        client.set_terminated(run.info.run_id)
+
+
+def outside_is_untouched(machine: Path) -> None:
+    """Nothing but lock files in the store (its .locks/), and nothing beside it."""
+    assert sorted(p.name for p in machine.iterdir()) == ["artifacts"], list(machine.iterdir())
+    left = [p for p in (machine / "artifacts").rglob("*") if p.is_file() and p.parent.name != ".locks"]
+    assert not left, left
+
+
+def refused(tracking: str, machine: Path, spec: str, match: str) -> None:
+    root = machine / "artifacts"
+    root.mkdir(parents=True, exist_ok=True)
+    with pytest.raises(UserError, match=match):
+        fetch_artifact(spec, root, tracking, say=lambda _: None)
+    outside_is_untouched(machine)
+
+
+@pytest.mark.parametrize(
+    ("place", "match"),
+    [("../../escaped", "refusing its store place"), ("/tmp/escaped/0123abcd0123abc1", "refusing its store place"),
+     ("tiny/other-id", "refusing its store place"), (".hidden/0123abcd0123abc1", "refusing its store place")],
+)  # fmt: skip
+def test_a_store_place_outside_the_store_is_refused(tracking: str, tmp_path: Path, place: str, match: str) -> None:
+    artifact_id = f"{abs(hash(place)) % 16**16:016x}"
+    craft(tracking, artifact_id, {"voices.npz": b"x"}, place=place.replace("0123abcd0123abc1", artifact_id))
+    refused(tracking, tmp_path / "machine", artifact_id, match)
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_an_id_with_path_characters_is_refused(tracking: str, tmp_path: Path) -> None:
+    craft(tracking, "aaaa1111/../../x", {"voices.npz": b"x"}, place="tiny/x")
+    refused(tracking, tmp_path / "machine", "aaaa1111", "is not an artifact id")  # the run's id tag
+    refused(tracking, tmp_path / "machine", "../aaaa", "is not an artifact id")  # what the user typed
+    refused(tracking, tmp_path / "machine", "%", "is not an artifact id")  # no LIKE pattern either
+
+
+@pytest.mark.parametrize("name", ["../outside.bin", "/etc/hostname", "sub/../../outside.bin"])
+def test_a_manifest_naming_a_path_outside_the_folder_is_refused(tracking: str, tmp_path: Path, name: str) -> None:
+    artifact_id = f"b{abs(hash(name)) % 16**15:015x}"
+    craft(tracking, artifact_id, {"voices.npz": b"x"}, manifest_files={name: "0" * 64, "voices.npz": "0" * 64})
+    refused(tracking, tmp_path / "machine", artifact_id, "is not a relative path inside the artifact folder")
+
+
+def test_a_file_larger_than_its_manifest_says_is_refused_before_download(tracking: str, tmp_path: Path) -> None:
+    artifact_id = "c0ffee00c0ffee00"
+    big = os.urandom(300_000)
+    craft(tracking, artifact_id, {"voices.npz": big}, declared={"voices.npz": 1000})
+    refused(tracking, tmp_path / "machine", artifact_id, r"voices\.npz is 300000 bytes on the server; its manifest says 1000")
+    craft(tracking, "c0ffee00c0ffee01", {"voices.npz": b"x", "build.json": b" " * (17 << 20)})  # a record: bounded
+    refused(tracking, tmp_path / "machine", "c0ffee00c0ffee01", r"build\.json is 17825792 bytes on the server")
+
+
+def test_a_file_the_manifest_does_not_name_is_refused_before_download(tracking: str, tmp_path: Path) -> None:
+    artifact_id = "d00dd00dd00dd00d"
+    craft(tracking, artifact_id, {"voices.npz": b"x", "extra.bin": b"y" * 1000}, manifest_files={"voices.npz": "0" * 64})
+    refused(tracking, tmp_path / "machine", artifact_id, "extra.bin is not in its manifest")
+
+
+def test_a_genuine_push_fetches_with_its_record(tracking: str, tiny_artifact: Artifact, tmp_path: Path) -> None:
+    push_artifact(tiny_artifact, tracking, say=lambda _: None)
+    root = tmp_path / "machine" / "artifacts"
+    fetched = fetch_artifact(tiny_artifact.id, root, tracking, say=lambda _: None)
+    assert fetched is not None and fetched.manifest == tiny_artifact.manifest  # the same content, verified
+    assert fetched.build.stages == tiny_artifact.build.stages  # and what its build measured
+
+
+def test_symlinks_in_the_store_are_refused(tracking: str, tiny_artifact: Artifact, tmp_path: Path) -> None:
+    push_artifact(tiny_artifact, tracking, say=lambda _: None)  # a no-op when the test above pushed it
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    # a store whose recipe folder is a link elsewhere: the fetch would write outside the store
+    root = tmp_path / "linked" / "artifacts"
+    root.mkdir(parents=True)
+    (root / "tiny").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(UserError, match="leads outside"):
+        fetch_artifact(tiny_artifact.id, root, tracking, say=lambda _: None)
+    assert not any(outside.iterdir())
+    # an artifact already in the store with a file that links outside it: verified before it is used
+    root = tmp_path / "copied" / "artifacts"
+    link_or_copy(tiny_artifact.path, root / "tiny" / tiny_artifact.id)
+    voices = root / "tiny" / tiny_artifact.id / "voices.npz"
+    (outside / "voices.npz").write_bytes(voices.read_bytes())
+    voices.unlink()
+    voices.symlink_to(outside / "voices.npz")
+    with pytest.raises(UserError, match=r"voices\.npz is a symbolic link"):
+        fetch_artifact(tiny_artifact.id, root, tracking, say=lambda _: None)
