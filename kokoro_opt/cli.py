@@ -193,8 +193,15 @@ def serve(
         bool, typer.Option(help="decode only part of each job's edge silence (needs an artifact with the edges stage)")
     ] = False,
     windowed: Annotated[
-        bool, typer.Option(help="front once per job, generator in windows (needs an artifact with the windows stage)")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--windowed/--no-windowed",
+            help="stream window by window (default: on where the artifact's windows stage passed its gate)",
+        ),
+    ] = None,
+    first_window_steps: Annotated[
+        int | None, typer.Option(help="a new listener's first window in 12.5 ms steps (default: tuned, else the artifact's)")
+    ] = None,
     audio_cache_mb: Annotated[float, typer.Option(help="responses kept to answer repeats at once; 0: off")] = 8.0,
     workers: Annotated[
         int, typer.Option(help="streams worked for at once, with --windowed: 2 gives fewer underruns, more memory")
@@ -219,11 +226,13 @@ def serve(
         first_chunk_tokens=first_chunk_tokens,
         chunk_tokens=chunk_tokens,
         crossfade_ms=crossfade_ms,
-        cap_edges=cap_edges,
+        cap_edges=cap_edges or None,
         windowed=windowed,
+        first_window_steps=first_window_steps,
         audio_cache_mb=audio_cache_mb,
         workers=workers,
     )
+    err.print(f"mode: {config.mode()}" + ("" if config.windowed or not chosen.capabilities.windowed else " (--no-windowed)"))
     serve_forever(selection, config, host, port)
 
 
@@ -246,7 +255,9 @@ def bench_serve(
         bool, typer.Option(help="also time short phrases alone ('button', 'checkbox checked', ...): the screen-reader case")
     ] = True,
     cap_edges: Annotated[bool, typer.Option(help="start the server with --cap-edges")] = False,
-    windowed: Annotated[bool, typer.Option(help="start the server with --windowed")] = False,
+    windowed: Annotated[
+        bool | None, typer.Option("--windowed/--no-windowed", help="start the server so (default: as serve decides)")
+    ] = None,
     workers: Annotated[int, typer.Option(help="start the server with --workers")] = 1,
 ) -> None:
     """Benchmark the server: TTFA p50/p95, full-response time, RTF, gaps and underruns, streaming vs not."""
@@ -258,8 +269,9 @@ def bench_serve(
     if url is None:  # the server's own rules, checked before one is started for nothing
         from kokoro_opt.serve import ServeConfig
 
-        ServeConfig(windowed=windowed, workers=workers)
-    flags = ["--cap-edges"] * cap_edges + ["--windowed"] * windowed + ["--workers", str(workers)] * (workers != 1)
+        ServeConfig(windowed=windowed is not False, workers=workers)  # the artifact decides the rest when it starts
+    mode = [] if windowed is None else ["--windowed" if windowed else "--no-windowed"]
+    flags = ["--cap-edges"] * cap_edges + mode + ["--workers", str(workers)] * (workers != 1)
     args = bench.serve_args(url, artifact, artifacts, max_queue, flags)
     scenarios = bench.run(
         url,

@@ -313,6 +313,22 @@ def test_serving_windowed_without_the_stage_is_refused(plain) -> None:
         ServeConfig.for_selection(resolve_artifact(str(plain.path)), windowed=True)
 
 
+def test_serve_streams_windowed_where_the_artifact_can_unless_told_not_to(windowed, plain) -> None:
+    """The artifact decides by default (its capability: the windows stage passed its gate); --no-windowed and
+    --cap-edges serve whole jobs; whatever has no windows stage serves whole jobs."""
+    from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.serve import ServeConfig
+
+    streams = resolve_artifact(str(windowed.path))
+    assert streams.artifact.capabilities.windowed and ServeConfig.for_selection(streams).windowed
+    assert not ServeConfig.for_selection(streams, windowed=False).windowed
+    assert not ServeConfig.for_selection(resolve_artifact(str(plain.path))).windowed
+    tuned = ServeConfig.for_selection(streams, first_window_steps=20)
+    assert tuned.first_window_steps == 20 and "streaming windowed" in tuned.mode()
+    with pytest.raises(UserError, match="first_window_steps must be 4 to 400"):
+        ServeConfig(first_window_steps=2)
+
+
 def _served_alone_and_together(windowed) -> tuple[list[bytes], list[bytes], int]:
     """Two non-streaming requests on a 2-worker engine: each served alone, then both at once."""
     import asyncio

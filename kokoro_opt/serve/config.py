@@ -20,7 +20,8 @@ class ServeConfig:
     crossfade_ms: float = 10.0
     trim_silence: bool = True  # cut Kokoro's ~0.9 s of silence at each seam to a natural pause (join.py)
     cap_edges: bool = False  # the decoder skips most of that silence (an artifact with the edges stage)
-    windowed: bool = False  # front once per job, generator in windows (an artifact with the windows stage)
+    windowed: bool = False  # front once per job, generator in windows (for_selection: on where the artifact can)
+    first_window_steps: int | None = None  # a new listener's first window (steps); None: the artifact's (windows stage)
     workers: int = 1  # streams worked for at once: 1, or 2 windowed (engine.py)
     max_queue: int = 4  # admitted requests (chunking, waiting or streaming); more get 429
     request_timeout: float = 300.0
@@ -55,6 +56,8 @@ class ServeConfig:
                 "(two at once measured slower)",
                 "add --windowed with an artifact built with the windows stage, or drop --workers",
             )
+        if self.first_window_steps is not None and not 4 <= self.first_window_steps <= 400:
+            raise UserError(f"first_window_steps must be 4 to 400, not {self.first_window_steps}", "use e.g. 12 (0.15 s)")
         if self.crossfade_ms < 0 or self.request_timeout <= 0 or self.audio_cache_mb < 0 or self.drain_timeout < 0:
             raise UserError("crossfade_ms, audio_cache_mb and drain_timeout must be >= 0 and request_timeout > 0")
 
@@ -62,12 +65,23 @@ class ServeConfig:
     def pieces(self) -> int:
         return min(self.piece_tokens or 2 * self.first_chunk_tokens, self.chunk_tokens)
 
+    def mode(self) -> str:
+        """What a listener gets, for the start-up line."""
+        if self.windowed:
+            return "streaming windowed: the front once per job, the generator in windows sent as they are decoded"
+        return "whole jobs" + (" with capped edges" if self.cap_edges else "")
+
     @classmethod
     def for_selection(cls, selection: Selection, **overrides: Any) -> ServeConfig:
-        """Tuned chunking from the selection, then explicit (non-None) overrides on top."""
+        """Tuned chunking from the selection, then explicit (non-None) overrides on top. `windowed` left unset
+        (None) follows the artifact: on wherever it can stream windowed (its windows stage passed its gate)
+        and edge capping was not asked for; True on an artifact that cannot is an error."""
         known = set(cls.__dataclass_fields__)
         tuned = {k: v for k, v in selection.chunking.items() if k in known}
-        config = cls(**{**tuned, **{k: v for k, v in overrides.items() if v is not None}})
+        chosen = {k: v for k, v in overrides.items() if v is not None}
+        if "windowed" not in chosen:
+            chosen["windowed"] = selection.artifact.capabilities.windowed and not chosen.get("cap_edges", False)
+        config = cls(**{**tuned, **chosen})
         if config.cap_edges and not selection.artifact.capabilities.edges:
             raise UserError(edges_missing(selection.artifact.name), "serve an artifact built with it, or drop --cap-edges")
         if config.windowed and not selection.artifact.capabilities.windowed:

@@ -27,13 +27,13 @@ import math
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime import open_synthesizer
-from kokoro_opt.runtime.session import release_freed_memory
 from kokoro_opt.runtime.synth import Speaker, Synthesizer
 from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
 from kokoro_opt.select import Selection
@@ -166,10 +166,10 @@ class Engine:
         if self.config.windowed:
             if not isinstance(synth, Synthesizer):
                 raise UserError(windows_missing(getattr(synth, "artifact", None) and synth.artifact.name), "drop windowed")
-            WindowedDecoder.check(synth.artifact)
-            synth.session = None  # windowed jobs never run the whole graph: free its weights before the split's
-            release_freed_memory()
+            WindowedDecoder.check(synth.artifact)  # the server's synth never loaded the whole graph (`_load`)
             self.windows = WindowedDecoder.of_artifact(synth)
+            if self.config.first_window_steps is not None:  # tuned or asked for: the artifact's size otherwise
+                self.windows.settings = replace(self.windows.settings, first_steps=self.config.first_window_steps)
         self.synth = synth
         self._space = synth.vocab.get(" ")
 

@@ -48,6 +48,9 @@ class SpaceConfig(Strict):
     first_chunk_tokens: list[int] = Field(default_factory=lambda: [24, 32, 40, 56], min_length=1)
     chunk_tokens: list[int] = Field(default_factory=lambda: [100, 150, 200, 300], min_length=1)
     crossfade_ms: list[float] = Field(default_factory=lambda: [10.0], min_length=1)
+    first_window_steps: list[int] = Field(
+        default_factory=lambda: [8, 12, 16, 24], min_length=1, description="a new listener's first window (windowed artifacts)"
+    )
 
     @field_validator("providers")
     @classmethod
@@ -70,6 +73,8 @@ class SpaceConfig(Strict):
             raise ValueError("no first_chunk_tokens choice is <= a chunk_tokens choice")
         if min(self.crossfade_ms) < 0:
             raise ValueError("crossfade_ms must be >= 0")
+        if min(self.first_window_steps) < 4 or max(self.first_window_steps) > 400:
+            raise ValueError("first_window_steps must be within 4..400 steps")
         return self
 
 

@@ -84,8 +84,8 @@ class Bench:
 
     def __init__(self, synth: Synthesizer, settings: TrialSettings, measure: MeasureConfig) -> None:
         self.synth, self.measure = synth, measure
-        self.config = ServeConfig(**settings.chunking, warmup=False)
         selection = Selection(synth.artifact, synth.settings, settings.chunking, "tuning")
+        self.config = ServeConfig.for_selection(selection, warmup=False)  # windowed where serve would be
         self.engine = Engine(selection, self.config)
         self.engine.attach(synth)  # the engine's own job path on our cached session; its worker thread is not started
         voice = measure.voice or synth.voices[0]

@@ -35,6 +35,7 @@ class Candidate:
     formats: dict[str, str]  # "onnx" / "ort" -> artifact id
     quality: float  # the recipe's quality metric (PESQ or WER delta) of the onnx artifact (else the ort one)
     reason: str
+    windowed: bool = False  # it streams windowed by default: its first window size is searched too
 
 
 @dataclass
@@ -77,14 +78,19 @@ class TrialSettings:
     first_chunk_tokens: int = 40
     chunk_tokens: int = 200
     crossfade_ms: float = 10.0
+    first_window_steps: int | None = None  # a windowed artifact's; None: the artifact's own
 
     @property
     def chunking(self) -> dict[str, Any]:
-        return {
+        """What serve takes from tuned.json (ServeConfig fields)."""
+        chunking: dict[str, Any] = {
             "first_chunk_tokens": self.first_chunk_tokens,
             "chunk_tokens": self.chunk_tokens,
             "crossfade_ms": self.crossfade_ms,
         }
+        if self.first_window_steps is not None:
+            chunking["first_window_steps"] = self.first_window_steps
+        return chunking
 
 
 # ---- which artifacts -------------------------------------------------------------------------------
@@ -179,7 +185,8 @@ def gather_candidates(recipe: TuneRecipe, root: Path, tracking_uri: str | None, 
         if source is not None and source in groups:
             groups[source].formats["ort"] = artifact.id
             continue
-        groups[artifact.id] = Candidate(f"{artifact.name}@{artifact.id[:8]}", artifact.name, {fmt: artifact.id}, value, reason)
+        key, windowed = f"{artifact.name}@{artifact.id[:8]}", artifact.capabilities.windowed
+        groups[artifact.id] = Candidate(key, artifact.name, {fmt: artifact.id}, value, reason, windowed)
     return list(groups.values())
 
 
@@ -281,4 +288,5 @@ def suggest(trial: Any, resolved: ResolvedSpace) -> TrialSettings:
         first,
         max(first, _pick(trial, "chunk_tokens", s.chunk_tokens)),  # the server needs first <= later chunks
         float(_pick(trial, "crossfade_ms", s.crossfade_ms)),
+        _pick(trial, "first_window_steps", s.first_window_steps) if candidate.windowed else None,
     )
