@@ -1,7 +1,7 @@
 """Two units of work one after the other, or at once on the same ONNX Runtime sessions: what
 `serve --workers 2` rests on (kokoro_opt/serve/engine.py, docs/serving.md).
 
-    python benchmarks/concurrent_units.py [--windowed artifacts/int8-mixed-windowed] [--whole artifacts/int8-mixed]
+    python benchmarks/concurrent_units.py [--windowed artifacts/int8-mixed] [--whole artifacts/int8-mixed]
 
 Each pair runs in turn on one Python thread, then on two threads at once, alternated, and the table
 prints the medians and the throughput ratio. The last rows time four new listeners' fronts and 12-step
@@ -72,7 +72,7 @@ def whole_graph_pairs(whole: Any, runs: int, table: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--windowed", type=Path, default=Path("artifacts/int8-mixed-windowed"))
+    parser.add_argument("--windowed", type=Path, default=Path("artifacts/int8-mixed"))
     parser.add_argument("--whole", type=Path, default=Path("artifacts/int8-mixed"))
     parser.add_argument("--runs", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2, help="ORT intra-op threads of every session")

@@ -1,7 +1,7 @@
 """Disconnects under load: clients that hang up at random points mid-stream, for `--minutes`.
 
     .venv/bin/python benchmarks/disconnect_soak.py --artifact artifacts/int8-mixed --minutes 10
-    .venv/bin/python benchmarks/disconnect_soak.py --artifact artifacts/int8-mixed-windowed --windowed --minutes 10
+    .venv/bin/python benchmarks/disconnect_soak.py --artifact artifacts/int8-mixed --windowed --minutes 10
 
 A `kokoro-opt serve` on a free loopback port takes `--clients` streaming clients (4: the load the
 server is sized for) that loop over long, odd and ordinary requests (paragraphs, several paragraphs,

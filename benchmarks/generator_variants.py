@@ -3,7 +3,7 @@ per window ("chains"), as lookup tables ("tables", kokoro_opt/passes/int8_lookup
 everything else computed from the style and statistics alone run once per job ("hoisted", the default,
 kokoro_opt/passes/hoisting.py).
 
-    python benchmarks/generator_variants.py [--artifact artifacts/int8-mixed-windowed] [--runs 24]
+    python benchmarks/generator_variants.py [--artifact artifacts/int8-mixed] [--runs 24]
 
 Decodes the same windows with each, alternating run by run so that all see the same machine, and
 prints the median time per window, the ratios, the per-job part's own time (paid once per job by
@@ -25,7 +25,7 @@ VARIANTS = {"chains": {"lookup_tables": False, "hoisting": False}, "tables": {"h
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--artifact", type=Path, default=Path("artifacts/int8-mixed-windowed"))
+    parser.add_argument("--artifact", type=Path, default=Path("artifacts/int8-mixed"))
     parser.add_argument("--runs", type=int, default=24, help="runs per window size and variant")
     args = parser.parse_args()
 

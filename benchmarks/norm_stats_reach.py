@@ -1,6 +1,6 @@
 """Which InstanceNorms can normalize with per-voice table statistics instead of their utterance's own.
 
-    python benchmarks/norm_stats_reach.py [--artifact artifacts/int8-mixed-windowed] [--sentences 8 --phrases 12]
+    python benchmarks/norm_stats_reach.py [--artifact artifacts/int8-mixed] [--sentences 8 --phrases 12]
 
 Windowed decoding (`serve --windowed`) runs the generator in windows, so its norms cannot see the
 whole utterance: they take statistics from the `windows` stage's table (per voice, pooled over
@@ -24,7 +24,7 @@ GROUPS = {  # name -> node-name prefixes of its InstanceNormalization nodes
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--artifact", type=Path, default=Path("artifacts/int8-mixed-windowed"))
+    parser.add_argument("--artifact", type=Path, default=Path("artifacts/int8-mixed"))
     parser.add_argument("--sentences", type=int, default=8)
     parser.add_argument("--phrases", type=int, default=12)
     parser.add_argument("--calibration-sentences", type=int, default=6, help="as the windows stage's default")

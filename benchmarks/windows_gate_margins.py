@@ -1,6 +1,6 @@
 """Margins of the windows stage's gate on a built artifact, at 1, 2 and 4 ONNX Runtime threads.
 
-    python benchmarks/windows_gate_margins.py [--artifact artifacts/int8-mixed-windowed] [--noise 1e-6]
+    python benchmarks/windows_gate_margins.py [--artifact artifacts/int8-mixed] [--noise 1e-6]
 
 Scores windowed vs whole decoding exactly as the gate does (the stage's own settings and statistics
 table) with ONNX Runtime at 1, 2 and 4 threads, and prints each gated figure beside its budget.
@@ -18,7 +18,7 @@ THREADS = (1, 2, 4)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--artifact", type=Path, default=Path("artifacts/int8-mixed-windowed"))
+    parser.add_argument("--artifact", type=Path, default=Path("artifacts/int8-mixed"))
     parser.add_argument("--noise", type=float, default=1e-6, help="relative noise on the table (0: skip)")
     args = parser.parse_args()
 
