@@ -16,7 +16,7 @@ from kokoro_opt.artifacts import Artifact, link_or_copy
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.tracking import KIND_TAG
 from kokoro_opt.hashing import file_sha256
-from kokoro_opt.manifest import MANIFEST
+from kokoro_opt.manifest import MANIFEST, RECORD_FILES
 from kokoro_opt.remote import EXPERIMENT, PUSHED_KIND, fetch_artifact, push_artifact
 from tests.servers import mlflow_server
 
@@ -40,7 +40,8 @@ def craft(tracking: str, artifact_id: str, files: dict[str, bytes], *, manifest_
     with tempfile.TemporaryDirectory() as folder:
         for name, data in files.items():
             (Path(folder) / name).write_bytes(data)
-        hashes = {n: file_sha256(Path(folder) / n) for n in files} if manifest_files is None else manifest_files
+        content = [n for n in files if n not in RECORD_FILES]  # a build's records are not listed
+        hashes = {n: file_sha256(Path(folder) / n) for n in content} if manifest_files is None else manifest_files
         sizes = {n: len(data) for n, data in files.items()} | (declared or {})
         listed = {name: {"sha256": sha, "size": sizes.get(name, 1)} for name, sha in hashes.items()}
         manifest = {"format": 2, "id": artifact_id, "kind": "recipe", "files": listed}
