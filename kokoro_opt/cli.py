@@ -175,7 +175,9 @@ def serve(
     host: Annotated[str, typer.Option(help="address to bind; loopback by default")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8880,
     api_key: Annotated[str | None, typer.Option(envvar="KOKORO_OPT_API_KEY", help="require this bearer token")] = None,
-    max_queue: Annotated[int, typer.Option(help="admitted requests at once; more get 429")] = 4,
+    max_queue: Annotated[
+        int | None, typer.Option(help="admitted requests at once; more get 429 (default: bench-serve --capacity's, else 4)")
+    ] = None,
     timeout: Annotated[float, typer.Option(help="seconds a request may take in total")] = 300.0,
     max_input_chars: Annotated[int, typer.Option(help="longest input text")] = 4096,
     max_input_tokens: Annotated[
@@ -233,6 +235,9 @@ def serve(
         workers=workers,
     )
     err.print(f"mode: {config.mode()}" + ("" if config.windowed or not chosen.capabilities.windowed else " (--no-windowed)"))
+    err.print(
+        f"admits {config.max_queue} requests at once" + ("" if max_queue is not None else " (bench-serve --capacity sets it)")
+    )
     serve_forever(selection, config, host, port)
 
 
@@ -259,11 +264,19 @@ def bench_serve(
         bool | None, typer.Option("--windowed/--no-windowed", help="start the server so (default: as serve decides)")
     ] = None,
     workers: Annotated[int, typer.Option(help="start the server with --workers")] = 1,
+    capacity: Annotated[
+        bool,
+        typer.Option(
+            help="find the most simultaneous real-time streams this machine sustains (0 underruns, TTFA p95 <= 0.5 s); "
+            "recorded for serve's default --max-queue"
+        ),
+    ] = False,
 ) -> None:
     """Benchmark the server: TTFA p50/p95, full-response time, RTF, gaps and underruns, streaming vs not."""
     import json
 
     from kokoro_opt.serve import bench
+    from kokoro_opt.serve import capacity as measured
 
     counts = [int(c) for c in clients.split(",") if c.strip()]
     if url is None:  # the server's own rules, checked before one is started for nothing
@@ -272,8 +285,8 @@ def bench_serve(
         ServeConfig(windowed=windowed is not False, workers=workers)  # the artifact decides the rest when it starts
     mode = [] if windowed is None else ["--windowed" if windowed else "--no-windowed"]
     flags = ["--cap-edges"] * cap_edges + mode + ["--workers", str(workers)] * (workers != 1)
-    args = bench.serve_args(url, artifact, artifacts, max_queue, flags)
-    scenarios = bench.run(
+    args = bench.serve_args(url, artifact, artifacts, max(measured.COUNTS) if capacity else max_queue, flags)
+    scenarios, served = bench.run(
         url,
         args,
         counts,
@@ -284,8 +297,15 @@ def bench_serve(
         full,
         api_key,
         console,
-        phrases=bench.PHRASES if phrases else (),
+        phrases=bench.PHRASES if phrases and not capacity else (),
+        capacity=capacity,
     )
+    if capacity:
+        streams = measured.sustained([s.summary() for s in scenarios])
+        kept = measured.record_capacity(artifacts, served["id"], served.get("mode", "whole"), served.get("workers", 1), streams)
+        console.print(
+            f"this machine sustains {kept.describe()}; `serve` admits that many by default ({artifacts / measured.CAPACITY_FILE})"
+        )
     if json_out:
         json_out.write_text(json.dumps(bench.to_json(scenarios), indent=2), encoding="utf-8")
         console.print(f"wrote {json_out}")

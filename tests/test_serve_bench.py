@@ -19,9 +19,10 @@ def test_bench_starts_a_server_and_reports(tiny_artifact) -> None:
     console = Console(file=out, width=200)
     args = ["--artifact", str(tiny_artifact.path), "--max-queue", "2"]
     phrases = ("button", "checkbox checked")
-    scenarios = bench.run(
+    scenarios, served = bench.run(
         None, args, [1, 3], 1, "Hello there. How are you today?", "alloy", "wav", True, None, console, phrases=phrases
     )
+    assert served["id"] == tiny_artifact.id and served["mode"] == "whole" and served["workers"] == 1
     summary = {(s.mode, s.clients): s.summary() for s in scenarios if not s.text}
     full, single, crowd = summary["full", 1], summary["stream", 1], summary["stream", 3]
     assert full["ok"] == single["ok"] == 1 and full["errors"] == single["errors"] == 0

@@ -322,3 +322,37 @@ def test_the_docs_voice_table_is_the_servers() -> None:
     doc = (Path(__file__).parent.parent / "docs" / "serving.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| ([a-z]+) \| (j[fm]_[a-z]+) \|$", doc, flags=re.M))
     assert rows == OPENAI_VOICES
+
+
+def test_capacity_is_the_largest_count_every_listener_was_kept_fed_at() -> None:
+    from kokoro_opt.serve.capacity import sustained
+
+    def run(clients: int, underruns: int = 0, p95: float = 0.3, rejected: int = 0) -> dict:
+        ok = clients - rejected
+        return {"mode": "stream", "clients": clients, "requests": clients, "ok": ok, "rejected_429": rejected,
+                "errors": 0, "underruns": underruns, "ttfa_p95": p95}  # fmt: skip
+
+    assert sustained([run(1), run(2), run(4), run(6, underruns=1)]) == 4
+    assert sustained([run(1), run(2, p95=0.6), run(4)]) == 1  # a later pass does not count past a failure
+    assert sustained([run(1, rejected=1)]) == 0
+    assert sustained([{**run(8), "mode": "full"}]) == 0  # only streams count
+
+
+def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, tmp_path: Path) -> None:
+    """bench-serve --capacity records, per machine, artifact and mode; serve takes it as its default queue limit."""
+    from kokoro_opt.artifacts import link_or_copy, open_artifact
+    from kokoro_opt.select import Selection
+    from kokoro_opt.serve import ServeConfig
+    from kokoro_opt.serve.capacity import DEFAULT_QUEUE, measured_capacity, record_capacity
+
+    root = tmp_path / "artifacts"
+    link_or_copy(tiny_artifact.path, root / "tiny" / tiny_artifact.id)
+    selection = Selection(open_artifact(root / "tiny" / tiny_artifact.id))
+    assert ServeConfig.for_selection(selection).max_queue == DEFAULT_QUEUE  # nothing measured yet
+    record_capacity(root, tiny_artifact.id, "windowed", 1, 9)  # another mode: not this one's
+    assert ServeConfig.for_selection(selection).max_queue == DEFAULT_QUEUE
+    record_capacity(root, tiny_artifact.id, "whole", 1, 3)
+    record_capacity(root, tiny_artifact.id, "whole", 1, 7)  # measured again: replaces it
+    assert measured_capacity(root, tiny_artifact.id, "whole", 1).streams == 7
+    assert ServeConfig.for_selection(selection).max_queue == 7
+    assert ServeConfig.for_selection(selection, max_queue=2).max_queue == 2  # asked for: kept

@@ -143,7 +143,9 @@ class Service:
         art = self.selection.artifact
         created = int(art.path.stat().st_mtime)
         base = {"object": "model", "created": created, "owned_by": "kokoro-opt"}
-        served = {"id": art.id, **base, "name": art.name, "reason": self.selection.reason}
+        mode = "windowed" if self.config.windowed else "whole"
+        served = {"id": art.id, **base, "name": art.name, "reason": self.selection.reason, "mode": mode,
+                  "workers": self.config.workers}  # fmt: skip
         return [served, *({"id": m, **base, "root": art.id} for m in OPENAI_MODELS)]
 
 

@@ -357,6 +357,26 @@ def serve_args(url: str | None, artifact: str, artifacts: Path, max_queue: int, 
     return ["--artifact", artifact, "--artifacts", str(artifacts), "--max-queue", str(max_queue), *flags]
 
 
+def probe_capacity(
+    url: str, requests: int, text: str, voice: str, response_format: str, api_key: str | None, sample_rate: int = 24_000
+) -> list[Scenario]:
+    """Streams started together, 1, 2, 4, ... clients (capacity.COUNTS), up to the first count not sustained."""
+    from kokoro_opt.serve.capacity import COUNTS, sustains
+
+    payload = {"model": "tts-1", "input": text, "voice": voice, "response_format": response_format}
+
+    async def run_all() -> list[Scenario]:
+        await run_scenario(url, "stream", 1, 1, payload, sample_rate, api_key)  # caches warm; not counted
+        found: list[Scenario] = []
+        for clients in COUNTS:
+            found.append(await run_scenario(url, "stream", clients, requests, payload, sample_rate, api_key))
+            if not sustains(found[-1].summary()):
+                break
+        return found
+
+    return asyncio.run(run_all())
+
+
 def run(
     url: str | None,
     serve_args: list[str],
@@ -369,9 +389,11 @@ def run(
     api_key: str | None,
     console: Console,
     phrases: tuple[str, ...] = (),
-) -> list[Scenario]:
+    capacity: bool = False,
+) -> tuple[list[Scenario], dict[str, Any]]:
     """Bench the server at `url`, or start one with `serve_args` for the duration; then each of
-    `phrases` alone."""
+    `phrases` alone. With `capacity`, the client counts are capacity.COUNTS, up to the first not sustained.
+    Returns the scenarios and the served model's entry (id, mode, workers)."""
     with contextlib.ExitStack() as stack:
         if url is None:
             console.print(f"starting: kokoro-opt serve {' '.join(serve_args)}")
@@ -380,8 +402,11 @@ def run(
         info = _server_info(url, api_key)
         title = f"bench-serve {url}: artifact {info['id']} ({info.get('name', '?')}), {len(text)} chars, {response_format}"
         console.print(f"serving {info['id']}: {info.get('reason', '')}")
-        scenarios = bench(url, clients, requests, text, voice, response_format, full, api_key)
+        if capacity:
+            scenarios = probe_capacity(url, requests, text, voice, response_format, api_key)
+        else:
+            scenarios = bench(url, clients, requests, text, voice, response_format, full, api_key)
         if phrases:
             scenarios += bench_phrases(url, phrases, requests, voice, api_key)
         render(scenarios, console, title)
-        return scenarios
+        return scenarios, info

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
+from kokoro_opt.serve.capacity import DEFAULT_QUEUE, measured_capacity
+from kokoro_opt.store import store_of
 from kokoro_opt.text import CONTEXT_TOKENS
 
 MAX_WORKERS = 2  # what was measured (docs/serving.md)
@@ -23,7 +25,7 @@ class ServeConfig:
     windowed: bool = False  # front once per job, generator in windows (for_selection: on where the artifact can)
     first_window_steps: int | None = None  # a new listener's first window (steps); None: the artifact's (windows stage)
     workers: int = 1  # streams worked for at once: 1, or 2 windowed (engine.py)
-    max_queue: int = 4  # admitted requests (chunking, waiting or streaming); more get 429
+    max_queue: int = DEFAULT_QUEUE  # admitted requests (chunking, waiting or streaming); more get 429 (capacity.py)
     request_timeout: float = 300.0
     max_input_chars: int = 4096  # OpenAI's limit
     # The work a request may ask for: phoneme tokens after normalization, weighted by 1/speed below 1
@@ -65,6 +67,10 @@ class ServeConfig:
     def pieces(self) -> int:
         return min(self.piece_tokens or 2 * self.first_chunk_tokens, self.chunk_tokens)
 
+    @property
+    def mode_name(self) -> str:
+        return "windowed" if self.windowed else "whole"
+
     def mode(self) -> str:
         """What a listener gets, for the start-up line."""
         if self.windowed:
@@ -82,6 +88,12 @@ class ServeConfig:
         if "windowed" not in chosen:
             chosen["windowed"] = selection.artifact.capabilities.windowed and not chosen.get("cap_edges", False)
         config = cls(**{**tuned, **chosen})
+        if "max_queue" not in chosen:  # as many as this machine was measured to sustain in this mode
+            measured = measured_capacity(
+                store_of(selection.artifact).root, selection.artifact.id, config.mode_name, config.workers
+            )
+            if measured is not None:
+                config = replace(config, max_queue=max(measured.streams, 1))
         if config.cap_edges and not selection.artifact.capabilities.edges:
             raise UserError(edges_missing(selection.artifact.name), "serve an artifact built with it, or drop --cap-edges")
         if config.windowed and not selection.artifact.capabilities.windowed:

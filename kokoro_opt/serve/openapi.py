@@ -50,6 +50,8 @@ class ModelEntry(BaseModel):
     owned_by: str
     name: str | None = None  # the served artifact: its recipe, and why it is served
     reason: str | None = None
+    mode: Literal["windowed", "whole"] | None = None  # how the served artifact is decoded
+    workers: int | None = None
     root: str | None = None  # an OpenAI model name: the artifact it stands for
 
 

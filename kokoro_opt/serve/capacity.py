@@ -1,0 +1,93 @@
+"""How many simultaneous real-time streams a machine sustains, and the queue limit `serve` takes from it.
+
+`bench-serve --capacity` streams the paragraph to 1, 2, 4, 6, ... clients started together and stops at the
+first count the server does not sustain: every request admitted and complete, no listener's playback
+catching up with its bytes (0 underruns) and the last listener's first audio within 0.5 s (TTFA p95). The
+largest count sustained is recorded per machine, artifact and serving mode in `<artifacts>/capacity.json`,
+and `serve` admits that many requests by default on that machine (more get 429 with Retry-After): a queue
+sized by a guess either turns listeners away the machine could serve or admits ones it cannot.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kokoro_opt.artifacts import write_json_atomic
+
+CAPACITY_FILE = "capacity.json"
+COUNTS = (1, 2, 4, 6, 8, 10, 12, 16)
+TTFA_P95_LIMIT = 0.5  # seconds: the last of the simultaneous listeners hears something within this
+DEFAULT_QUEUE = 4  # what serve admits where nothing was measured
+
+
+def sustains(summary: dict[str, Any]) -> bool:
+    """Whether one streaming scenario (bench.Scenario.summary) kept every listener fed."""
+    complete = summary["ok"] == summary["requests"] and not summary["rejected_429"] and not summary["errors"]
+    return complete and summary["underruns"] == 0 and summary["ttfa_p95"] <= TTFA_P95_LIMIT
+
+
+def sustained(summaries: list[dict[str, Any]]) -> int:
+    """The largest client count sustained with every smaller count measured sustained too (0: not even one)."""
+    best = 0
+    for summary in sorted((s for s in summaries if s["mode"] == "stream"), key=lambda s: s["clients"]):
+        if not sustains(summary):
+            break
+        best = summary["clients"]
+    return best
+
+
+@dataclass(frozen=True)
+class Capacity:
+    artifact_id: str
+    mode: str  # "windowed" | "whole"
+    workers: int
+    streams: int
+    machine: dict[str, Any]
+    measured: str
+
+    def describe(self) -> str:
+        return (
+            f"{self.streams} simultaneous real-time streams ({self.mode}, {self.workers} worker"
+            f"{'s' if self.workers > 1 else ''}), measured by bench-serve --capacity on {self.measured[:10]}"
+        )
+
+
+def record_capacity(root: Path, artifact_id: str, mode: str, workers: int, streams: int) -> Capacity:
+    """Keep the measurement for this machine, replacing an earlier one of the same artifact and mode."""
+    from kokoro_opt.machine import fingerprint
+
+    found = Capacity(artifact_id, mode, workers, streams, fingerprint(), datetime.now(UTC).isoformat(timespec="seconds"))
+    kept = [c for c in _read(root) if (c.artifact_id, c.mode, c.workers, c.machine.get("id")) != _key(found)]
+    root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(root / CAPACITY_FILE, {"measurements": [asdict(c) for c in [*kept, found]]})
+    return found
+
+
+def measured_capacity(root: Path, artifact_id: str, mode: str, workers: int) -> Capacity | None:
+    """This machine's measurement for the artifact and mode, if any."""
+    from kokoro_opt.machine import fingerprint, same_machine
+
+    here = fingerprint()
+    matches = [
+        c
+        for c in _read(root)
+        if (c.artifact_id, c.mode, c.workers) == (artifact_id, mode, workers) and same_machine(c.machine, here)
+    ]
+    return matches[-1] if matches else None
+
+
+def _key(c: Capacity) -> tuple[str, str, int, Any]:
+    return c.artifact_id, c.mode, c.workers, c.machine.get("id")
+
+
+def _read(root: Path) -> list[Capacity]:
+    path = root / CAPACITY_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return [Capacity(**entry) for entry in data["measurements"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []  # none yet, or unreadable: serve falls back to the default and says so
