@@ -35,7 +35,7 @@ from kokoro_opt.contract import Pass, check_order, declared_outputs
 from kokoro_opt.errors import UserError
 from kokoro_opt.export import PASS as EXPORT
 from kokoro_opt.hashing import content_key
-from kokoro_opt.locks import StageLock, new_entry, read_lock, read_locks, stage_slot, write_lock
+from kokoro_opt.locks import StageLock, keep_files, lock_files, new_entry, read_lock, read_locks, stage_slot, write_lock
 from kokoro_opt.machine import fingerprint
 from kokoro_opt.manifest import MANIFEST, RECORD_FILES, STAGE_LOG, Capabilities, ChainStep
 from kokoro_opt.passes import PASSES
@@ -197,6 +197,7 @@ def build(
     engine = _Engine(Store(root), fingerprint())
     locked = read_locks(lock) if lock is not None and not reanalyze else {}
     new_locks: dict[str, StageLock] = {}
+    decided: dict[str, tuple[Path, tuple[str, ...]]] = {}  # slot -> (stage output, its decision files)
     steps = ["weights", "export", *(stage.kind for stage in recipe.stages), "package"]
     with Progress(
         SpinnerColumn(),
@@ -221,20 +222,25 @@ def build(
             progress.update(task, description=f"{recipe.name}: {stage.kind}")
             decision_key = p.decision_key(stage, decision_key)
             slot = stage_slot(index, stage.kind)
-            decisions = None
+            decisions = applied = None
             if p.decides and slot in locked:
                 entry, source_lock = locked[slot]
                 if entry.decision_key == decision_key:
                     decisions = entry.decisions
+                    files = {name: str(path) for name, path in lock_files(source_lock, slot, entry).items()}
+                    applied = {**decisions, "files": files} if files else decisions
                     say(f"{stage.kind}: applying the decisions locked in {source_lock} (build --reanalyze to measure again)")
                 else:
                     say(f"{stage.kind}: the inputs changed since {source_lock} was written: analysing again")
-            source, runner = current, _decision_runner(p, decisions)
-            key = p.cache_key(stage, key, {"decisions": decisions} if decisions is not None else None)
+            source, runner = current, _decision_runner(p, applied)
+            locked_as = {"decisions": decisions, "files": locked[slot][0].files} if decisions is not None else None
+            key = p.cache_key(stage, key, locked_as)
             current = engine.run(p, key, source, lambda out, s=stage, a=source, r=runner: r(a, s, out), export_key)
             record = engine.records[-1]
             if p.decides and decisions is None and "decisions" in record:
                 new_locks[slot] = new_entry(decision_key, record, engine.machine)
+                if p.decision_files:
+                    decided[slot] = (current.path, p.decision_files)
             elif p.decides and decisions is not None and record.get("decisions", decisions) != decisions:
                 # a lock from before the stage pinned more of what it measured (calibration ranges): complete it
                 new_locks[slot] = replace(locked[slot][0], decisions=record["decisions"])
@@ -273,6 +279,8 @@ def build(
         progress.update(task, advance=1, description=f"{recipe.name}: done")
     written = None
     if lock is not None and new_locks:
+        for slot, (output, names) in decided.items():  # the files first: the lock names their sha256
+            new_locks[slot] = replace(new_locks[slot], files=keep_files(lock, slot, output, names))
         write_lock(lock, recipe.name, {**read_lock(lock), **new_locks})
         written = lock
         console.print(f"wrote {lock}: the measured decisions; commit it so other machines build the same artifact")

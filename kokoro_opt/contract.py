@@ -53,6 +53,9 @@ class Pass:
     # run(..., decisions=None | locked) measures decisions or applies locked ones, and returns
     # record["decisions"] (+ "decision_scores") for the recipe's lock (locks.py)
     decides: bool = False
+    # files of its output that hold its decisions (too large for JSON): the lock keeps them beside it and a
+    # locked run gets them as decisions["files"] = {name: path}
+    decision_files: tuple[str, ...] = ()
 
     def data_hashes(self) -> dict[str, str]:
         return {name: file_sha256(project_file(name)) for name in self.reads}

@@ -40,6 +40,48 @@ class StageLock:
     scores: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     created: str = ""
+    # A decision too large for JSON (the windows stage's statistics) is a file kept beside the lock:
+    # its name within the stage's output -> its sha256 (`decision_files`, `lock_files`)
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def files_folder(lock: Path, slot: str) -> Path:
+    """Where a lock keeps a stage's decision files: `recipes/int8-mixed.lock.d/4-windows/`."""
+    return lock.with_name(lock.name.removesuffix(".lock.json") + ".lock.d") / slot.replace(":", "-")
+
+
+def keep_files(lock: Path, slot: str, output: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """Copy a stage's decision files from its output beside the lock; their sha256 for the lock entry."""
+    import shutil
+
+    from kokoro_opt.hashing import file_sha256
+
+    folder = files_folder(lock, slot)
+    if folder.exists():
+        shutil.rmtree(folder)
+    kept = {}
+    for name in names:
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(output / name, target)
+        kept[name] = file_sha256(target)
+    return kept
+
+
+def lock_files(lock: Path, slot: str, entry: StageLock) -> dict[str, Path]:
+    """The entry's decision files, each checked against the sha256 the lock recorded."""
+    from kokoro_opt.hashing import file_sha256
+
+    found = {}
+    for name, digest in entry.files.items():
+        path = files_folder(lock, slot) / name
+        if not path.is_file() or file_sha256(path) != digest:
+            raise UserError(
+                f"{lock}: the decision file {path} of stage {slot} is missing or changed",
+                "restore it from git, or rebuild with --reanalyze to measure and lock it again",
+            )
+        found[name] = path
+    return found
 
 
 def read_lock(path: Path) -> dict[str, StageLock]:
@@ -91,7 +133,9 @@ def write_lock(path: Path, recipe: str, entries: dict[str, StageLock]) -> None:
     write_json_atomic(path, data)
 
 
-def new_entry(decision_key: str, record: dict[str, Any], machine: dict[str, Any]) -> StageLock:
+def new_entry(
+    decision_key: str, record: dict[str, Any], machine: dict[str, Any], files: dict[str, str] | None = None
+) -> StageLock:
     return StageLock(
         decision_key=decision_key,
         decisions=record["decisions"],

@@ -221,6 +221,34 @@ def test_the_stage_stores_statistics_and_speaks_window_by_window(windowed, plain
     assert all(np.all(np.isfinite(a)) and len(a) for a in audio)
 
 
+def test_the_statistics_are_locked_beside_the_recipe_and_applied_without_measuring(
+    tiny_recipe, artifacts_root, windowed, tmp_path
+) -> None:
+    """Measuring the statistics is most of the windows stage's time: a build writes them beside the recipe's lock
+    (recipes/<name>.lock.d/) with their sha256 in it, and a build with that lock loads them instead, on any
+    machine: the same statistics, the same graphs, its own gate run again."""
+    from kokoro_opt.build import build
+    from kokoro_opt.hashing import file_sha256
+    from kokoro_opt.locks import files_folder, read_lock
+
+    data = tiny_recipe.model_dump(mode="json", by_alias=True)
+    data.update(name="t-windows", stages=[{"kind": "simplify"}, WINDOWS])
+    recipe, lock = parse_recipe(data), tmp_path / "t-windows.lock.json"
+    measured = build(recipe, artifacts_root, lock=lock)  # the `windowed` fixture's build: cached
+    assert measured.artifact.id == windowed.id and measured.lock_written == lock
+    entry = read_lock(lock)["1:windows"]
+    kept = files_folder(lock, "1:windows") / "windows" / STATS_FILE
+    assert entry.files == {f"windows/{STATS_FILE}": file_sha256(kept)}
+    applied = build(recipe, artifacts_root, lock=lock)
+    record = applied.artifact.build.stage("windows")
+    assert record["statistics_from"] == "lock" and applied.artifact.id != windowed.id  # the lock is in its key
+    for name in (STATS_FILE, "generator.onnx"):
+        assert file_sha256(applied.artifact.path / "windows" / name) == file_sha256(windowed.path / "windows" / name)
+    kept.write_bytes(b"changed")  # a damaged lock is refused, naming the file and the fix
+    with pytest.raises(UserError, match=r"missing or changed.*--reanalyze"):
+        build(recipe, artifacts_root, lock=lock)
+
+
 def test_windowed_serving_needs_the_stage(plain) -> None:
     with pytest.raises(UserError, match="windows stage"):
         WindowedDecoder.of_artifact(Synthesizer(plain))

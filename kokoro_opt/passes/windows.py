@@ -111,7 +111,12 @@ def utterance_moments(session: Any, feeds: dict[str, np.ndarray]) -> tuple[float
     return float(np.sum(outputs[1])), np.concatenate(outputs[2::2]), np.concatenate(outputs[3::2])
 
 
-def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any]:
+STATISTICS = f"{WINDOWS_DIR}/{STATS_FILE}"  # the measured decision: locked beside the recipe's lock
+
+
+def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`decisions`: the statistics locked for this recipe (locks.py; decisions["files"] names the file), applied
+    instead of measured: measuring them is most of the stage's time."""
     import onnx
     from rich.progress import Progress
 
@@ -131,12 +136,16 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any
             "put windows after export-derived ONNX stages (not after coreml or ort)",
         ) from exc
     decoder = WindowedDecoder(synth, graphs, settings=settings)
-    probe = MomentsProbe(synth, model)
-    del model
+    locked = (decisions or {}).get("files", {}).get(STATISTICS)
     pieces = calibration_pieces(synth.vocab, cfg.calibration_sentences)
-    with Progress(transient=True) as progress:
-        task = progress.add_task(f"norm statistics ({len(pieces)} utterances per voice)", total=len(synth.packs))
-        decoder.table = measure_table(probe.moments, synth.packs, pieces, lambda _: progress.advance(task))
+    if locked is not None:
+        decoder.table = StatsTable.load(locked)
+    else:
+        probe = MomentsProbe(synth, model)
+        with Progress(transient=True) as progress:
+            task = progress.add_task(f"norm statistics ({len(pieces)} utterances per voice)", total=len(synth.packs))
+            decoder.table = measure_table(probe.moments, synth.packs, pieces, lambda _: progress.advance(task))
+    del model
     measured = time.perf_counter() - started
     scores = measure(decoder, cfg)
     failures = gate_failures(scores, cfg)
@@ -157,7 +166,10 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path) -> dict[str, Any
         hoisted=graphs.job is not None,
         calibration_utterances=len(pieces),
         statistics_seconds=round(measured, 1),
+        statistics_from="lock" if locked is not None else "measured",
         gate=scores,
+        decisions={"statistics": STATISTICS},
+        decision_scores=scores,
     )
 
 
@@ -171,4 +183,6 @@ PASS = Pass(
     grants=("windowed",),
     keeps=("edges",),
     reads=("kokoro_opt/data/eval_corpus.yaml", "calibration/sentences.txt"),
+    decides=True,
+    decision_files=(STATISTICS,),
 )
