@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 RECIPE ?= recipes/int8-mixed.yaml
 
-.PHONY: install build test lint clean
+.PHONY: install build test test-fast lint clean
 
 # With PYTHONDONTWRITEBYTECODE set (some shells and containers set it), every Python process compiles
 # torch, onnxruntime and mlflow from source again: ~4 s per process here (7.8 s -> 3.7 s to import
@@ -41,6 +41,12 @@ build: install
 test: install
 	$(VENV)/bin/ruff check kokoro_opt tests
 	$(VENV)/bin/pytest -q
+
+# The inner loop: the tiny model only; no real weights, servers, team stores or multi-artifact builds
+# (the `slow` marker, pyproject.toml).
+test-fast: install
+	$(VENV)/bin/ruff check kokoro_opt tests
+	$(VENV)/bin/pytest -q -m "not real_weights and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check kokoro_opt tests

@@ -40,7 +40,7 @@ def main() -> None:
         raise SystemExit(f"{artifact.path} was not built with the windows stage")
     cfg = WindowsStage(**record["config"])
     table = Table(title=f"windows gate, {artifact.name} {artifact.id} ({describe(fingerprint())})")
-    for column in ("run", "PESQ mean", "worst sentence", "phrases", "4-12 kHz dB (max)"):
+    for column in ("run", "PESQ mean", "worst utterance", "phrases", "4-12 kHz dB (max)"):
         table.add_column(column, justify="right" if column != "run" else "left")
     table.add_row("budget", f">= {cfg.min_pesq}", f">= {cfg.min_sentence_pesq}", f">= {cfg.min_phrase_pesq}",
                   f"<= {cfg.max_high_band_db}")
@@ -53,7 +53,7 @@ def main() -> None:
             decoder.table.mean = decoder.table.mean * (1 + noise * rng.standard_normal(decoder.table.mean.shape))
             decoder.table.var = decoder.table.var * (1 + noise * rng.standard_normal(decoder.table.var.shape))
         s = measure(decoder, cfg)
-        table.add_row(label, f"{s['pesq_mean']:.3f}", f"{s['pesq_min']:.3f}", f"{s['phrase_pesq_mean']:.3f}",
+        table.add_row(label, f"{s['pesq_mean']:.3f}", f"{s['utterance_pesq_min']:.3f}", f"{s['phrase_pesq_mean']:.3f}",
                       f"{s['high_band_db_max']:.2f}")
     Console().print(table)
 

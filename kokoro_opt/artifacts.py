@@ -41,6 +41,8 @@ from kokoro_opt.manifest import (
 MODEL_FILES = ("model.onnx", "model.ort", "model.mlpackage")
 LOCKS = ".locks"
 TEMPORARY = ".tmp"
+# kokoro.json's "windows" key that says the windows stage found windowed speech within its default budget
+WINDOWED_BY_DEFAULT = "served_by_default"
 
 
 def file_hashes(folder: Path) -> dict[str, FileEntry]:
@@ -145,6 +147,12 @@ class Artifact:
     @property
     def capabilities(self) -> Capabilities:
         return self.manifest.capabilities
+
+    @property
+    def windowed_by_default(self) -> bool:
+        """`serve` streams it windowed unless told otherwise: it can, and its windows stage measured the windowed
+        speech within the stage's default_budget (the whole decoding's quality, recipe.WHOLE_QUALITY)."""
+        return self.capabilities.windowed and bool(self.kokoro.get("windows", {}).get(WINDOWED_BY_DEFAULT))
 
     @cached_property
     def build(self) -> BuildRecord:

@@ -166,6 +166,17 @@ def voices(artifact: Annotated[Path, typer.Option(help="artifact folder")] = Pat
         console.print(name)
 
 
+def _whole_because(artifact: Any, asked: bool | None, windowed: bool) -> str:
+    """Why an artifact that can stream windowed serves whole decoding, for the startup line."""
+    if windowed or not artifact.capabilities.windowed:
+        return ""
+    if asked is False:
+        return " (--no-windowed)"
+    records = [r for r in artifact.build.stages if r.get("stage") == "windows"]
+    below = records[-1].get("below_default_budget", []) if records else []
+    return " (windowed on request, --windowed: " + ("; ".join(below) or "built before the default budget") + ")"
+
+
 @app.command()
 @user_errors
 def serve(
@@ -234,7 +245,7 @@ def serve(
         audio_cache_mb=audio_cache_mb,
         workers=workers,
     )
-    err.print(f"mode: {config.mode()}" + ("" if config.windowed or not chosen.capabilities.windowed else " (--no-windowed)"))
+    err.print(f"mode: {config.mode()}" + _whole_because(chosen, windowed, config.windowed))
     err.print(
         f"admits {config.max_queue} requests at once" + ("" if max_queue is not None else " (bench-serve --capacity sets it)")
     )

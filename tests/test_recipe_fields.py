@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from kokoro_opt.build import prepare_output
 from kokoro_opt.export import PASS as EXPORT
 from kokoro_opt.passes import PASSES
 from kokoro_opt.recipe import (
@@ -100,7 +101,9 @@ def test_every_export_and_stage_field_is_read_when_building(tiny_recipe, artifac
     # the stages after simplify expect its folded graph, as in every recipe
     simplified = build_with(tiny_recipe, artifacts_root, "t-fields", [{"kind": "simplify", "ort_level": "basic"}]).artifact
     for i, config in enumerate(RUNS):
-        PASSES[config.kind].run(simplified, FieldReads(config, seen), _fresh(tmp_path / f"{i}-{config.kind}"))
+        out = _fresh(tmp_path / f"{i}-{config.kind}")
+        prepare_output(simplified, out)  # as the engine does: the input's runtime files, for the pass to amend
+        PASSES[config.kind].run(simplified, FieldReads(config, seen), out)
 
     declared = {f"{cls.__name__}.{name}" for cls in CLASSES for name in cls.model_fields if name != "kind"}
     unread = sorted(declared - seen)

@@ -162,7 +162,7 @@ def test_auth_and_timeout(tiny_artifact) -> None:
 
 
 def test_keys_are_compared_whole() -> None:
-    from kokoro_opt.serve.app import keys_match
+    from kokoro_opt.serve.service import keys_match
 
     assert keys_match("s3cret", "s3cret") and keys_match("ключ", "ключ")
     assert not any(keys_match(given, "s3cret") for given in ("s3cre", "s3cret ", "S3cret", "", "s3cret" * 100))

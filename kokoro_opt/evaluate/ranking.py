@@ -56,9 +56,9 @@ TTFA_TIE = 0.03  # speed-ups within 3% of the fastest are a tie: the sooner firs
 
 
 def served(metrics: dict[str, float]) -> dict[str, float]:
-    """The metrics of the mode `serve` uses for this artifact: windowed when it was measured (the artifact
-    streams windowed by default), else the whole decoding's."""
-    prefix = "windowed_" if "windowed_pesq_mean" in metrics else ""
+    """The metrics of the mode `serve` uses for this artifact: windowed where it streams windowed by default
+    (evaluate logs `served_windowed`), else the whole decoding's."""
+    prefix = "windowed_" if metrics.get("served_windowed") == 1.0 else ""
     keys = ("pesq_mean", "phrase_pesq_mean", "ttfa_p50")
     return {key: metrics[prefix + key] for key in keys if prefix + key in metrics} | {"windowed": float(bool(prefix))}
 

@@ -62,7 +62,8 @@ class Runner:
     size_bytes: int = 0
     load_seconds: float = float("nan")
     session: Any = field(default=None, repr=False)
-    windows: Any = field(default=None, repr=False)  # the windowed decoder of an artifact that streams windowed
+    windows: Any = field(default=None, repr=False)  # the windowed decoder of an artifact that can stream windowed
+    windowed_by_default: bool = False  # and `serve` streams it so unless told otherwise
     _call: Callable[..., tuple[np.ndarray, np.ndarray | None]] | None = field(default=None, repr=False)
 
     def load(self, threads: int, profile: bool = False) -> Runner:
@@ -90,6 +91,7 @@ class Runner:
                 from kokoro_opt.runtime.windowed import WindowedDecoder
 
                 self.windows = WindowedDecoder.of_artifact(synth)
+                self.windowed_by_default = artifact.windowed_by_default
         self.size_bytes = _size(artifact.model_file)
 
         def call(tokens: list[int], pack: np.ndarray, speed: float) -> tuple[np.ndarray, np.ndarray | None]:

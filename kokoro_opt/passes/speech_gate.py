@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kokoro_opt.recipe import SpeechGate
+from kokoro_opt.recipe import SpeechBudget, SpeechGate
 
 
 def gate_utterances(cfg: SpeechGate, voices: list[str], vocab: dict[str, int]) -> Iterator[tuple[Any, list[int]]]:
@@ -58,16 +58,16 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def gate_failures(scores: dict[str, Any], cfg: SpeechGate) -> list[str]:
+def gate_failures(scores: dict[str, Any], cfg: SpeechBudget) -> list[str]:
     """Why the speech is outside the budget (empty when it is within)."""
-    if scores["pesq_mean"] is None:  # the tiny model's noise: PESQ finds no speech to score
-        return []
     checks = [
         (scores["pesq_mean"], cfg.min_pesq, "mean PESQ {} < min_pesq {}", False),
         (scores["utterance_pesq_min"], cfg.min_sentence_pesq, "worst utterance PESQ {} < min_sentence_pesq {}", False),
         (scores["phrase_pesq_mean"], cfg.min_phrase_pesq, "phrase PESQ {} < min_phrase_pesq {}", False),
         (scores["high_band_db_max"], cfg.max_high_band_db, "4-12 kHz energy moved {} dB > max_high_band_db {}", True),
     ]
+    if scores["pesq_mean"] is None:  # the tiny model's noise: PESQ finds no speech to score
+        return []
     return [
         text.format(value, limit)
         for value, limit, text, upper in checks

@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from kokoro_opt.artifacts import Artifact
+from kokoro_opt.artifacts import WINDOWED_BY_DEFAULT, Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
 from kokoro_opt.passes.speech_gate import gate_failures, gate_utterances, score, summarise
-from kokoro_opt.recipe import WindowsStage
+from kokoro_opt.recipe import SpeechGate, WindowsStage
 from kokoro_opt.runtime.norm_stats import STATS_FILE, StatsTable
 from kokoro_opt.runtime.windowed import STEP_SAMPLES, WINDOWS_DIR, WindowedDecoder, WindowSettings
 
@@ -154,9 +154,13 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
             f"windowed decoding changes the speech beyond the budget: {'; '.join(failures)}",
             "measure the statistics on more sentences (windows.calibration_sentences) or drop the windows stage",
         )
+    below_default = gate_failures(scores, cfg.default_budget)
+    if below_default:
+        print(f"windows: served whole by default (ask for --windowed): {'; '.join(below_default)} (default_budget)")
     written = graphs.save(out / WINDOWS_DIR)
     decoder.table.save(out / WINDOWS_DIR / STATS_FILE)
-    set_runtime_meta(out, "windows", {k: getattr(settings, k) for k in settings.__dataclass_fields__})
+    meta = {k: getattr(settings, k) for k in settings.__dataclass_fields__}
+    set_runtime_meta(out, "windows", {**meta, WINDOWED_BY_DEFAULT: not below_default})
     return stage_record(
         "windows",
         cfg,
@@ -168,6 +172,8 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
         statistics_seconds=round(measured, 1),
         statistics_from="lock" if locked is not None else "measured",
         gate=scores,
+        served_by_default=not below_default,
+        below_default_budget=below_default,
         decisions={"statistics": STATISTICS},
         decision_scores=scores,
     )
@@ -181,6 +187,7 @@ PASS = Pass(
     produces=(WINDOWS_DIR,),
     carries=CARRIED,  # the model is the input's, unchanged
     grants=("windowed",),
+    judged_by=(*SpeechGate.model_fields, "default_budget"),
     keeps=("edges",),
     reads=("kokoro_opt/data/eval_corpus.yaml", "calibration/sentences.txt"),
     decides=True,

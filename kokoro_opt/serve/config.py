@@ -80,13 +80,14 @@ class ServeConfig:
     @classmethod
     def for_selection(cls, selection: Selection, **overrides: Any) -> ServeConfig:
         """Tuned chunking from the selection, then explicit (non-None) overrides on top. `windowed` left unset
-        (None) follows the artifact: on wherever it can stream windowed (its windows stage passed its gate)
-        and edge capping was not asked for; True on an artifact that cannot is an error."""
+        (None) follows the artifact: on where its windows stage measured windowed speech at the whole
+        decoding's quality (Artifact.windowed_by_default) and edge capping was not asked for; True on an
+        artifact without the windows stage is an error."""
         known = set(cls.__dataclass_fields__)
         tuned = {k: v for k, v in selection.chunking.items() if k in known}
         chosen = {k: v for k, v in overrides.items() if v is not None}
         if "windowed" not in chosen:
-            chosen["windowed"] = selection.artifact.capabilities.windowed and not chosen.get("cap_edges", False)
+            chosen["windowed"] = selection.artifact.windowed_by_default and not chosen.get("cap_edges", False)
         config = cls(**{**tuned, **chosen})
         if "max_queue" not in chosen:  # as many as this machine was measured to sustain in this mode
             measured = measured_capacity(

@@ -15,8 +15,9 @@ import uvicorn
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
-from kokoro_opt.serve.app import Service, create_app
+from kokoro_opt.serve.app import create_app
 from kokoro_opt.serve.config import ServeConfig
+from kokoro_opt.serve.service import Service
 
 log = logging.getLogger("kokoro_opt.serve")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

@@ -28,7 +28,7 @@ from kokoro_opt.serve.engine import Stream
 from kokoro_opt.serve.openai_compat import ApiError, SpeechRequest, sse_delta, sse_done, sse_event, validation_message
 
 if TYPE_CHECKING:
-    from kokoro_opt.serve.app import Service
+    from kokoro_opt.serve.service import Service
 
 log = logging.getLogger("kokoro_opt.serve")
 _DRAIN_LIMIT = 8 * 1024 * 1024  # an oversized body is read (and dropped) up to this, so the client sees the 413

@@ -185,7 +185,7 @@ def gather_candidates(recipe: TuneRecipe, root: Path, tracking_uri: str | None, 
         if source is not None and source in groups:
             groups[source].formats["ort"] = artifact.id
             continue
-        key, windowed = f"{artifact.name}@{artifact.id[:8]}", artifact.capabilities.windowed
+        key, windowed = f"{artifact.name}@{artifact.id[:8]}", artifact.windowed_by_default  # the mode serve uses
         groups[artifact.id] = Candidate(key, artifact.name, {fmt: artifact.id}, value, reason, windowed)
     return list(groups.values())
 
