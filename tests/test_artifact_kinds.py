@@ -35,7 +35,7 @@ STAGES: dict[str, list[dict[str, Any]]] = {
 FAST = ["--sentences", "1", "--runs", "1", "--warmup", "0", "--threads", "2", "--no-asr"]
 SHORT_EDGE_TOKENS = 40  # the 500-token edge input takes most of an evaluation of the tiny model; its check has its own test
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*noload.*")  # MLflow's own SQLAlchemy usage, not ours
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*noload.*")]  # MLflow's own SQLAlchemy usage, not ours
 OFF_MACOS = pytest.mark.skipif(platform.system() == "Darwin", reason="on macOS a Core ML artifact runs: this checks the refusal")
 
 

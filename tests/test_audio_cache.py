@@ -8,6 +8,8 @@ import pytest
 from kokoro_opt.serve.cache import AudioCache, CacheKey
 from tests.serve_helpers import metric
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 PHRASE = "Checkbox checked."
 
 

@@ -16,6 +16,8 @@ from kokoro_opt.build import build
 from kokoro_opt.recipe import load_recipe
 from kokoro_opt.runtime.synth import Synthesizer
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 ROOT = Path(__file__).parent.parent
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 ROOT = Path(__file__).parent.parent
 BIN = Path(sys.executable).parent
 # What the tiny stage reads, plus the files that make the folder a DVC project inside git.

@@ -19,6 +19,8 @@ from kokoro_opt.serve.join import PAUSES, Joiner
 from kokoro_opt.voices import style_for
 from tests.test_passes import TOKENS, build_with
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 LENGTHS = (TOKENS[:1], TOKENS[:7], TOKENS, TOKENS * 6)
 EDGES = {"kind": "edges", "lead_frames": 1, "trail_frames": 1}  # the tiny model gives every token ~2 frames
 

@@ -15,6 +15,8 @@ from kokoro_opt.passes.qdq import CalibrationFiles, quantize_static_qdq
 from kokoro_opt.recipe import QuantizeStage
 from tests.test_passes import build_with, runs
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 GAINS = np.array([100.0, 30.0, 1.0, 0.3, 0.1, 0.03, 1.0, 10.0], np.float32)  # output channel loudness
 
 

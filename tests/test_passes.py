@@ -12,6 +12,8 @@ from kokoro_opt.passes.sensitivity import Quality, block_of, part_of, select_blo
 from kokoro_opt.recipe import QuantizeStage, parse_recipe
 from kokoro_opt.runtime.synth import Synthesizer
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 TOKENS = list(range(40, 80))
 
 

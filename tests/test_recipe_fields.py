@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from kokoro_opt.build import prepare_output
@@ -32,6 +33,8 @@ from kokoro_opt.recipe import (
 )
 from kokoro_opt.weights.sources import resolve_weights
 from tests.test_passes import build_with
+
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
 
 
 class FieldReads:

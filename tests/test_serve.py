@@ -20,6 +20,8 @@ import soundfile as sf
 from kokoro_opt.serve.openai_compat import OPENAI_VOICES
 from tests.serve_helpers import metric
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 LONG = " ".join(f"Sentence number {w} is here, and it keeps going." for w in ("one", "two", "three"))
 
 

@@ -13,6 +13,8 @@ from kokoro_opt.cli import app
 from kokoro_opt.errors import UserError
 from kokoro_opt.serve import bench
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 
 def test_bench_starts_a_server_and_reports(tiny_artifact) -> None:
     out = io.StringIO()

@@ -24,6 +24,8 @@ from kokoro_opt.serve import ServeConfig, ServerThread, create_app, wait_ready
 from tests.serve_helpers import metric
 from tests.test_serve_load import wait_for
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 KEY = "contract-key"
 EXAMPLES = 25  # per operation and phase: the whole run stays near a minute per server on two busy cores
 

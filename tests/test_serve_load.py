@@ -16,6 +16,8 @@ from kokoro_opt.select import resolve_artifact
 from kokoro_opt.serve import ServeConfig, running
 from tests.serve_helpers import metric
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 SHORT = "Hello there, how are you?"
 LONG = " ".join(f"This is sentence number {n}, which goes on for a little while." for n in range(1, 13))
 

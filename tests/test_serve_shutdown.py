@@ -21,6 +21,8 @@ from tests.serve_helpers import metric
 from tests.servers import free_port, wait_healthy
 from tests.test_serve_load import wait_for
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 TEXT = "This is the first sentence, which goes on a little. Here is a second one. And a third sentence ends it."
 
 

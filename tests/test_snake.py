@@ -175,6 +175,7 @@ def test_adain_folds_only_per_channel_vectors(gain_shape: list, folds: int) -> N
     np.testing.assert_allclose(_run(model, feeds), before, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # builds a chain of stages
 def test_snake_stage_keeps_the_output_and_drops_the_generator_sin(tiny_recipe, artifacts_root) -> None:
     smoothed = build_with(tiny_recipe, artifacts_root, "t-smooth", [SIMPLIFY, SMOOTH])
     result = build_with(tiny_recipe, artifacts_root, "t-snake", [SIMPLIFY, SMOOTH, {"kind": "snake"}])
@@ -199,6 +200,7 @@ def test_folding_adain_alone_changes_only_float_rounding(tiny_recipe, artifacts_
     np.testing.assert_allclose(runs(result.artifact), runs(plain.artifact), rtol=0, atol=1e-4)  # float rounding only
 
 
+@pytest.mark.slow  # builds a chain of stages
 def test_quantization_after_snake_still_makes_integer_convs(tiny_recipe, artifacts_root) -> None:
     static = {"kind": "quantize", "mode": "static", "op_types": ["Conv", "MatMul"], "calibration_sentences": 1}
     result = build_with(tiny_recipe, artifacts_root, "t-snake-static", [SIMPLIFY, {"kind": "snake"}, static])

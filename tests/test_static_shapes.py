@@ -13,6 +13,8 @@ from kokoro_opt.recipe import parse_recipe
 from kokoro_opt.runtime.synth import Synthesizer
 from tests.test_passes import TOKENS, build_with
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 
 def test_constant_target_keeps_symbolic_axes_and_infers_at_most_one() -> None:
     assert constant_target([1, "tokens", 768], [1, "tokens", 12, 64]) == [1, 0, 12, 64]

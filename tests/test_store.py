@@ -20,6 +20,8 @@ from kokoro_opt.recipe import Stage, load_recipe, parse_recipe
 from kokoro_opt.store import Store, stage_chain
 from tests.test_passes import TINY_MIXED
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "kokoro_opt"
 

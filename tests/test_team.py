@@ -24,6 +24,8 @@ from kokoro_opt.artifacts import Artifact, link_or_copy, open_artifact
 from kokoro_opt.machine import fingerprint
 from tests.servers import create_database, free_port, mlflow_server, postgres_server, wait_healthy
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 KOKORO_OPT = [sys.executable, "-m", "kokoro_opt.cli"]
 
 

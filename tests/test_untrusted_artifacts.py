@@ -20,6 +20,8 @@ from kokoro_opt.manifest import MANIFEST, RECORD_FILES
 from kokoro_opt.remote import EXPERIMENT, PUSHED_KIND, fetch_artifact, push_artifact
 from tests.servers import mlflow_server
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 
 @pytest.fixture(scope="module")
 def tracking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

@@ -31,6 +31,8 @@ from kokoro_opt.serve.join import PAUSES, Joiner
 from kokoro_opt.voices import blend_voice, style_for
 from tests.test_passes import TOKENS, build_with
 
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
 LENGTHS = (TOKENS[:3], TOKENS[:12], TOKENS, TOKENS * 4)
 WINDOWS = {
     "kind": "windows",

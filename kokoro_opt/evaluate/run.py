@@ -134,7 +134,7 @@ def measure(
         result = _score(r, ref, plans[r.artifact_id], times, outputs, ttfa[r.artifact_id], probes.get(r.artifact_id, {}), n)
         if r.artifact_id in streamed:
             result.metrics.update(_score_streamed(streamed[r.artifact_id], ref, plans[r.artifact_id], outputs, r.sample_rate))
-            result.metrics["served_windowed"] = float(r.windowed_by_default)
+            result.metrics["served_windowed"] = 1.0
         result.machine, result.span_ms = fingerprint(), span
         if r.artifact_id in edges:
             result.metrics["edge_inputs_ok"] = float(all(edges[r.artifact_id].values()))

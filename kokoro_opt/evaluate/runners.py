@@ -62,8 +62,7 @@ class Runner:
     size_bytes: int = 0
     load_seconds: float = float("nan")
     session: Any = field(default=None, repr=False)
-    windows: Any = field(default=None, repr=False)  # the windowed decoder of an artifact that can stream windowed
-    windowed_by_default: bool = False  # and `serve` streams it so unless told otherwise
+    windows: Any = field(default=None, repr=False)  # the windowed decoder of an artifact `serve` streams windowed
     _call: Callable[..., tuple[np.ndarray, np.ndarray | None]] | None = field(default=None, repr=False)
 
     def load(self, threads: int, profile: bool = False) -> Runner:
@@ -87,11 +86,10 @@ class Runner:
             if types != _INPUT_TYPES:  # kokoro-onnx names them tokens/style/speed, our export input_ids/...
                 raise UserError(f"{self.label}: model inputs {types} are not (int64 tokens, float style, float speed)")
             self.session = synth.session
-            if artifact.capabilities.windowed:  # what `serve` streams by default: measured too
+            if artifact.windowed_by_default:  # what `serve` streams: measured too (`bench-serve --windowed` otherwise)
                 from kokoro_opt.runtime.windowed import WindowedDecoder
 
                 self.windows = WindowedDecoder.of_artifact(synth)
-                self.windowed_by_default = artifact.windowed_by_default
         self.size_bytes = _size(artifact.model_file)
 
         def call(tokens: list[int], pack: np.ndarray, speed: float) -> tuple[np.ndarray, np.ndarray | None]:
