@@ -154,19 +154,21 @@ def test_a_first_window_lasts_while_the_next_one_runs() -> None:
     from types import SimpleNamespace
 
     from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowSettings
-    from kokoro_opt.serve.engine import SAFETY
+    from kokoro_opt.serve.modes import SAFETY, WindowedJobs
 
     async def sizes() -> list[tuple[int, float]]:
         engine = Engine(cast(Selection, None), ServeConfig())
         settings = WindowSettings()
-        engine.windows = cast(Any, SimpleNamespace(settings=settings))
+        engine.mode = WindowedJobs(engine, cast(Any, SimpleNamespace(settings=settings)))
         engine.window_cost.calibrate((12, 0.06), (80, 0.2))
         pack = np.zeros((510, 1, 256), np.float32)
         lone = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), True)
         out = []
         for load in (0.5, 1.0, 2.0):  # a fast machine, the fitted one, a slow phase
             engine.window_cost.load = load
-            out.append((engine._window_steps(lone), engine.window_cost.predict(max(settings.first_steps, settings.steps // 2))))
+            out.append(
+                (engine.mode.window_steps(lone), engine.window_cost.predict(max(settings.first_steps, settings.steps // 2)))
+            )
         return out
 
     step = STEP_SAMPLES / 24_000

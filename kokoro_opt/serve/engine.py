@@ -11,7 +11,8 @@ listener hears audio early; then *earliest playback deadline first*, where a str
 its listener runs out of audio (first byte time + seconds sent), so a stream about to underrun goes
 before one that is ahead. A stream runs on one worker at a time. Admission is bounded, so first chunks
 cannot starve running streams for long. Job size adapts to the same deadlines (see `plan.py` and
-`_budget`). Windowed, the unit of work is a job's front plus its first window, or one more window, and
+`_budget`). How a worker decodes what it picked is the engine's mode (modes.py): whole jobs, or
+windowed, where the unit of work is a job's front plus its first window, or one more window, and
 window sizes follow the deadlines too (`plan.window_steps`): a new listener's first window lasts while
 its next one runs and the others waiting get theirs, and a later one is cut short when it would leave
 another listener without audio.
@@ -35,18 +36,18 @@ import numpy as np
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime import open_synthesizer
 from kokoro_opt.runtime.synth import Speaker, Synthesizer
-from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
+from kokoro_opt.runtime.windowed import WindowedDecoder, WindowedJob
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.config import ServeConfig, edges_missing, windows_missing
 from kokoro_opt.serve.encoders import Encoder
 from kokoro_opt.serve.join import PAUSES, Joiner, boundary
 from kokoro_opt.serve.metrics import Metrics
-from kokoro_opt.serve.plan import CostModel, make_pieces, queue_seconds, smallest_heard_window, take_job, window_steps
+from kokoro_opt.serve.modes import SAFETY, WholeJobs, WindowedJobs
+from kokoro_opt.serve.plan import CostModel, make_pieces, take_job
 from kokoro_opt.voices import style_for
 
 log = logging.getLogger("kokoro_opt.serve")
 
-SAFETY = 0.7  # a job may use this share of the tightest listener's buffered audio: estimates are rough
 FIRST_JOB_BUDGET = 0  # a streaming request's first job: its first piece alone (see `_budget`)
 _WARMUP_TEXT = "Warming up, so that the first listener never waits for a cold start."
 
@@ -100,14 +101,19 @@ class Engine:
         self.error: BaseException | None = None
         self.cost = CostModel()  # a job's cost (windowed: front and per-job part), fitted at warm-up, then follows the load
         self.window_cost = CostModel()  # windowed: a window's cost by its steps
-        self._cond = threading.Condition()
-        self._streams: list[Stream] = []
+        self.cond = threading.Condition()
+        self.streams: list[Stream] = []
         self._running: set[Stream] = set()  # streams a worker is running a job or window for
         self.most_running = 0  # the most units ever run at once (what `workers` allows, if the load asks)
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._space: int | None = None
-        self.windows: WindowedDecoder | None = None
+        self.mode: WholeJobs | WindowedJobs = WholeJobs(self)  # how a worker decodes a job (modes.py)
+
+    @property
+    def windows(self) -> WindowedDecoder | None:
+        """The windowed decoder, when the engine streams windowed."""
+        return self.mode.decoder if isinstance(self.mode, WindowedJobs) else None
 
     # ---- lifecycle ----------------------------------------------------------------------------------
 
@@ -117,12 +123,12 @@ class Engine:
         self._threads[0].start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        with self._cond:
+        with self.cond:
             self._stopping = True
             for stream in self._running:
                 if stream.run_options is not None:
                     stream.run_options.terminate = True
-            self._cond.notify_all()
+            self.cond.notify_all()
         deadline = time.monotonic() + timeout
         for thread in list(self._threads):
             thread.join(max(deadline - time.monotonic(), 0.0))
@@ -140,7 +146,7 @@ class Engine:
             log.exception("loading the artifact failed")
             return
         self.ready.set()
-        with self._cond:  # `stop` joins what is started before it: none after it
+        with self.cond:  # `stop` joins what is started before it: none after it
             for n in range(2, self.workers + 1) if not self._stopping else ():
                 thread = threading.Thread(target=self._serve, name=f"kokoro-worker-{n}", daemon=True)
                 thread.start()  # the sessions are shared: ONNX Runtime runs them concurrently
@@ -167,9 +173,10 @@ class Engine:
             if not isinstance(synth, Synthesizer):
                 raise UserError(windows_missing(getattr(synth, "artifact", None) and synth.artifact.name), "drop windowed")
             WindowedDecoder.check(synth.artifact)  # the server's synth never loaded the whole graph (`_load`)
-            self.windows = WindowedDecoder.of_artifact(synth)
+            decoder = WindowedDecoder.of_artifact(synth)
             if self.config.first_window_steps is not None:  # tuned or asked for: the artifact's size otherwise
-                self.windows.settings = replace(self.windows.settings, first_steps=self.config.first_window_steps)
+                decoder.settings = replace(decoder.settings, first_steps=self.config.first_window_steps)
+            self.mode = WindowedJobs(self, decoder)
         self.synth = synth
         self._space = synth.vocab.get(" ")
 
@@ -185,17 +192,8 @@ class Engine:
         windows: dict[int, float] = {}
         for size in (self.config.first_chunk_tokens, self.config.first_chunk_tokens, self.config.chunk_tokens):
             tokens = (flat * (size // len(flat) + 1))[:size]
-            if self.windows is not None:
-                job = self.windows.start(tokens, pack)
-                timings[size] = job.front_seconds  # windowed: a job's front (and per-job part) cannot be interleaved
-                while not job.done:
-                    spent, first = job.compute, job.cursor
-                    self.windows.next_window(job)
-                    windows[job.cursor - first] = job.compute - spent
-            else:
-                t0 = time.perf_counter()
-                self._synthesize(tokens, pack, 1.0, None)
-                timings[size] = time.perf_counter() - t0  # the repeated small size keeps its second, warm timing
+            # the repeated small size keeps its second, warm timing
+            timings[size] = self.mode.time_job(tokens, pack, windows)
         small, large = self.config.first_chunk_tokens, self.config.chunk_tokens
         self.cost.calibrate((small, timings[small]), (large, timings[large]))
         if windows:
@@ -222,14 +220,14 @@ class Engine:
 
     def submit(self, pieces: list[list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool) -> Stream:
         stream = Stream(pieces, pack, speed, encoder, streaming, self.new_joiner())
-        with self._cond:
-            self._streams.append(stream)
-            self._cond.notify()
+        with self.cond:
+            self.streams.append(stream)
+            self.cond.notify()
         return stream
 
     def cancel(self, stream: Stream) -> None:
         """Drop the stream's queued pieces and abort its running job (ORT's terminate flag)."""
-        with self._cond:
+        with self.cond:
             if stream.finished or stream.cancelled:
                 return
             stream.cancelled = True
@@ -237,8 +235,8 @@ class Engine:
             dropped = len(stream.pieces)
             stream.pieces.clear()
             stream.job = None
-            if stream in self._streams:
-                self._streams.remove(stream)
+            if stream in self.streams:
+                self.streams.remove(stream)
             running = stream in self._running
             if running and stream.run_options is not None:
                 stream.run_options.terminate = True
@@ -249,16 +247,16 @@ class Engine:
                 self.metrics.cancel_release.observe(0.0)
 
     def queue_depth(self) -> int:
-        with self._cond:
-            return sum(len(s.pieces) for s in self._streams)
+        with self.cond:
+            return sum(len(s.pieces) for s in self.streams)
 
     def busy(self) -> bool:
         return bool(self._running)
 
     def retry_after(self, active: int) -> int:
         """Seconds until a slot likely frees: the smallest remaining work, shared fairly among `active`."""
-        with self._cond:
-            left = [sum(map(len, s.pieces)) for s in self._streams]
+        with self.cond:
+            left = [sum(map(len, s.pieces)) for s in self.streams]
         seconds = self.cost.predict(min(left, default=0)) * max(active, 1)
         return int(min(60, max(1, round(seconds))))
 
@@ -269,14 +267,14 @@ class Engine:
         if stream.streaming and stream.jobs == 0:
             return FIRST_JOB_BUDGET  # just the first piece: the first audio is what users wait for
         largest = frames_bound(self.config.chunk_tokens, stream.speed)
-        slack = [s.deadline() - now for s in self._streams if s.streaming and s.pieces]
+        slack = [s.deadline() - now for s in self.streams if s.streaming and s.pieces]
         if not slack:
             return largest  # nobody is listening live: biggest jobs, best throughput
         return min(largest, self.cost.tokens_within(SAFETY * min(slack), stream.speed))
 
     def _pick(self) -> tuple[Stream, list[int], bool] | None:
         """The stream to work for next and, unless it continues a windowed job, its next job."""
-        runnable = [s for s in self._streams if (s.pieces or s.job) and s not in self._running]
+        runnable = [s for s in self.streams if (s.pieces or s.job) and s not in self._running]
         if not runnable:
             return None
         stream = min(runnable, key=lambda s: (not (s.streaming and s.jobs == 0), s.deadline(), s.id))
@@ -285,41 +283,14 @@ class Engine:
         tokens, last = self.next_job(stream.pieces, self._budget(stream, time.monotonic()))
         return stream, tokens, last
 
-    def _window_steps(self, stream: Stream) -> int:
-        """`plan.window_steps` for this stream, with the other listeners priced by the cost models."""
-        assert self.windows is not None
-        settings = self.windows.settings
-        waiting = [s for s in self._streams if s.streaming and s.first_out is None and s is not stream]
-        # A first window lasts while this stream's next window runs (alone: the smallest a heard stream
-        # gets), and while every other new listener gets its front and first window.
-        own_next = settings.steps if waiting else smallest_heard_window(settings.first_steps, settings.steps)
-        cover = self.window_cost.predict(own_next)
-        if waiting:  # their fronts and first windows, shared among the workers
-            others = sum(self.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
-            cover += (others + len(waiting) * self.window_cost.predict(settings.first_steps)) / self.workers
-        now = time.monotonic()
-        slacks = [s.deadline() - now for s in self._streams if s.streaming and s.first_out is not None and s is not stream]
-        fit = queue_seconds(slacks, self.window_cost.predict(settings.first_steps), SAFETY)
-        fit = min(fit, SAFETY * (stream.deadline() - now))  # and its own listener's, where it can
-        return window_steps(
-            settings.first_steps,
-            settings.steps,
-            streaming=stream.streaming,
-            heard=stream.first_out is not None,
-            cover_seconds=cover,
-            step_seconds=STEP_SAMPLES / self.sample_rate,
-            safety=SAFETY,
-            fit_steps=self.window_cost.tokens_within(fit),
-        )
-
     def _serve(self) -> None:
         import onnxruntime as ort
 
         while True:
-            with self._cond:
+            with self.cond:
                 job = None
                 while not self._stopping and (job := self._pick()) is None:
-                    self._cond.wait()
+                    self.cond.wait()
                 if self._stopping or job is None:
                     return
                 stream, tokens, last = job
@@ -327,49 +298,18 @@ class Engine:
                 self._running.add(stream)
                 self.most_running = max(self.most_running, len(self._running))
             try:
-                if self.windows is not None:
-                    self._window_step(stream, tokens, last)
-                else:
-                    audio, compute = self.run_job(tokens, stream.pack, stream.speed, stream.run_options)
-                    log.debug("request %d: job of %d tokens in %.2f s (last=%s)", stream.id, len(tokens), compute, last)
-                    if not stream.cancelled:
-                        self._emit(stream, self.join(stream.joiner, tokens, audio, last, stream.speed), last)
+                self.mode.step(stream, tokens, last)
             except Exception as exc:
                 if not stream.cancelled:  # a cancelled job fails by design (terminate flag)
                     log.exception("synthesis failed for request %d", stream.id)
                     self._finish(stream, exc)
             finally:
-                with self._cond:
+                with self.cond:
                     self._running.discard(stream)
                     stream.run_options = None
-                    self._cond.notify_all()  # the stream's next unit may go to a waiting worker
+                    self.cond.notify_all()  # the stream's next unit may go to a waiting worker
                 if stream.cancelled and self.metrics:
                     self.metrics.cancel_release.observe(time.monotonic() - stream.cancelled_at)
-
-    def _window_step(self, stream: Stream, tokens: list[int], last: bool) -> None:
-        """One unit of windowed work: a job's front and first window, or its next window. Each window is
-        sent as soon as it is decoded, and other streams may be served between two windows of a job."""
-        assert self.windows is not None
-        if stream.job is None:
-            stream.job = (tokens, last, self.windows.start(tokens, stream.pack, stream.speed, stream.run_options))
-            with self._cond:  # two workers observe
-                self.cost.observe(len(tokens), stream.speed, stream.job[2].front_seconds)
-        job = stream.job[2]
-        spent, first = job.compute, job.cursor  # the job times its own windows
-        with self._cond:
-            steps = self._window_steps(stream)
-        audio = self.windows.next_window(job, steps, stream.run_options)
-        with self._cond:
-            self.window_cost.observe(job.cursor - first, 1.0, job.compute - spent)
-        closes = job.done
-        if closes:
-            stream.job = None
-            if self.metrics:
-                self.metrics.observe_job(job.compute, job.samples / self.sample_rate)
-        if not stream.cancelled:
-            out = self.join(stream.joiner, tokens, audio, last and closes, stream.speed, opens=job.opened, closes=closes)
-            job.opened = False
-            self._emit(stream, out, last and closes)
 
     # ---- one job: the worker's steps, which `first_audio` also runs on the caller's thread ------------
 
@@ -385,7 +325,7 @@ class Engine:
     def run_job(self, tokens: list[int], pack: np.ndarray, speed: float, run_options: Any = None) -> tuple[np.ndarray, float]:
         """Synthesize one job and account for it (cost model, metrics): (raw audio, compute seconds)."""
         started = time.perf_counter()
-        audio = self._synthesize(tokens, pack, speed, run_options)
+        audio = self.synthesize(tokens, pack, speed, run_options)
         compute = time.perf_counter() - started
         self._account(tokens, compute, len(audio) / self.sample_rate, speed)
         return audio, compute
@@ -411,14 +351,9 @@ class Engine:
         serving: it times first audio (kokoro-opt tune) on an engine whose worker thread is not started."""
         pieces = deque(self.plan(text))
         tokens, last = self.next_job(pieces, FIRST_JOB_BUDGET)
-        if self.windows is not None:
-            job = self.windows.start(tokens, pack, speed)
-            audio = self.windows.next_window(job)
-            return self.join(self.new_joiner(), tokens, audio, last and job.done, speed, closes=job.done)
-        audio, _ = self.run_job(tokens, pack, speed)
-        return self.join(self.new_joiner(), tokens, audio, last, speed)
+        return self.mode.first_audio(tokens, pack, speed, last)
 
-    def _synthesize(self, tokens: list[int], pack: np.ndarray, speed: float, run_options: Any) -> np.ndarray:
+    def synthesize(self, tokens: list[int], pack: np.ndarray, speed: float, run_options: Any) -> np.ndarray:
         # Synthesizer.run_tokens, plus run options: a cancelled request's job stops within one graph node.
         synth = self.synth
         assert synth is not None
@@ -429,14 +364,15 @@ class Engine:
         return np.asarray(audio, dtype=np.float32).reshape(-1) / synth.audio_gain
 
     def _account(self, tokens: list[int], compute: float, audio_s: float, speed: float) -> None:
-        with self._cond:
+        with self.cond:
             self.cost.observe(len(tokens), speed, compute)
         if self.metrics:
             self.metrics.observe_job(compute, audio_s)
 
-    def _emit(self, stream: Stream, out: np.ndarray, last: bool) -> None:
+    def emit(self, stream: Stream, out: np.ndarray, last: bool) -> None:
+        """Encode and send a unit's audio; the stream ends with its last."""
         data = stream.encoder.encode(out) + (stream.encoder.finish() if last else b"")
-        with self._cond:  # another worker reads them to schedule (`deadline`, `_budget`)
+        with self.cond:  # another worker reads them to schedule (`deadline`, `_budget`)
             stream.jobs += 1
             if stream.first_out is None:
                 stream.first_out = time.monotonic()
@@ -447,11 +383,11 @@ class Engine:
             self._finish(stream, None)
 
     def _finish(self, stream: Stream, error: BaseException | None) -> None:
-        with self._cond:
+        with self.cond:
             stream.finished = True
             stream.pieces.clear()
-            if stream in self._streams:
-                self._streams.remove(stream)
+            if stream in self.streams:
+                self.streams.remove(stream)
             # no longer counted as running once its listener can be told it ended: the next request may
             # be picked up by another worker before this one leaves its unit
             self._running.discard(stream)

@@ -1,0 +1,122 @@
+"""The two ways a worker decodes the job it picked: whole jobs, or a job's front and then its windows.
+
+The engine (engine.py) owns the streams, the queue, the scheduling and the cost models; a mode turns one
+picked unit of work into audio sent, times a job at warm-up, and makes a request's first audio for `tune`.
+Both take the engine they serve (typed `Any`: engine.py imports this module).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder
+from kokoro_opt.serve.plan import queue_seconds, smallest_heard_window, window_steps
+
+log = logging.getLogger("kokoro_opt.serve")
+
+SAFETY = 0.7  # a job may use this share of the tightest listener's buffered audio: estimates are rough
+
+
+class WholeJobs:
+    """Each job through the whole graph; its audio is sent when the job is done."""
+
+    name = "whole"
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def step(self, stream: Any, tokens: list[int], last: bool) -> None:
+        engine = self.engine
+        audio, compute = engine.run_job(tokens, stream.pack, stream.speed, stream.run_options)
+        log.debug("request %d: job of %d tokens in %.2f s (last=%s)", stream.id, len(tokens), compute, last)
+        if not stream.cancelled:
+            engine.emit(stream, engine.join(stream.joiner, tokens, audio, last, stream.speed), last)
+
+    def time_job(self, tokens: list[int], pack: np.ndarray, windows: dict[int, float]) -> float:
+        """Seconds one job of `tokens` takes (warm-up); `windows` is the windowed mode's to fill."""
+        started = time.perf_counter()
+        self.engine.synthesize(tokens, pack, 1.0, None)
+        return time.perf_counter() - started
+
+    def first_audio(self, tokens: list[int], pack: np.ndarray, speed: float, last: bool) -> np.ndarray:
+        audio, _ = self.engine.run_job(tokens, pack, speed)
+        return self.engine.join(self.engine.new_joiner(), tokens, audio, last, speed)
+
+
+class WindowedJobs:
+    """A job's front and first window, then one more window per unit: each window is sent as soon as it is
+    decoded, and other streams may be served between two windows of a job. Window sizes follow the
+    listeners' deadlines (`plan.window_steps`)."""
+
+    name = "windowed"
+
+    def __init__(self, engine: Any, decoder: WindowedDecoder) -> None:
+        self.engine, self.decoder = engine, decoder
+
+    def window_steps(self, stream: Any) -> int:
+        """`plan.window_steps` for this stream, with the other listeners priced by the cost models (call it
+        holding the engine's lock)."""
+        engine, settings = self.engine, self.decoder.settings
+        waiting = [s for s in engine.streams if s.streaming and s.first_out is None and s is not stream]
+        # A first window lasts while this stream's next window runs (alone: the smallest a heard stream
+        # gets), and while every other new listener gets its front and first window.
+        own_next = settings.steps if waiting else smallest_heard_window(settings.first_steps, settings.steps)
+        cover = engine.window_cost.predict(own_next)
+        if waiting:  # their fronts and first windows, shared among the workers
+            others = sum(engine.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
+            cover += (others + len(waiting) * engine.window_cost.predict(settings.first_steps)) / engine.workers
+        now = time.monotonic()
+        slacks = [s.deadline() - now for s in engine.streams if s.streaming and s.first_out is not None and s is not stream]
+        fit = queue_seconds(slacks, engine.window_cost.predict(settings.first_steps), SAFETY)
+        fit = min(fit, SAFETY * (stream.deadline() - now))  # and its own listener's, where it can
+        return window_steps(
+            settings.first_steps,
+            settings.steps,
+            streaming=stream.streaming,
+            heard=stream.first_out is not None,
+            cover_seconds=cover,
+            step_seconds=STEP_SAMPLES / engine.sample_rate,
+            safety=SAFETY,
+            fit_steps=engine.window_cost.tokens_within(fit),
+        )
+
+    def step(self, stream: Any, tokens: list[int], last: bool) -> None:
+        engine = self.engine
+        if stream.job is None:
+            stream.job = (tokens, last, self.decoder.start(tokens, stream.pack, stream.speed, stream.run_options))
+            with engine.cond:  # two workers observe
+                engine.cost.observe(len(tokens), stream.speed, stream.job[2].front_seconds)
+        job = stream.job[2]
+        spent, first = job.compute, job.cursor  # the job times its own windows
+        with engine.cond:
+            steps = self.window_steps(stream)
+        audio = self.decoder.next_window(job, steps, stream.run_options)
+        with engine.cond:
+            engine.window_cost.observe(job.cursor - first, 1.0, job.compute - spent)
+        closes = job.done
+        if closes:
+            stream.job = None
+            if engine.metrics:
+                engine.metrics.observe_job(job.compute, job.samples / engine.sample_rate)
+        if not stream.cancelled:
+            out = engine.join(stream.joiner, tokens, audio, last and closes, stream.speed, opens=job.opened, closes=closes)
+            job.opened = False
+            engine.emit(stream, out, last and closes)
+
+    def time_job(self, tokens: list[int], pack: np.ndarray, windows: dict[int, float]) -> float:
+        """A job's front (and per-job part: it cannot be interleaved), and each window's time into `windows`."""
+        job = self.decoder.start(tokens, pack)
+        while not job.done:
+            spent, first = job.compute, job.cursor
+            self.decoder.next_window(job)
+            windows[job.cursor - first] = job.compute - spent
+        return job.front_seconds
+
+    def first_audio(self, tokens: list[int], pack: np.ndarray, speed: float, last: bool) -> np.ndarray:
+        job = self.decoder.start(tokens, pack, speed)
+        audio = self.decoder.next_window(job)
+        return self.engine.join(self.engine.new_joiner(), tokens, audio, last and job.done, speed, closes=job.done)
