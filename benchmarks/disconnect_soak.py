@@ -31,7 +31,8 @@ from rich.console import Console
 from rich.table import Table
 from soak import soak_args, soak_parser  # beside this script
 
-from kokoro_opt.serve.bench import PARAGRAPH, PHRASES, spawned_server
+from kokoro_opt.serve.bench import PARAGRAPH, PHRASES
+from kokoro_opt.serve.spawn import spawned_server
 from kokoro_opt.tables import print_table
 
 BOMB = "1234567890" * 400  # 4,000 characters, 21,000 phoneme tokens after normalization: 413

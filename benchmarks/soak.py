@@ -23,7 +23,8 @@ from rich.table import Table
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.serve import ServeConfig
-from kokoro_opt.serve.bench import PARAGRAPH, PHRASES, spawned_server
+from kokoro_opt.serve.bench import PARAGRAPH, PHRASES
+from kokoro_opt.serve.spawn import spawned_server
 from kokoro_opt.tables import print_table
 
 MIX = [

@@ -172,8 +172,7 @@ def _whole_because(artifact: Any, asked: bool | None, windowed: bool) -> str:
         return ""
     if asked is False:
         return " (--no-windowed)"
-    records = [r for r in artifact.build.stages if r.get("stage") == "windows"]
-    below = records[-1].get("below_default_budget", []) if records else []
+    below = artifact.build.stage("windows").get("below_default_budget", [])
     return " (windowed on request, --windowed: " + ("; ".join(below) or "built before the default budget") + ")"
 
 

@@ -11,7 +11,6 @@ import contextlib
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,11 +22,7 @@ from typing import Any
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from kokoro_opt.serve.spawn import free_port
 
 
 def _postgres_bin() -> Path | None:

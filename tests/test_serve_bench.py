@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kokoro_opt.cli import app
 from kokoro_opt.errors import UserError
-from kokoro_opt.serve import bench
+from kokoro_opt.serve import bench, spawn
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
 
@@ -51,10 +51,10 @@ def test_bench_against_nothing_is_a_clean_error() -> None:
 
 def test_a_server_that_fails_to_start_reports_its_whole_error(tiny_artifact) -> None:
     # the message and its hint are longer than the 80 columns the CLI's console wraps a file at
-    with pytest.raises(UserError) as failed, bench.spawned_server(["--artifact", str(tiny_artifact.path), "--windowed"]):
+    with pytest.raises(UserError) as failed, spawn.spawned_server(["--artifact", str(tiny_artifact.path), "--windowed"]):
         pass
     message = str(failed.value)
     assert message.startswith("the server exited with code 2: windowed needs an ONNX artifact built with the windows stage")
     assert message.endswith("serve an artifact built with it, or drop --windowed")
     # without an `error:` block (a crash), the traceback's last line names the exception
-    assert bench.startup_error("Traceback (most recent call last):\n  ...\nMemoryError: out\n") == "MemoryError: out"
+    assert spawn.startup_error("Traceback (most recent call last):\n  ...\nMemoryError: out\n") == "MemoryError: out"

@@ -13,12 +13,7 @@ import asyncio
 import contextlib
 import json
 import math
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.serve.spawn import spawned_server
 from kokoro_opt.tables import print_table
 
 PARAGRAPH = (
@@ -297,57 +293,6 @@ def render_phrases(scenarios: list[Scenario], console: Console) -> None:
 
 def to_json(scenarios: list[Scenario]) -> list[dict[str, Any]]:
     return [{**x.summary(), "wall_s": x.wall, "samples": [asdict(s) for s in x.samples]} for x in scenarios]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def spawned_server(args: list[str], timeout: float = 600.0) -> Iterator[str]:
-    """`kokoro-opt serve <args>` in a subprocess on a free loopback port; yields its URL once /ready."""
-    port = free_port()
-    command = [sys.executable, "-m", "kokoro_opt.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile() as log:  # a file, not a pipe: an unread pipe would block the server's logging
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
-        try:
-            deadline = time.monotonic() + timeout
-            while not _ready(url):
-                if process.poll() is not None:
-                    log.seek(0)
-                    reason = startup_error(log.read().decode(errors="replace"))
-                    raise UserError(f"the server exited with code {process.returncode}: {reason}")
-                if time.monotonic() > deadline:
-                    raise UserError("the server did not become ready in time", "check that the artifact loads: kokoro-opt say")
-                time.sleep(0.5)
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def startup_error(stderr: str) -> str:
-    """What a server that failed to start said: its `error:` block on one line (the CLI's console
-    wraps it at 80 columns when stderr is a file), else the last line, e.g. a traceback's exception."""
-    lines = [line.strip() for line in stderr.strip().splitlines()]
-    starts = [i for i, line in enumerate(lines) if line.startswith("error:")]
-    if not starts:
-        return lines[-1] if lines else "(nothing on stderr)"
-    return " ".join(line for line in lines[starts[-1] :] if line).removeprefix("error: ")
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/ready", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def serve_args(url: str | None, artifact: str, artifacts: Path, max_queue: int, flags: list[str]) -> list[str]:

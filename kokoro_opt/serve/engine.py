@@ -193,7 +193,8 @@ class Engine:
         for size in (self.config.first_chunk_tokens, self.config.first_chunk_tokens, self.config.chunk_tokens):
             tokens = (flat * (size // len(flat) + 1))[:size]
             # the repeated small size keeps its second, warm timing
-            timings[size] = self.mode.time_job(tokens, pack, windows)
+            timings[size], seen = self.mode.time_job(tokens, pack)
+            windows.update(seen)
         small, large = self.config.first_chunk_tokens, self.config.chunk_tokens
         self.cost.calibrate((small, timings[small]), (large, timings[large]))
         if windows:

@@ -36,11 +36,11 @@ class WholeJobs:
         if not stream.cancelled:
             engine.emit(stream, engine.join(stream.joiner, tokens, audio, last, stream.speed), last)
 
-    def time_job(self, tokens: list[int], pack: np.ndarray, windows: dict[int, float]) -> float:
-        """Seconds one job of `tokens` takes (warm-up); `windows` is the windowed mode's to fill."""
+    def time_job(self, tokens: list[int], pack: np.ndarray) -> tuple[float, dict[int, float]]:
+        """Seconds one job of `tokens` takes (warm-up), and no windows."""
         started = time.perf_counter()
         self.engine.synthesize(tokens, pack, 1.0, None)
-        return time.perf_counter() - started
+        return time.perf_counter() - started, {}
 
     def first_audio(self, tokens: list[int], pack: np.ndarray, speed: float, last: bool) -> np.ndarray:
         audio, _ = self.engine.run_job(tokens, pack, speed)
@@ -107,14 +107,15 @@ class WindowedJobs:
             job.opened = False
             engine.emit(stream, out, last and closes)
 
-    def time_job(self, tokens: list[int], pack: np.ndarray, windows: dict[int, float]) -> float:
-        """A job's front (and per-job part: it cannot be interleaved), and each window's time into `windows`."""
+    def time_job(self, tokens: list[int], pack: np.ndarray) -> tuple[float, dict[int, float]]:
+        """A job's front (and per-job part: it cannot be interleaved), and each window's seconds by its steps."""
         job = self.decoder.start(tokens, pack)
+        windows = {}
         while not job.done:
             spent, first = job.compute, job.cursor
             self.decoder.next_window(job)
             windows[job.cursor - first] = job.compute - spent
-        return job.front_seconds
+        return job.front_seconds, windows
 
     def first_audio(self, tokens: list[int], pack: np.ndarray, speed: float, last: bool) -> np.ndarray:
         job = self.decoder.start(tokens, pack, speed)
