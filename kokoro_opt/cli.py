@@ -277,8 +277,8 @@ def bench_serve(
     capacity: Annotated[
         bool,
         typer.Option(
-            help="find the most simultaneous real-time streams this machine sustains (0 underruns, TTFA p95 <= 0.5 s); "
-            "recorded for serve's default --max-queue"
+            help="find the most simultaneous real-time streams this machine sustains (0 underruns, TTFA p95 <= 0.5 s "
+            "or twice one listener's alone); recorded for serve's default --max-queue"
         ),
     ] = False,
 ) -> None:
@@ -311,8 +311,9 @@ def bench_serve(
         capacity=capacity,
     )
     if capacity:
-        streams = measured.sustained([s.summary() for s in scenarios])
-        kept = measured.record_capacity(artifacts, served["id"], served.get("mode", "whole"), served.get("workers", 1), streams)
+        streams, limit = measured.sustained([s.summary() for s in scenarios])
+        mode, workers = served.get("mode", "whole"), served.get("workers", 1)
+        kept = measured.record_capacity(artifacts, served["id"], mode, workers, streams, limit)
         console.print(
             f"this machine sustains {kept.describe()}; `serve` admits that many by default ({artifacts / measured.CAPACITY_FILE})"
         )

@@ -329,15 +329,18 @@ def test_the_docs_voice_table_is_the_servers() -> None:
 def test_capacity_is_the_largest_count_every_listener_was_kept_fed_at() -> None:
     from kokoro_opt.serve.capacity import sustained
 
-    def run(clients: int, underruns: int = 0, p95: float = 0.3, rejected: int = 0) -> dict:
+    def run(clients: int, underruns: int = 0, p95: float = 0.2, rejected: int = 0) -> dict:
         ok = clients - rejected
         return {"mode": "stream", "clients": clients, "requests": clients, "ok": ok, "rejected_429": rejected,
                 "errors": 0, "underruns": underruns, "ttfa_p95": p95}  # fmt: skip
 
-    assert sustained([run(1), run(2), run(4), run(6, underruns=1)]) == 4
-    assert sustained([run(1), run(2, p95=0.6), run(4)]) == 1  # a later pass does not count past a failure
-    assert sustained([run(1, rejected=1)]) == 0
-    assert sustained([{**run(8), "mode": "full"}]) == 0  # only streams count
+    assert sustained([run(1), run(2), run(4), run(6, underruns=1)]) == (4, 0.5)
+    assert sustained([run(1), run(2, p95=0.6), run(4)]) == (1, 0.5)  # a later pass does not count past a failure
+    assert sustained([run(1, rejected=1)]) == (0, 0.5)
+    assert sustained([run(1, underruns=1)]) == (0, 0.5)
+    assert sustained([{**run(8), "mode": "full"}]) == (0, 0.5)  # only streams count
+    # a machine where one listener alone waits 0.65 s: more listeners are held to twice that, not to 0.5 s
+    assert sustained([run(1, p95=0.65), run(2, p95=1.2), run(4, p95=1.4)]) == (2, 1.3)
 
 
 def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, tmp_path: Path) -> None:

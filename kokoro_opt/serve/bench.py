@@ -306,7 +306,7 @@ def probe_capacity(
     url: str, requests: int, text: str, voice: str, response_format: str, api_key: str | None, sample_rate: int = 24_000
 ) -> list[Scenario]:
     """Streams started together, 1, 2, 4, ... clients (capacity.COUNTS), up to the first count not sustained."""
-    from kokoro_opt.serve.capacity import COUNTS, sustains
+    from kokoro_opt.serve.capacity import COUNTS, sustains, ttfa_limit
 
     payload = {"model": "tts-1", "input": text, "voice": voice, "response_format": response_format}
 
@@ -315,7 +315,7 @@ def probe_capacity(
         found: list[Scenario] = []
         for clients in COUNTS:
             found.append(await run_scenario(url, "stream", clients, requests, payload, sample_rate, api_key))
-            if not sustains(found[-1].summary()):
+            if not sustains(found[-1].summary(), ttfa_limit(found[0].summary())):
                 break
         return found
 
