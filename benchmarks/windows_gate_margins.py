@@ -46,8 +46,14 @@ def main() -> None:
     table = Table(title=f"windows gate, {artifact.name} {artifact.id} ({describe(fingerprint())})")
     for column in ("run", "PESQ mean", "worst sentence", "worst utterance (which)", "phrases", "4-12 kHz dB (max)"):
         table.add_column(column, justify="right" if column != "run" else "left")
-    table.add_row("budget", f">= {cfg.min_pesq}", "", f">= {cfg.min_sentence_pesq}", f">= {cfg.min_phrase_pesq}",
-                  f"<= {cfg.max_high_band_db}")
+    table.add_row(
+        "budget",
+        f">= {cfg.min_pesq}",
+        "",
+        f">= {cfg.min_sentence_pesq}",
+        f">= {cfg.min_phrase_pesq}",
+        f"<= {cfg.max_high_band_db}",
+    )
     runs = [(f"{t} threads", int(t), 0.0, 0) for t in args.threads.split(",")]
     if args.noise:
         runs += [(f"table x (1 + {args.noise:g} N), draw {seed}", 2, args.noise, seed) for seed in range(args.draws)]
@@ -58,10 +64,15 @@ def main() -> None:
             decoder.table.mean = decoder.table.mean * (1 + noise * rng.standard_normal(decoder.table.mean.shape))
             decoder.table.var = decoder.table.var * (1 + noise * rng.standard_normal(decoder.table.var.shape))
         s = measure(decoder, cfg)
-        worst = min(s["utterances"], key=lambda row: row["pesq"])
-        table.add_row(label, f"{s['pesq_mean']:.3f}", f"{s['pesq_min']:.3f}",
-                      f"{s['utterance_pesq_min']:.3f} ({worst['utterance']})", f"{s['phrase_pesq_mean']:.3f}",
-                      f"{s['high_band_db_max']:.2f}")
+        worst = min((row for row in s["utterances"] if row["pesq"] is not None), key=lambda row: row["pesq"])
+        table.add_row(
+            label,
+            f"{s['pesq_mean']:.3f}",
+            f"{s['pesq_min']:.3f}",
+            f"{s['utterance_pesq_min']:.3f} ({worst['utterance']})",
+            f"{s['phrase_pesq_mean']:.3f}",
+            f"{s['high_band_db_max']:.2f}",
+        )
     Console().print(table)
 
 

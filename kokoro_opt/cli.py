@@ -278,7 +278,7 @@ def bench_serve(
         bool,
         typer.Option(
             help="find the most simultaneous real-time streams this machine sustains (0 underruns, TTFA p95 <= 0.5 s "
-            "or twice one listener's alone); recorded for serve's default --max-queue"
+            "or twice one listener's alone, at most 1.5 s); recorded for serve's default --max-queue"
         ),
     ] = False,
 ) -> None:

@@ -341,6 +341,7 @@ def test_capacity_is_the_largest_count_every_listener_was_kept_fed_at() -> None:
     assert sustained([{**run(8), "mode": "full"}]) == (0, 0.5)  # only streams count
     # a machine where one listener alone waits 0.65 s: more listeners are held to twice that, not to 0.5 s
     assert sustained([run(1, p95=0.65), run(2, p95=1.2), run(4, p95=1.4)]) == (2, 1.3)
+    assert sustained([run(1, p95=1.6)]) == (0, 1.5)  # never over 1.5 s: that slow a machine sustains none
 
 
 def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, tmp_path: Path) -> None:
@@ -361,3 +362,16 @@ def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, t
     assert measured_capacity(root, tiny_artifact.id, "whole", 1).streams == 7
     assert ServeConfig.for_selection(selection).max_queue == 7
     assert ServeConfig.for_selection(selection, max_queue=2).max_queue == 2  # asked for: kept
+
+
+def test_capacity_records_of_other_versions_are_read(tmp_path: Path) -> None:
+    """A record written before the TTFA limit was kept, or by a newer version with fields this one lacks."""
+    import json
+
+    from kokoro_opt.machine import fingerprint
+    from kokoro_opt.serve.capacity import TTFA_P95_LIMIT, measured_capacity
+
+    entry = {"artifact_id": "a", "mode": "whole", "workers": 1, "streams": 3, "machine": fingerprint(), "measured": "2026"}
+    (tmp_path / "capacity.json").write_text(json.dumps({"measurements": [entry, {**entry, "mode": "windowed", "later": 1}]}))
+    assert measured_capacity(tmp_path, "a", "whole", 1).ttfa_limit == TTFA_P95_LIMIT
+    assert measured_capacity(tmp_path, "a", "windowed", 1).streams == 3
