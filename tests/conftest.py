@@ -90,7 +90,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def weight(item: pytest.Item) -> int:
         return 0 if item.get_closest_marker("real_weights") else 1 if item.get_closest_marker("slow") else 2
 
-    files: dict[str, int] = {}
+    files: dict[Path, int] = {}
     for item in items:
-        files[item.nodeid.split("::")[0]] = min(files.get(item.nodeid.split("::")[0], 2), weight(item))
-    items.sort(key=lambda item: files[item.nodeid.split("::")[0]])  # stable: a file's tests keep their order
+        files[item.path] = min(files.get(item.path, 2), weight(item))
+    items.sort(key=lambda item: files[item.path])  # stable: a file's tests keep their order
