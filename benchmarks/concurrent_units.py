@@ -66,8 +66,12 @@ def whole_graph_pairs(whole: Any, runs: int, table: Any) -> None:
         tokens = [t for c in chunk_text(text, whole.vocab, first_chunk_tokens=400, chunk_tokens=400) for t in c.token_ids]
         job = lambda tokens=tokens: whole.run_tokens(tokens, whole.voices[0])  # noqa: E731
         a, b = in_turn_and_at_once(job, job, runs)
-        table.add_row(f"two whole-graph jobs, {len(tokens)} tokens ({whole.artifact.name})", f"{1000 * a:.0f}",
-                      f"{1000 * b:.0f}", f"{a / b:.2f}x")
+        table.add_row(
+            f"two whole-graph jobs, {len(tokens)} tokens ({whole.artifact.name})",
+            f"{1000 * a:.0f}",
+            f"{1000 * b:.0f}",
+            f"{a / b:.2f}x",
+        )
 
 
 def main() -> None:
@@ -112,8 +116,13 @@ def main() -> None:
         "160-step window": window(160),
     }
     front = f"front, {len(tokens)} tokens"
-    for x, y in ((front, front), ("80-step window", "80-step window"), ("160-step window", "160-step window"),
-                 (front, "80-step window"), (front, "12-step window")):
+    for x, y in (
+        (front, front),
+        ("80-step window", "80-step window"),
+        ("160-step window", "160-step window"),
+        (front, "80-step window"),
+        (front, "12-step window"),
+    ):
         a, b = in_turn_and_at_once(units[x], units[y], args.runs)
         table.add_row(f"{x} + {y}", f"{1000 * a:.0f}", f"{1000 * b:.0f}", f"{a / b:.2f}x")
 
@@ -124,8 +133,12 @@ def main() -> None:
     by_workers = {w: [first_audio_times(new_listener, w) for _ in range(args.runs)] for w in (1, 2)}
     for w, runs in by_workers.items():
         medians = [1000 * statistics.median(r[i] for r in runs) for i in range(4)]
-        table.add_row(f"four new listeners, {w} worker{'s' * (w > 1)}: first audio of the 1st-4th", "",
-                      " / ".join(f"{m:.0f}" for m in medians), "")
+        table.add_row(
+            f"four new listeners, {w} worker{'s' * (w > 1)}: first audio of the 1st-4th",
+            "",
+            " / ".join(f"{m:.0f}" for m in medians),
+            "",
+        )
     Console(width=160).print(table)
 
 

@@ -18,8 +18,10 @@ from pathlib import Path
 
 THREADS = (1, 2, 4)
 STEPS = (12, 40, 80, 160)  # a first window, the smallest a heard listener gets, a later one, a phrase's
-TEXT = ("The old lighthouse keeper climbed the stairs every evening at dusk. "
-        "He lit the great lamp, and its beam swept across the dark water.")
+TEXT = (
+    "The old lighthouse keeper climbed the stairs every evening at dusk. "
+    "He lit the great lamp, and its beam swept across the dark water."
+)
 VARIANTS = {"chains": {"lookup_tables": False, "hoisting": False}, "tables": {"hoisting": False}, "hoisted": {}}
 
 
@@ -44,15 +46,27 @@ def main() -> None:
 
     artifact = open_artifact(args.artifact)
     table = Table(title=f"windowed generator, {artifact.name} {artifact.id} ({describe(fingerprint())})")
-    for column in ("threads", "window steps", "chains ms", "tables ms", "hoisted ms", "tables / chains",
-                   "hoisted / tables", "per-job part ms", "max |diff|"):
+    for column in (
+        "threads",
+        "window steps",
+        "chains ms",
+        "tables ms",
+        "hoisted ms",
+        "tables / chains",
+        "hoisted / tables",
+        "per-job part ms",
+        "max |diff|",
+    ):
         table.add_column(column, justify="right")
     for threads in THREADS:
         synth = Synthesizer(artifact, SessionSettings(intra_op_num_threads=threads), load=False)
         served = WindowedDecoder.of_artifact(synth)  # "hoisted": the graphs the artifact stores
         model = onnx.load(str(synth.model_file))
-        decoders = {name: WindowedDecoder(synth, window_graphs(model, **flags)[0], served.table, served.settings)
-                    for name, flags in VARIANTS.items() if flags}
+        decoders = {
+            name: WindowedDecoder(synth, window_graphs(model, **flags)[0], served.table, served.settings)
+            for name, flags in VARIANTS.items()
+            if flags
+        }
         decoders["hoisted"] = served
         del model
         tokens = [t for c in chunk_text(TEXT, synth.vocab, first_chunk_tokens=400, chunk_tokens=400) for t in c.token_ids]
@@ -65,8 +79,9 @@ def main() -> None:
             for run in range(args.runs + 2):
                 for name in sorted(decoders, reverse=run % 2 == 1):  # alternate who goes first
                     began = time.perf_counter()
-                    audio[name] = decoders[name].window(job.front, start, start + steps, job.stats,
-                                                        constants=job.constants if name == "hoisted" else None)
+                    audio[name] = decoders[name].window(
+                        job.front, start, start + steps, job.stats, constants=job.constants if name == "hoisted" else None
+                    )
                     if run >= 2:  # the first runs of a shape allocate
                         seconds[name].append(time.perf_counter() - began)
                 began = time.perf_counter()
@@ -75,9 +90,15 @@ def main() -> None:
                     per_job.append(time.perf_counter() - began)
             ms = {name: 1000 * float(np.median(values)) for name, values in seconds.items()}
             diff = max(float(np.abs(audio[name] - audio["chains"]).max()) for name in decoders)
-            table.add_row(str(threads), str(steps), *(f"{ms[n]:.1f}" for n in VARIANTS),
-                          f"{ms['tables'] / ms['chains']:.2f}", f"{ms['hoisted'] / ms['tables']:.2f}",
-                          f"{1000 * float(np.median(per_job)):.1f}", f"{diff:.1e}")
+            table.add_row(
+                str(threads),
+                str(steps),
+                *(f"{ms[n]:.1f}" for n in VARIANTS),
+                f"{ms['tables'] / ms['chains']:.2f}",
+                f"{ms['hoisted'] / ms['tables']:.2f}",
+                f"{1000 * float(np.median(per_job)):.1f}",
+                f"{diff:.1e}",
+            )
         del decoders, job  # before the next thread count's three are loaded
     Console(width=160).print(table)
 

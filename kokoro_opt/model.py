@@ -50,16 +50,29 @@ KOKORO_82M_CONFIG: dict[str, Any] = {
 }
 
 
-def tiny_config(vocab: dict[str, int]) -> dict[str, Any]:
-    """A small Kokoro for fast tests: same graph structure, fewer/narrower layers.
+# Not a KModel key: KModel hard-codes the decoder's widths (1024 channels, 512 into the generator and
+# from the text encoder). `load_kmodel` narrows those blocks when a config carries this key; the real
+# config never does.
+DECODER_WIDTH_KEY = "decoder_channels"
+TINY_HIDDEN_CHANNELS = 128
+TINY_DECODER_CHANNELS = 128
+TINY_GENERATOR_CHANNELS = 64
 
-    The decoder keeps its widths (KModel hard-codes 512/1024 channels there); the ALBERT, the
-    prosody LSTMs and the generator's resblocks shrink.
+
+def tiny_config(vocab: dict[str, int]) -> dict[str, Any]:
+    """A small Kokoro for fast tests: the same graph structure, fewer and narrower layers.
+
+    The ALBERT, the prosody LSTMs, the decoder blocks and the generator shrink. At full width the
+    generator alone took 85% of the tiny model's time, so every test waited on it.
     """
     config = copy.deepcopy(KOKORO_82M_CONFIG)
     config["n_layer"] = 1
+    config["hidden_dim"] = TINY_HIDDEN_CHANNELS
     config["plbert"].update(hidden_size=64, num_attention_heads=2, intermediate_size=128, num_hidden_layers=2)
-    config["istftnet"].update(resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3, 5]])
+    config["istftnet"].update(
+        resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3, 5]], upsample_initial_channel=TINY_GENERATOR_CHANNELS
+    )
+    config[DECODER_WIDTH_KEY] = TINY_DECODER_CHANNELS
     config["vocab"] = dict(vocab)
     return config
 
@@ -68,13 +81,38 @@ def load_kmodel(config: dict[str, Any], model_path: Path | None, disable_complex
     """KModel in eval mode; with `model_path=None` it stays randomly initialised (tiny test models)."""
     from kokoro.model import KModel
 
-    source = str(model_path) if model_path is not None else _empty_state_path()
+    narrow = DECODER_WIDTH_KEY in config
+    # KModel loads its weights while it is built, so narrowed blocks are built first and loaded after.
+    source = str(model_path) if model_path is not None and not narrow else _empty_state_path()
+    kokoro_config = {k: v for k, v in config.items() if k != DECODER_WIDTH_KEY}
     with warnings.catch_warnings():
         # KModel's own deprecation (weight_norm) and LSTM-dropout warnings are not actionable here.
         warnings.simplefilter("ignore", category=UserWarning)
         warnings.simplefilter("ignore", category=FutureWarning)
-        model = KModel(repo_id="hexgrad/Kokoro-82M", config=config, model=source, disable_complex=disable_complex)
+        model = KModel(repo_id="hexgrad/Kokoro-82M", config=kokoro_config, model=source, disable_complex=disable_complex)
+        if narrow:
+            _narrow_decoder(model.decoder, int(config[DECODER_WIDTH_KEY]), config)
+            if model_path is not None:
+                for name, state in torch.load(model_path, map_location="cpu", weights_only=True).items():
+                    getattr(model, name).load_state_dict(state, strict=True)
     return model.eval()
+
+
+def _narrow_decoder(decoder: torch.nn.Module, width: int, config: dict[str, Any]) -> None:
+    """Rebuild the decoder's blocks at `width` channels from `hidden_dim` ones, the last one feeding the generator."""
+    from kokoro.istftnet import AdainResBlk1d
+    from torch.nn.utils import weight_norm
+
+    style, hidden, generator = config["style_dim"], config["hidden_dim"], config["istftnet"]["upsample_initial_channel"]
+    residual = decoder.asr_res[0].out_channels
+    skip = 2 + residual  # F0, N and the ASR residual re-enter every block
+    decoder.asr_res = torch.nn.Sequential(weight_norm(torch.nn.Conv1d(hidden, residual, kernel_size=1)))
+    decoder.encode = AdainResBlk1d(hidden + 2, width, style)
+    last = len(decoder.decode) - 1
+    decoder.decode = torch.nn.ModuleList(
+        AdainResBlk1d(width + skip, generator if i == last else width, style, upsample=True if i == last else "none")
+        for i in range(last + 1)
+    )
 
 
 def _empty_state_path() -> str:

@@ -130,7 +130,7 @@ class QuantizeStage(Strict):
     )
     quality_budget_pesq: float = Field(3.8, ge=1.0, le=4.64, description="mixed: mean PESQ-WB vs fp32 to keep")
     min_sentence_pesq: float = Field(3.0, ge=1.0, le=4.64, description="mixed: no held-out sentence below this")
-    max_high_band_db: float = Field(1.5, gt=0.0, description="mixed: 4-12 kHz energy share vs fp32, dB; above = static/hiss")
+    max_high_band_db: float = Field(1.5, gt=0.0, description="mixed: 4-12 kHz energy share moved vs fp32, dB, either way")
     min_durations_equal: float = Field(
         1.0, ge=0.0, le=1.0, description="mixed: share of held-out sentences whose predicted durations must equal fp32's"
     )

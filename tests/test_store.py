@@ -185,8 +185,9 @@ def test_a_recipe_that_extends_a_locked_one_applies_its_lock(tiny_recipe, tmp_pa
 
 def test_a_lock_that_no_longer_holds_fails_the_build_clearly(tiny_recipe, tmp_path, seeded) -> None:
     # No block does half the work, so the analysis scores none: the lock is edited below, not measured.
-    # Every block in INT8 moves the tiny model's 4-12 kHz energy by ~0.04 dB: ~8x this budget.
-    strict = {**TINY_MIXED, "op_types": ["Conv", "MatMul"], "max_high_band_db": 0.005, "min_block_time_share": 0.5}
+    # Every block in INT8 moves the tiny model's 4-12 kHz energy by 0.0011-0.0013 dB (torch's vector and default
+    # kernel paths): 5.5x this budget.
+    strict = {**TINY_MIXED, "op_types": ["Conv", "MatMul"], "max_high_band_db": 0.0002, "min_block_time_share": 0.5}
     recipe = recipe_with(tiny_recipe, "t-lock-gate", [strict])
     lock = lock_path(tmp_path / "t-lock-gate.yaml")
     analysed = build(recipe, seeded(tmp_path / "a"), lock=lock)

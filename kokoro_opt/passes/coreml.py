@@ -196,8 +196,9 @@ def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
 
     register_kokoro_ops()
     max_frames = cfg.max_tokens * 8
-    frame_dim = ct.RangeDim(lower_bound=8, upper_bound=max_frames, default=frames)
-    frame2_dim = ct.RangeDim(lower_bound=16, upper_bound=2 * max_frames, default=2 * frames)
+    # the traced sentence's length is the default shape; a small max_tokens may not reach it
+    frame_dim = ct.RangeDim(lower_bound=8, upper_bound=max_frames, default=min(frames, max_frames))
+    frame2_dim = ct.RangeDim(lower_bound=16, upper_bound=2 * max_frames, default=2 * min(frames, max_frames))
     precision = (
         ct.transform.FP16ComputePrecision(op_selector=lambda op: op.op_type not in FP32_OPS)
         if cfg.precision == "fp16"

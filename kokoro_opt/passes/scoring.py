@@ -41,7 +41,7 @@ class Quality:
         """Higher = hurts more. Non-finite output or static is worst."""
         if not self.finite:
             return float("inf")
-        return (PESQ_MAX - self.mean_pesq) + max(0.0, self.max_high_band_db) + (1 - self.durations_equal)
+        return (PESQ_MAX - self.mean_pesq) + self.max_high_band_db + (1 - self.durations_equal)
 
 
 class AudioScorer:
@@ -85,7 +85,8 @@ class AudioScorer:
         return Quality(
             mean_pesq=float(np.mean(pesqs)),
             min_pesq=float(np.min(pesqs)),
-            max_high_band_db=float(max(ratios, default=float("inf"))),
+            # either way: static and hiss add 4-12 kHz energy, a muffled output loses it (as the speech gate)
+            max_high_band_db=float(max((abs(r) for r in ratios), default=float("inf"))),
             durations_equal=equal / len(self.feeds),
             finite=finite,
         )

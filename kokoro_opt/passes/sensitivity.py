@@ -93,7 +93,7 @@ def select_blocks(
     unit = {block: block for block in blocks}
     for block in blocks:
         alone[block] = score({block})
-        log(f"sensitivity {block}: PESQ {alone[block].mean_pesq:.2f}, high-band {alone[block].max_high_band_db:+.2f} dB")
+        log(f"sensitivity {block}: PESQ {alone[block].mean_pesq:.2f}, high-band moved {alone[block].max_high_band_db:.2f} dB")
         if block in branches:
             unit[block] = _best_clip(block, alone, score, clip_percentiles, cfg, log)
 
@@ -136,7 +136,7 @@ def _best_clip(
     for percentile in percentiles:
         variants.append(candidate := f"{block}@{percentile:g}")
         alone[candidate] = quality = score({candidate})
-        log(f"clip {candidate}: PESQ {quality.mean_pesq:.2f}, high-band {quality.max_high_band_db:+.2f} dB alone")
+        log(f"clip {candidate}: PESQ {quality.mean_pesq:.2f}, high-band moved {quality.max_high_band_db:.2f} dB alone")
     return min(variants, key=lambda u: (not alone[u].passes(cfg), alone[u].sensitivity))
 
 
@@ -271,7 +271,7 @@ def run_mixed(
         if not holds:
             raise UserError(
                 f"the locked INT8 choice no longer meets the quality budget on this machine: PESQ {gate.mean_pesq:.2f} "
-                f"(min {gate.min_pesq:.2f}), 4-12 kHz {gate.max_high_band_db:+.2f} dB, durations equal "
+                f"(min {gate.min_pesq:.2f}), 4-12 kHz moved {gate.max_high_band_db:.2f} dB, durations equal "
                 f"{gate.durations_equal:.0%} (budget less the lock's noise tolerance: PESQ >= "
                 f"{cfg.quality_budget_pesq - LOCK_PESQ_TOLERANCE:.2f}, min >= {cfg.min_sentence_pesq - LOCK_PESQ_TOLERANCE:.2f}, "
                 f"<= {cfg.max_high_band_db} dB, durations >= {cfg.min_durations_equal:.0%})",
