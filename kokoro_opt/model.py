@@ -63,7 +63,7 @@ def tiny_config(vocab: dict[str, int]) -> dict[str, Any]:
     """A small Kokoro for fast tests: the same graph structure, fewer and narrower layers.
 
     The ALBERT, the prosody LSTMs, the decoder blocks and the generator shrink. At full width the
-    generator alone took 85% of the tiny model's time, so every test waited on it.
+    generator alone took 83% of the tiny model's time, so every test waited on it.
     """
     config = copy.deepcopy(KOKORO_82M_CONFIG)
     config["n_layer"] = 1

@@ -71,15 +71,23 @@ def real_weights_recipe(name: str):
 
 
 @pytest.fixture(scope="module")
-def url(tiny_artifact):
-    """A real server (uvicorn on a free loopback port) serving the tiny artifact, warmed."""
+def served(tiny_artifact):
+    """A real server (uvicorn on a free loopback port) serving the tiny artifact, warmed: (its URL, its engine)."""
     from kokoro_opt.select import resolve_artifact
-    from kokoro_opt.serve import ServeConfig, running
+    from kokoro_opt.serve import Engine, ServeConfig, running
+    from kokoro_opt.serve.metrics import Metrics
 
     # no audio cache: these tests repeat inputs and time, cancel or count their synthesis (test_audio_cache.py)
     config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120, audio_cache_mb=0)
-    with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
-        yield base
+    selection = resolve_artifact(str(tiny_artifact.path))
+    engine = Engine(selection, config, Metrics())
+    with running(selection, config, engine=engine) as base:
+        yield base, engine
+
+
+@pytest.fixture(scope="module")
+def url(served) -> str:
+    return served[0]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -10,3 +15,23 @@ def metric(url: str, name: str) -> float:
     """Sum of a metric's samples (all labels) from /metrics."""
     text = httpx.get(f"{url}/metrics").text
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+@contextlib.contextmanager
+def held_after_first_job(engine: Any) -> Iterator[threading.Event]:
+    """The engine's worker stops after a request's first job, its audio handed out, until the block ends or the
+    yielded event is set. What a test then sees of the rest of the request follows from the engine's order,
+    not from how fast the model or the machine is."""
+    release, step = threading.Event(), engine.mode.step
+
+    def held(stream: Any, tokens: list[int], last: bool) -> None:
+        step(stream, tokens, last)
+        if stream.jobs == 1 and not last:
+            release.wait(60)
+
+    engine.mode.step = held
+    try:
+        yield release
+    finally:
+        release.set()
+        engine.mode.step = step

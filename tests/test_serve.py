@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 
 from kokoro_opt.serve.openai_compat import OPENAI_VOICES
-from tests.serve_helpers import metric
+from tests.serve_helpers import held_after_first_job, metric
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
 
@@ -70,29 +70,34 @@ def test_formats_decode(url: str) -> None:
     assert struct.unpack("<I", response.content[40:44])[0] == len(response.content) - 44  # exact size without streaming
 
 
-def test_first_bytes_before_last_chunk(url: str) -> None:
-    """When the first bytes arrive, pieces of the same request are still waiting to be synthesized."""
-    with httpx.stream(
-        "POST", f"{url}/v1/audio/speech", json={"input": LONG, "response_format": "pcm", "speed": 2}, timeout=120
-    ) as r:
-        chunks = r.iter_raw()
-        first = next(chunks)
-        waiting = metric(url, "kokoro_queue_depth")
-        rest = b"".join(chunks)
+def test_first_bytes_before_last_chunk(served) -> None:
+    """The first bytes reach the client while pieces of the same request still wait to be synthesized: the worker
+    is held after the first job, so the response cannot have been made whole before it was sent."""
+    url, engine = served
+    with held_after_first_job(engine) as release:
+        body = {"input": LONG, "response_format": "pcm", "speed": 2}
+        with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=120) as r:
+            chunks = r.iter_raw()
+            first = next(chunks)
+            waiting = metric(url, "kokoro_queue_depth")
+            release.set()
+            rest = b"".join(chunks)
     assert first and rest
     assert waiting > 0
 
 
-def test_curl_no_buffer_streams(url: str) -> None:
+def test_curl_no_buffer_streams(served) -> None:
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed")
+    url, engine = served
     body = json.dumps({"input": LONG, "voice": "alloy", "response_format": "pcm", "speed": 2})
     headers = ["-H", "Content-Type: application/json"]
     command = ["curl", "--no-buffer", "-sS", "-X", "POST", f"{url}/v1/audio/speech", *headers, "-d", body]
-    with subprocess.Popen(command, stdout=subprocess.PIPE) as curl:
+    with held_after_first_job(engine) as release, subprocess.Popen(command, stdout=subprocess.PIPE) as curl:
         assert curl.stdout is not None
         first = curl.stdout.read1(65536)
         waiting = metric(url, "kokoro_queue_depth")
+        release.set()
         rest = curl.stdout.read()
     assert first and rest and waiting > 0
 

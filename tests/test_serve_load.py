@@ -14,7 +14,7 @@ import pytest
 
 from kokoro_opt.select import resolve_artifact
 from kokoro_opt.serve import ServeConfig, running
-from tests.serve_helpers import metric
+from tests.serve_helpers import held_after_first_job, metric
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
 
@@ -67,15 +67,18 @@ def test_beyond_the_queue_limit_gets_429(url: str) -> None:
     assert httpx.post(f"{url}/v1/audio/speech", json=body(SHORT), timeout=120).status_code == 200
 
 
-def test_disconnect_mid_stream_frees_the_worker_within_one_chunk(url: str) -> None:
+def test_disconnect_mid_stream_frees_the_worker_within_one_chunk(served) -> None:
+    url, engine = served
     cancelled, dropped = metric(url, "kokoro_cancelled_total"), metric(url, "kokoro_dropped_pieces_total")
     started = time.perf_counter()
-    with httpx.stream("POST", f"{url}/v1/audio/speech", json=body(LONG), timeout=120) as r:
-        assert r.status_code == 200
-        pieces = r.iter_raw()  # kept: a dropped iterator closes the connection already
-        next(pieces)
-        first_chunk = time.perf_counter() - started  # one (small) chunk's synthesis, plus overheads
-        assert metric(url, "kokoro_queue_depth") > 0
+    with held_after_first_job(engine):  # the client leaves mid-stream, however fast the model is
+        with httpx.stream("POST", f"{url}/v1/audio/speech", json=body(LONG), timeout=120) as r:
+            assert r.status_code == 200
+            pieces = r.iter_raw()  # kept: a dropped iterator closes the connection already
+            next(pieces)
+            first_chunk = time.perf_counter() - started  # one (small) chunk's synthesis, plus overheads
+            assert metric(url, "kokoro_queue_depth") > 0
+        wait_for(lambda: metric(url, "kokoro_cancelled_total") == cancelled + 1, 30)
     freed = wait_for(lambda: idle(url), 30)
     assert freed < max(first_chunk, 0.5), (freed, first_chunk)
     assert metric(url, "kokoro_cancelled_total") == cancelled + 1

@@ -98,7 +98,7 @@ def test_kill_9_leaves_an_incomplete_stream_and_a_restart_answers(
     server: tuple[subprocess.Popen[bytes], str, Path], tiny_artifact: Artifact
 ) -> None:
     process, url, log = server
-    long = " ".join([TEXT] * 4)
+    long = " ".join([TEXT] * 12)  # ~1,200 tokens: the kill comes while most of it is still to be synthesized
     body = {"model": "tts-1", "input": long, "voice": "tiny_0", "response_format": "pcm", "stream_format": "sse"}
     with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=300) as streaming:
         lines = streaming.iter_lines()

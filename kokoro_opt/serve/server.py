@@ -17,6 +17,7 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.app import create_app
 from kokoro_opt.serve.config import ServeConfig
+from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.service import Service
 
 log = logging.getLogger("kokoro_opt.serve")
@@ -108,8 +109,9 @@ def wait_ready(url: str, timeout: float = 300.0) -> None:
 
 
 @contextlib.contextmanager
-def running(selection: Selection, config: ServeConfig, timeout: float = 300.0) -> Iterator[str]:
-    """A warmed-up server on a free loopback port for the duration of the block; yields its URL."""
-    with ServerThread(create_app(selection, config)) as server:
+def running(selection: Selection, config: ServeConfig, timeout: float = 300.0, engine: Engine | None = None) -> Iterator[str]:
+    """A warmed-up server on a free loopback port for the duration of the block; yields its URL. `engine`: one
+    made by the caller (who may then watch or steer its worker), else the app makes its own."""
+    with ServerThread(create_app(selection, config, engine=engine)) as server:
         wait_ready(server.url, timeout)
         yield server.url
