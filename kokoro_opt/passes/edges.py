@@ -26,7 +26,7 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
 from kokoro_opt.passes.edge_input import add_edge_input, has_edge_input
-from kokoro_opt.passes.speech_gate import gate_failures, gate_utterances, score, speaks, summarise
+from kokoro_opt.passes.speech_gate import gate_utterances, judge, score, summarise
 from kokoro_opt.recipe import EdgesStage
 from kokoro_opt.runtime.edges import EDGE_INPUT, FRAME_SAMPLES, edge_keep, removed_frames
 
@@ -76,9 +76,9 @@ def run_edges(source: Artifact, cfg: EdgesStage, out: Path) -> dict[str, Any]:
             "put edges after export-derived ONNX stages (not after coreml or ort)",
         ) from exc
     onnx.save(model, str(out / "model.onnx"))
-    scores = {**measure(out / "model.onnx", source, cfg), "judged": speaks(source)}
-    failures = scores["failures"] = gate_failures(scores, cfg)  # recorded; raised only where the weights speak
-    if failures and scores["judged"]:
+    scores = measure(out / "model.onnx", source, cfg)
+    failures = judge(scores, cfg, source)
+    if failures:
         raise UserError(
             f"edge capping changes the speech beyond the budget: {'; '.join(failures)}",
             "keep more frames (edges.lead_frames / trail_frames) or drop the edges stage",

@@ -64,6 +64,14 @@ def speaks(artifact: Any) -> bool:
     return artifact.kokoro.get("weights", {}).get("source") != "tiny"  # kokoro.json: every stage's output has it
 
 
+def judge(scores: dict[str, Any], cfg: SpeechBudget, artifact: Any) -> list[str]:
+    """Records on `scores` whether the artifact's weights speak and which budgets its speech misses; returns the
+    misses a stage raises: none on random weights."""
+    scores["judged"] = speaks(artifact)
+    scores["failures"] = gate_failures(scores, cfg)
+    return scores["failures"] if scores["judged"] else []
+
+
 def gate_failures(scores: dict[str, Any], cfg: SpeechBudget) -> list[str]:
     """Why the speech is outside the budget (empty when it is within)."""
     checks = [

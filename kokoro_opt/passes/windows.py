@@ -28,7 +28,7 @@ from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
-from kokoro_opt.passes.speech_gate import gate_failures, gate_utterances, score, speaks, summarise
+from kokoro_opt.passes.speech_gate import gate_failures, gate_utterances, judge, score, summarise
 from kokoro_opt.recipe import SpeechGate, WindowsStage
 from kokoro_opt.runtime.norm_stats import STATS_FILE, StatsTable
 from kokoro_opt.runtime.windowed import STEP_SAMPLES, WINDOWS_DIR, WindowedDecoder, WindowSettings
@@ -147,9 +147,9 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
             decoder.table = measure_table(probe.moments, synth.packs, pieces, lambda _: progress.advance(task))
     del model
     measured = time.perf_counter() - started
-    scores = {**measure(decoder, cfg), "judged": speaks(source)}
-    failures = scores["failures"] = gate_failures(scores, cfg)  # recorded; raised only where the weights speak
-    if failures and scores["judged"]:
+    scores = measure(decoder, cfg)
+    failures = judge(scores, cfg, source)
+    if failures:
         raise UserError(
             f"windowed decoding changes the speech beyond the budget: {'; '.join(failures)}",
             "measure the statistics on more sentences (windows.calibration_sentences) or drop the windows stage",
