@@ -39,8 +39,9 @@ build: install
 	$(VENV)/bin/kokoro-opt build $(RECIPE)
 
 # pytest-xdist: one worker per core (at most 4), a test file per worker so each module's server and
-# fixtures start once; the session's artifacts are built once and shared (tests/conftest.py).
-PYTEST := $(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile
+# fixtures start once; the session's artifacts are built once and shared, the longest files start first
+# (tests/conftest.py: --no-loadscope-reorder keeps that order instead of the files with most tests first).
+PYTEST := $(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 test: install
 	$(VENV)/bin/ruff check kokoro_opt tests

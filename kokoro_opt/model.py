@@ -81,6 +81,10 @@ def load_kmodel(config: dict[str, Any], model_path: Path | None, disable_complex
     """KModel in eval mode; with `model_path=None` it stays randomly initialised (tiny test models)."""
     from kokoro.model import KModel
 
+    from kokoro_opt.runtime.session import default_threads
+
+    if threads := default_threads():  # torch's pool is per process, like ORT's: KOKORO_OPT_THREADS caps both
+        torch.set_num_threads(threads)
     narrow = DECODER_WIDTH_KEY in config
     # KModel loads its weights while it is built, so narrowed blocks are built first and loaded after.
     source = str(model_path) if model_path is not None and not narrow else _empty_state_path()

@@ -9,6 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from kokoro_opt.runtime.session import THREADS_ENV
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist every worker would run ONNX Runtime and torch on every core, and the workers' thread
+    pools would wait on each other: each takes its share of the cores instead (measured on 2 cores, 7 of the
+    heaviest files: 254 s -> 204-213 s; docs/measurements/2026-11-27-build-and-test-times.md). The CLI and
+    servers the tests start inherit it. Tests that time or compare thread counts name theirs."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and THREADS_ENV not in os.environ:
+        os.environ[THREADS_ENV] = str(max(1, (os.cpu_count() or 1) // workers))
+
 
 @pytest.fixture(scope="session")
 def vocab() -> dict[str, int]:
@@ -90,15 +102,24 @@ def url(served) -> str:
     return served[0]
 
 
+# The longest files, longest first (a `make test` on 2 cores, one thread per worker): each runs one long test,
+# which must start first, not last.
+LONGEST_FILES = ("test_real_windows.py", "test_real_weights.py", "test_real_edges.py", "test_real_speech.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The heaviest files first (real weights, then slow), each file's tests in their own order: pytest-xdist
-    hands whole files to its workers in this order, so the long files start early and the short ones fill in
-    at the end instead of one worker finishing a long file alone."""
+    """The heaviest files first (the longest named above, then real weights, then slow), each file's tests in
+    their own order: pytest-xdist hands whole files to its workers in this order (the Makefile passes
+    --no-loadscope-reorder, else xdist would start the files with the most tests first), so the long files
+    start early and the short ones fill in at the end instead of one worker finishing a long file alone."""
 
     def weight(item: pytest.Item) -> int:
-        return 0 if item.get_closest_marker("real_weights") else 1 if item.get_closest_marker("slow") else 2
+        if item.path.name in LONGEST_FILES:
+            return LONGEST_FILES.index(item.path.name)
+        marked = 0 if item.get_closest_marker("real_weights") else 1 if item.get_closest_marker("slow") else 2
+        return len(LONGEST_FILES) + marked
 
     files: dict[Path, int] = {}
     for item in items:
-        files[item.path] = min(files.get(item.path, 2), weight(item))
+        files[item.path] = min(files.get(item.path, weight(item)), weight(item))
     items.sort(key=lambda item: files[item.path])  # stable: a file's tests keep their order

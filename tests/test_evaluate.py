@@ -130,7 +130,10 @@ def test_evaluate_measures_the_reference_against_itself(evaluated: EvalResult, t
     assert m["utterances"] == 1 and m["phrases"] == 1 and [u["kind"] for u in evaluated.utterances][-1] == "phrase"
     assert m["phrase_mcd_mean"] == 0.0 and m["phrase_latency_p50"] > 0 and m["phrase_speedup_vs_reference"] == 1.0
     assert m["bad_outputs"] == 0 and m["edge_inputs_ok"] == 1.0
-    assert "Conv" in evaluated.op_times and next(iter(evaluated.op_times)) == "Conv"  # the vocoder dominates
+    # the profile's structure, not its order: which op leads moves with the machine and its load
+    seconds = list(evaluated.op_times.values())
+    assert {"Conv", "ConvTranspose", "InstanceNormalization"} <= set(evaluated.op_times) and min(seconds) >= 0
+    assert seconds == sorted(seconds, reverse=True) and sum(seconds) > 0
     if HAS_ASR:  # the ASR path ran: tiny speaks noise, so only the plumbing is checked here
         assert m["wer_delta"] == 0.0 and math.isfinite(m["wer"])
         assert "transcript" in evaluated.utterances[0]

@@ -106,10 +106,10 @@ class Runner:
         from kokoro_opt.weights.sources import MODEL_FILE
 
         assert self.weights_dir is not None
-        torch.set_num_threads(threads)
         config = json.loads((self.weights_dir / "config.json").read_text(encoding="utf-8"))
         # disable_complex=True: the same STFT path as the export, so quality differences are precision only
         model = load_kmodel(config, self.weights_dir / MODEL_FILE, disable_complex=True)
+        torch.set_num_threads(threads)  # after loading: the evaluation's threads, not KOKORO_OPT_THREADS
         self.size_bytes = _size(self.weights_dir / MODEL_FILE)
 
         def call(tokens: list[int], pack: np.ndarray, speed: float) -> tuple[np.ndarray, np.ndarray | None]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,7 +33,4 @@ def synthesize(
     on_chunk: Callable[[int, int], None] | None = None,
 ) -> SynthesisResult:
     """One-shot convenience: load the artifact, synthesize, return (audio, sample_rate, durations)."""
-    threads = int(os.environ.get("KOKORO_OPT_THREADS", "0"))
-    return open_synthesizer(artifact, SessionSettings(intra_op_num_threads=threads)).synthesize(
-        text, phonemes=phonemes, voice=voice, speed=speed, on_chunk=on_chunk
-    )
+    return open_synthesizer(artifact).synthesize(text, phonemes=phonemes, voice=voice, speed=speed, on_chunk=on_chunk)

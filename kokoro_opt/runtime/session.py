@@ -2,23 +2,42 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from kokoro_opt.errors import UserError
+
+THREADS_ENV = "KOKORO_OPT_THREADS"
 
 
 @dataclass(frozen=True)
 class SessionSettings:
     """ONNX Runtime settings; tuning writes these next to an artifact (tuned.json)."""
 
-    intra_op_num_threads: int = 0  # 0 = ORT's default (all cores)
+    intra_op_num_threads: int = 0  # 0 = default_threads()
     inter_op_num_threads: int = 1
     execution_mode: str = "sequential"  # or "parallel"
     graph_optimization_level: str = "all"  # disabled | basic | extended | all
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     provider_options: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     enable_profiling: bool = False
+
+
+def default_threads() -> int:
+    """Threads of a session (and of torch) that no setting names: KOKORO_OPT_THREADS, else 0, every core.
+    Processes sharing a machine (test workers, a build beside a server) otherwise each take every core,
+    and their spinning thread pools wait on each other."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return 0
+    if not value.isdigit():
+        raise UserError(
+            f"{THREADS_ENV}={value!r} is not a number of threads", "set it to a whole number (0: every core) or unset it"
+        )
+    return int(value)
 
 
 GRAPH_LEVELS = {
@@ -39,7 +58,7 @@ def make_session(
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = settings.intra_op_num_threads
+    options.intra_op_num_threads = settings.intra_op_num_threads or default_threads()
     options.inter_op_num_threads = settings.inter_op_num_threads
     options.execution_mode = (
         ort.ExecutionMode.ORT_PARALLEL if settings.execution_mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
