@@ -121,5 +121,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     files: dict[Path, int] = {}
     for item in items:
-        files[item.path] = min(files.get(item.path, weight(item)), weight(item))
+        item_weight = weight(item)
+        files[item.path] = min(files.get(item.path, item_weight), item_weight)
     items.sort(key=lambda item: files[item.path])  # stable: a file's tests keep their order
