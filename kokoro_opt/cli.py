@@ -286,20 +286,16 @@ def bench_serve(
     import json
 
     from kokoro_opt.serve import bench
-    from kokoro_opt.serve import capacity as measured
 
-    counts = [int(c) for c in clients.split(",") if c.strip()]
     if url is None:  # the server's own rules, checked before one is started for nothing
         from kokoro_opt.serve import ServeConfig
 
         ServeConfig(windowed=windowed is not False, workers=workers)  # the artifact decides the rest when it starts
-    mode = [] if windowed is None else ["--windowed" if windowed else "--no-windowed"]
-    flags = ["--cap-edges"] * cap_edges + mode + ["--workers", str(workers)] * (workers != 1)
-    args = bench.serve_args(url, artifact, artifacts, max(measured.COUNTS) if capacity else max_queue, flags)
+    args = bench.serve_args(url, artifact, artifacts, max_queue, bench.server_flags(cap_edges, windowed, workers), capacity)
     scenarios, served = bench.run(
         url,
         args,
-        counts,
+        [int(c) for c in clients.split(",") if c.strip()],
         requests,
         text or bench.PARAGRAPH,
         voice,
@@ -311,12 +307,8 @@ def bench_serve(
         capacity=capacity,
     )
     if capacity:
-        streams, limit = measured.sustained([s.summary() for s in scenarios])
-        mode, workers = served.get("mode", "whole"), served.get("workers", 1)
-        kept = measured.record_capacity(artifacts, served["id"], mode, workers, streams, limit)
-        console.print(
-            f"this machine sustains {kept.describe()}; `serve` admits that many by default ({artifacts / measured.CAPACITY_FILE})"
-        )
+        kept, where = bench.record_capacity(scenarios, served, artifacts)
+        console.print(f"this machine sustains {kept.describe()}; `serve` admits that many by default ({where})")
     if json_out:
         json_out.write_text(json.dumps(bench.to_json(scenarios), indent=2), encoding="utf-8")
         console.print(f"wrote {json_out}")

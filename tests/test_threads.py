@@ -55,3 +55,11 @@ def test_sessions_and_torch_take_the_threads_the_variable_names(tiny_artifact: A
 def test_a_variable_that_is_not_a_number_is_named_in_the_error(tiny_artifact: Artifact, vocab: dict[str, int]) -> None:
     done = _taken(tiny_artifact.model_file, vocab, "two")
     assert done.returncode != 0 and "KOKORO_OPT_THREADS='two' is not a number of threads" in done.stderr
+
+
+def test_tunes_record_of_the_defaults_names_the_threads_they_ran_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kokoro_opt.tuning.measure import Comparison
+
+    monkeypatch.setenv("KOKORO_OPT_THREADS", "3")
+    record = Comparison("abc", rounds=1, defaults_ttfa=[0.2], tuned_ttfa=[0.1]).to_json()
+    assert record["defaults"]["session"]["intra_op_num_threads"] == 3

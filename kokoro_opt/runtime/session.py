@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,10 @@ class SessionSettings:
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     provider_options: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     enable_profiling: bool = False
+
+    def resolved(self) -> SessionSettings:
+        """These settings with the threads a session really gets (KOKORO_OPT_THREADS where none are named)."""
+        return replace(self, intra_op_num_threads=self.intra_op_num_threads or default_threads())
 
 
 def default_threads() -> int:
@@ -58,7 +62,7 @@ def make_session(
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = settings.intra_op_num_threads or default_threads()
+    options.intra_op_num_threads = settings.resolved().intra_op_num_threads
     options.inter_op_num_threads = settings.inter_op_num_threads
     options.execution_mode = (
         ort.ExecutionMode.ORT_PARALLEL if settings.execution_mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.serve import capacity as measured
 from kokoro_opt.serve.spawn import spawned_server
 from kokoro_opt.tables import print_table
 
@@ -295,27 +296,43 @@ def to_json(scenarios: list[Scenario]) -> list[dict[str, Any]]:
     return [{**x.summary(), "wall_s": x.wall, "samples": [asdict(s) for s in x.samples]} for x in scenarios]
 
 
-def serve_args(url: str | None, artifact: str, artifacts: Path, max_queue: int, flags: list[str]) -> list[str]:
-    """`kokoro-opt serve` options for the server the benchmark starts (none apply to a running `url`)."""
+def server_flags(cap_edges: bool, windowed: bool | None, workers: int) -> list[str]:
+    """The `kokoro-opt serve` flags that set up the server a benchmark starts."""
+    mode = [] if windowed is None else ["--windowed" if windowed else "--no-windowed"]
+    return ["--cap-edges"] * cap_edges + mode + ["--workers", str(workers)] * (workers != 1)
+
+
+def serve_args(
+    url: str | None, artifact: str, artifacts: Path, max_queue: int, flags: list[str], capacity: bool = False
+) -> list[str]:
+    """`kokoro-opt serve` options for the server the benchmark starts (none apply to a running `url`).
+    A capacity probe admits as many requests as it will try at once."""
     if flags and url:
         raise UserError(f"{' '.join(flags)} set up a server that bench-serve starts", f"start yours with serve {' '.join(flags)}")
-    return ["--artifact", artifact, "--artifacts", str(artifacts), "--max-queue", str(max_queue), *flags]
+    queue = max(measured.COUNTS) if capacity else max_queue
+    return ["--artifact", artifact, "--artifacts", str(artifacts), "--max-queue", str(queue), *flags]
+
+
+def record_capacity(scenarios: list[Scenario], served: dict[str, Any], artifacts: Path) -> tuple[measured.Capacity, Path]:
+    """Keep what a capacity probe found for the served artifact and mode, where `serve` reads its default."""
+    streams, limit = measured.sustained([s.summary() for s in scenarios])
+    mode, workers = served.get("mode", "whole"), served.get("workers", 1)
+    kept = measured.record_capacity(artifacts, served["id"], mode, workers, streams, limit)
+    return kept, artifacts / measured.CAPACITY_FILE
 
 
 def probe_capacity(
     url: str, requests: int, text: str, voice: str, response_format: str, api_key: str | None, sample_rate: int = 24_000
 ) -> list[Scenario]:
     """Streams started together, 1, 2, 4, ... clients (capacity.COUNTS), up to the first count not sustained."""
-    from kokoro_opt.serve.capacity import COUNTS, sustains, ttfa_limit
-
     payload = {"model": "tts-1", "input": text, "voice": voice, "response_format": response_format}
 
     async def run_all() -> list[Scenario]:
         await run_scenario(url, "stream", 1, 1, payload, sample_rate, api_key)  # caches warm; not counted
         found: list[Scenario] = []
-        for clients in COUNTS:
+        for clients in measured.COUNTS:
             found.append(await run_scenario(url, "stream", clients, requests, payload, sample_rate, api_key))
-            if not sustains(found[-1].summary(), ttfa_limit(found[0].summary())):
+            if not measured.sustains(found[-1].summary(), measured.ttfa_limit(found[0].summary())):
                 break
         return found
 

@@ -149,7 +149,7 @@ class Comparison:
             "tuned_ttfa_p50": self.tuned_p50,
             "ttfa_ratio": self.ratio,
             "speedup": 1.0 / self.ratio,
-            "defaults": {"session": asdict(SessionSettings()), "chunking": defaults_for(self.artifact_id).chunking},
+            "defaults": {"session": asdict(SessionSettings().resolved()), "chunking": defaults_for(self.artifact_id).chunking},
         }
 
 
