@@ -88,12 +88,16 @@ def test_disconnect_mid_stream_frees_the_worker_within_one_chunk(served) -> None
     assert metric(url, "kokoro_audio_seconds_total") == audio  # generation really stopped
 
 
-def test_disconnect_without_streaming_stops_generation(url: str) -> None:
-    cancelled = metric(url, "kokoro_cancelled_total")
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{url}/v1/audio/speech", json=body(LONG, stream=False), timeout=1.0)
-    wait_for(lambda: idle(url), 3)  # far sooner than synthesizing all of LONG
+def test_disconnect_without_streaming_stops_generation(served) -> None:
+    url, engine = served
+    cancelled, dropped = metric(url, "kokoro_cancelled_total"), metric(url, "kokoro_dropped_pieces_total")
+    with held_after_first_job(engine):  # the response cannot be complete when the client gives up, however fast
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/audio/speech", json=body(LONG, stream=False), timeout=1.0)
+        wait_for(lambda: metric(url, "kokoro_cancelled_total") == cancelled + 1, 30)
+    wait_for(lambda: idle(url), 30)
     assert metric(url, "kokoro_cancelled_total") == cancelled + 1
+    assert metric(url, "kokoro_dropped_pieces_total") > dropped  # the rest of LONG was never synthesized
 
 
 def test_soak_keeps_memory_flat(url: str) -> None:
@@ -136,9 +140,14 @@ def test_soak_keeps_memory_flat(url: str) -> None:
 
 
 def test_auth_and_timeout(tiny_artifact) -> None:
+    from kokoro_opt.serve import Engine
+    from kokoro_opt.serve.metrics import Metrics
+
     openai = pytest.importorskip("openai")
-    config = ServeConfig(api_key="s3cret", request_timeout=1.0, warmup=False, first_chunk_tokens=20, chunk_tokens=120)
-    with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
+    config = ServeConfig(api_key="s3cret", request_timeout=2.0, warmup=False, first_chunk_tokens=20, chunk_tokens=120)
+    selection = resolve_artifact(str(tiny_artifact.path))
+    engine = Engine(selection, config, Metrics())
+    with running(selection, config, engine=engine) as base:
         assert httpx.get(f"{base}/health").status_code == 200  # probes need no key
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             r = httpx.post(f"{base}/v1/audio/speech", json=body(SHORT), headers=headers)
@@ -147,10 +156,13 @@ def test_auth_and_timeout(tiny_artifact) -> None:
         with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input="Hi.") as response:
             assert len(response.read()) > 100
         key = {"Authorization": "Bearer s3cret"}
-        r = httpx.post(f"{base}/v1/audio/speech", json=body(LONG, stream=False), headers=key, timeout=30)
-        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        # the engine held after the first job: the request outlives its timeout however fast the machine is
+        with held_after_first_job(engine):
+            r = httpx.post(f"{base}/v1/audio/speech", json=body(LONG, stream=False), headers=key, timeout=30)
+            assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
         # a stream that cannot finish is cut, never passed off as complete
         with (
+            held_after_first_job(engine),
             pytest.raises(httpx.RemoteProtocolError),
             httpx.stream("POST", f"{base}/v1/audio/speech", json=body(LONG), headers=key, timeout=30) as r,
         ):
