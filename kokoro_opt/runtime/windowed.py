@@ -169,8 +169,8 @@ class WindowedDecoder:
     def __init__(
         self, synth: Any, graphs: WindowGraphs, table: StatsTable | None = None, settings: WindowSettings | None = None
     ) -> None:
-        def session(graph: Path | bytes) -> Any:  # sessions that take turns share one arena and do not spin
-            return make_session(graph, synth.settings, spinning=False, shared_arena=True)
+        def session(graph: Path | bytes) -> Any:  # sessions that take turns share one arena, spin only in a run
+            return make_session(graph, synth.settings, takes_turns=True, shared_arena=True)
 
         self.synth = synth
         self.table = table
