@@ -4,10 +4,6 @@ Quality on the real weights: tests/test_real_weights.py."""
 
 from __future__ import annotations
 
-import itertools
-import threading
-import time
-
 import numpy as np
 import onnx
 import pytest
@@ -27,7 +23,6 @@ from kokoro_opt.runtime.windowed import (
     speech_steps,
     window_spans,
 )
-from kokoro_opt.serve.join import PAUSES, Joiner
 from kokoro_opt.voices import blend_voice, style_for
 from tests.test_passes import TOKENS, build_with
 
@@ -257,6 +252,24 @@ def test_windowed_serving_needs_the_stage(plain) -> None:
         WindowedDecoder.of_artifact(Synthesizer(plain))
 
 
+def test_windowed_sessions_spin_within_a_run_unless_two_workers_share_the_cores(windowed) -> None:
+    """One worker: a session's threads spin while its run lasts and stop when it returns, so the next session
+    finds the cores free. Two workers: never, or one run's spinning pool takes the cores from the other's."""
+
+    def entry(options, key: str) -> str | None:
+        try:
+            return options.get_session_config_entry(key)
+        except RuntimeError:  # not set: ONNX Runtime's default
+            return None
+
+    for runs, expected in ((1, ("1", None)), (2, (None, "0"))):
+        decoder = WindowedDecoder.of_artifact(Synthesizer(windowed, load=False), runs_at_once=runs)
+        for session in (decoder.front_session, decoder.generator_session):
+            options = session.get_session_options()
+            found = (entry(options, "session.force_spinning_stop"), entry(options, "session.intra_op.allow_spinning"))
+            assert found == expected, runs
+
+
 def test_a_stage_that_rewrites_the_graph_cannot_follow_windows(tiny_recipe) -> None:
     """The order rule follows from the passes' declarations: simplify keeps no capability, so it would drop
     the windowed graphs; ort converts them too, so it may follow."""
@@ -268,167 +281,3 @@ def test_a_stage_that_rewrites_the_graph_cannot_follow_windows(tiny_recipe) -> N
         chain_of(parse_recipe(data))
     data["stages"] = [{"kind": "edges"}, WINDOWS, {"kind": "ort"}]
     assert [p.kind for p in chain_of(parse_recipe(data))] == ["edges", "windows", "ort"]
-
-
-@pytest.mark.parametrize("cuts", [(7000, 15000, 21000), (7000, 29500, 33000)], ids=["speech-to-the-end", "silent-last-parts"])
-@pytest.mark.parametrize("pause", ["word", "sentence"])
-def test_a_job_in_windows_joins_like_the_job_whole(cuts: tuple[int, ...], pause: str) -> None:
-    """The joiner trims a windowed job only where it opens and closes: the job's samples as pushed whole, up to
-    where the end is cut (found on a 10 ms grid, so within one 10 ms frame). When the speech ends before the
-    closing part, the silence after it is held back, then cut to the pause like the whole job's (measured:
-    a silent last window left 0.41 s of dead air inside a sentence)."""
-    rate = 24_000
-    rng = np.random.default_rng(1)
-    speech = (0.3 * rng.normal(size=rate)).astype(np.float32)
-    job = np.concatenate([np.zeros(rate // 5, np.float32), speech, 1e-5 * speech[: rate // 3]])  # then -90 dB
-    whole = Joiner(rate, 10.0).push(job, last=False, pause=PAUSES[pause])
-    parts, joiner = [], Joiner(rate, 10.0)
-    bounds = [0, *cuts, len(job)]
-    for i, (a, b) in enumerate(itertools.pairwise(bounds)):
-        parts.append(joiner.push(job[a:b], last=False, pause=PAUSES[pause], opens=i == 0, closes=b == len(job)))
-    joined = np.concatenate(parts)
-    assert abs(len(joined) - len(whole)) <= rate // 100
-    n = min(len(joined), len(whole))
-    np.testing.assert_array_equal(joined[:n], whole[:n])
-
-
-@pytest.fixture(scope="module")
-def windowed_url(windowed):
-    from kokoro_opt.select import resolve_artifact
-    from kokoro_opt.serve import ServeConfig, running
-
-    config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120, windowed=True)
-    with running(resolve_artifact(str(windowed.path)), config) as base:
-        yield base
-
-
-def test_a_server_streams_a_windowed_artifact_and_blends(windowed_url) -> None:
-    import httpx
-
-    for voice in ("tiny_0", "tiny_0(2)+tiny_1(1)"):
-        body = {
-            "model": "kokoro",
-            "input": "Hello there. How are you today? Fine, thanks.",
-            "voice": voice,
-            "response_format": "pcm",
-        }
-        with httpx.stream("POST", f"{windowed_url}/v1/audio/speech", json=body, timeout=120) as response:
-            assert response.status_code == 200
-            audio = np.frombuffer(b"".join(c for c in response.iter_bytes() if c), dtype=np.int16)
-        assert len(audio) > 24_000 // 2 and np.abs(audio).max() > 0
-
-
-def test_a_disconnect_stops_a_windowed_job_between_windows(windowed_url) -> None:
-    import httpx
-
-    from tests.serve_helpers import metric
-    from tests.test_serve_load import LONG, body, idle, wait_for
-
-    cancelled = metric(windowed_url, "kokoro_cancelled_total")
-    with httpx.stream("POST", f"{windowed_url}/v1/audio/speech", json=body(LONG), timeout=120) as r:
-        assert r.status_code == 200
-        pieces = r.iter_raw()
-        next(pieces)
-    assert wait_for(lambda: idle(windowed_url), 10) < 5  # far sooner than decoding the rest of LONG
-    assert metric(windowed_url, "kokoro_cancelled_total") == cancelled + 1
-    jobs = metric(windowed_url, "kokoro_jobs_total")
-    time.sleep(0.5)
-    assert metric(windowed_url, "kokoro_jobs_total") == jobs and idle(windowed_url)  # nothing picked up again
-
-
-def test_serving_windowed_without_the_stage_is_refused(plain) -> None:
-    from kokoro_opt.select import resolve_artifact
-    from kokoro_opt.serve import ServeConfig
-
-    with pytest.raises(UserError, match="windows stage"):
-        ServeConfig.for_selection(resolve_artifact(str(plain.path)), windowed=True)
-
-
-def test_serve_streams_windowed_where_the_artifact_can_unless_told_not_to(windowed, plain) -> None:
-    """The artifact decides by default (its capability: the windows stage passed its gate); --no-windowed and
-    --cap-edges serve whole jobs; whatever has no windows stage serves whole jobs."""
-    from kokoro_opt.select import resolve_artifact
-    from kokoro_opt.serve import ServeConfig
-
-    streams = resolve_artifact(str(windowed.path))
-    assert streams.artifact.capabilities.windowed and ServeConfig.for_selection(streams).windowed
-    assert not ServeConfig.for_selection(streams, windowed=False).windowed
-    assert not ServeConfig.for_selection(resolve_artifact(str(plain.path))).windowed
-    tuned = ServeConfig.for_selection(streams, first_window_steps=20)
-    assert tuned.first_window_steps == 20 and "streaming windowed" in tuned.mode()
-    with pytest.raises(UserError, match="first_window_steps must be 4 to 400"):
-        ServeConfig(first_window_steps=2)
-
-
-def _served_alone_and_together(windowed) -> tuple[list[bytes], list[bytes], int]:
-    """Two non-streaming requests on a 2-worker engine: each served alone, then both at once."""
-    import asyncio
-
-    from kokoro_opt.select import resolve_artifact
-    from kokoro_opt.serve import ServeConfig
-    from kokoro_opt.serve.encoders import make_encoder
-    from kokoro_opt.serve.engine import Engine
-
-    texts = ("Hello there. How are you today? Fine, thanks.", "The lamp was lit at dusk, and its beam swept the sea.")
-    engine = Engine(
-        resolve_artifact(str(windowed.path)), ServeConfig(first_chunk_tokens=20, chunk_tokens=120, windowed=True, workers=2)
-    )
-    engine.start()
-    try:
-        assert engine.ready.wait(120) and engine.synth is not None, engine.error
-        pack = engine.synth.packs["tiny_0"]
-
-        async def collect(stream) -> bytes:
-            parts = []
-            while (item := await asyncio.wait_for(stream.queue.get(), 120)) is not None:
-                assert isinstance(item, bytes), item
-                parts.append(item)
-            return b"".join(parts)
-
-        def request(text: str):  # non-streaming: the same windows whatever the load (plan.window_steps)
-            return engine.submit(engine.plan(text), pack, 1.0, make_encoder("pcm", engine.sample_rate, False), False)
-
-        async def serve(together: bool) -> list[bytes]:
-            if not together:
-                return [await collect(request(t)) for t in texts]
-            return list(await asyncio.gather(*(collect(request(t)) for t in texts)))
-
-        alone = asyncio.run(serve(False))
-        most_alone = engine.most_running
-        # the two requests' first jobs start only together: one worker alone would break the barrier
-        met, start, calls = threading.Barrier(2, timeout=60), engine.windows.start, itertools.count()
-
-        def start_together(*args, **kwargs):
-            if next(calls) < 2:
-                met.wait()
-            return start(*args, **kwargs)
-
-        engine.windows.start = start_together
-        together = asyncio.run(serve(True))
-    finally:
-        engine.stop()
-    assert most_alone == 1
-    return alone, together, engine.most_running
-
-
-def test_two_workers_serve_two_requests_at_once_with_the_same_audio(windowed) -> None:
-    """--workers 2 (windowed) runs two requests' windows at once on the shared sessions, and each request's
-    audio is what it is served alone (where one worker ran one unit at a time)."""
-    alone, together, most = _served_alone_and_together(windowed)
-    assert most == 2
-    for solo, shared in zip(alone, together, strict=True):
-        a, b = (np.frombuffer(x, dtype=np.int16).astype(np.int32) for x in (solo, shared))
-        assert len(a) == len(b) > 24_000 // 2 and np.abs(a - b).max() <= 1  # the same windows: at most 1 LSB apart
-
-
-def test_more_workers_need_windowed_serving(plain) -> None:
-    from kokoro_opt.serve import ServeConfig
-    from tests.test_build import run_cli
-
-    result = run_cli("serve", "--artifact", str(plain.path), "--workers", "2")  # refused before it binds a port
-    assert result.returncode == 2 and "workers=2 needs windowed serving" in result.stderr, result.stderr
-    assert "--windowed" in result.stderr and "Traceback" not in result.stderr
-    for count in (0, 3):  # 3 and more: not measured
-        with pytest.raises(UserError, match="workers must be 1 to 2"):
-            ServeConfig(workers=count, windowed=True)
-    assert ServeConfig(workers=2, windowed=True).workers == 2

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kokoro_opt.errors import UserError
 
@@ -52,15 +52,24 @@ GRAPH_LEVELS = {
 }
 
 
+Spinning = Literal["always", "in_run", "never"]
+
+
 def make_session(
-    model_file: Path | bytes, settings: SessionSettings = SessionSettings(), takes_turns: bool = False, shared_arena: bool = False
+    model_file: Path | bytes,
+    settings: SessionSettings = SessionSettings(),
+    spinning: Spinning = "always",
+    shared_arena: bool = False,
 ) -> Any:
-    """A session over a model file, or a serialized model (a graph made in memory). For sessions that take
-    turns (windowed decoding's front, per-job part and generator): `takes_turns=True`, whose pool threads spin
-    only while a run lasts (between its ~1,600 small ops a sleeping thread costs a wake-up each) and stop when
-    it returns, so an idle pool never holds the cores the next session needs; and `shared_arena=True`, since
-    one arena for all of them holds the largest run's activations instead of each session's (measured: 622
-    -> 557 MB for the front and generator)."""
+    """A session over a model file, or a serialized model (a graph made in memory).
+
+    For sessions that take turns (windowed decoding's front, per-job part and generator), `spinning="in_run"`:
+    pool threads spin while a run lasts (between its ~1,600 small ops a sleeping thread costs a wake-up each)
+    and stop when it returns, so an idle pool never holds the cores the next session needs. Where two runs
+    share the cores at once (two workers), `"never"`: a spinning pool would take them from the other run.
+    And `shared_arena=True`, since one arena for all of them holds the largest run's activations instead of
+    each session's (measured: 622 -> 557 MB for the front and generator). Measurements:
+    docs/measurements/2026-11-27-windowed-front.md (2026-12-04)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -76,8 +85,10 @@ def make_session(
     options.enable_mem_pattern = False
     if settings.enable_profiling:
         options.enable_profiling = True
-    if takes_turns:  # docs/measurements/2026-11-27-windowed-front.md, 2026-12-04
+    if spinning == "in_run":
         options.add_session_config_entry("session.force_spinning_stop", "1")
+    elif spinning == "never":
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if shared_arena:
         _register_shared_arena()
         options.add_session_config_entry("session.use_env_allocators", "1")

@@ -167,10 +167,17 @@ class WindowedDecoder:
     stage)."""
 
     def __init__(
-        self, synth: Any, graphs: WindowGraphs, table: StatsTable | None = None, settings: WindowSettings | None = None
+        self,
+        synth: Any,
+        graphs: WindowGraphs,
+        table: StatsTable | None = None,
+        settings: WindowSettings | None = None,
+        runs_at_once: int = 1,
     ) -> None:
-        def session(graph: Path | bytes) -> Any:  # sessions that take turns share one arena, spin only in a run
-            return make_session(graph, synth.settings, takes_turns=True, shared_arena=True)
+        spinning = "in_run" if runs_at_once == 1 else "never"  # runs_at_once: threads running windows at once
+
+        def session(graph: Path | bytes) -> Any:  # sessions that take turns share one arena
+            return make_session(graph, synth.settings, spinning=spinning, shared_arena=True)
 
         self.synth = synth
         self.table = table
@@ -194,12 +201,13 @@ class WindowedDecoder:
             )
 
     @classmethod
-    def of_artifact(cls, synth: Any) -> WindowedDecoder:
-        """The decoder over the graphs, statistics and settings the artifact's `windows` stage stored."""
+    def of_artifact(cls, synth: Any, runs_at_once: int = 1) -> WindowedDecoder:
+        """The decoder over the graphs, statistics and settings the artifact's `windows` stage stored;
+        `runs_at_once`: how many threads run its sessions at the same time (the server's workers)."""
         cls.check(synth.artifact)
         folder = synth.artifact.path / WINDOWS_DIR
         settings = WindowSettings.of(synth.artifact.kokoro["windows"])
-        return cls(synth, WindowGraphs.of_folder(folder), StatsTable.load(folder / STATS_FILE), settings)
+        return cls(synth, WindowGraphs.of_folder(folder), StatsTable.load(folder / STATS_FILE), settings, runs_at_once)
 
     def front(self, token_ids: list[int], style: np.ndarray, speed: float = 1.0, run_options: Any = None) -> FrontOutput:
         feeds = model_feeds(token_ids, style, speed, names=self._front_inputs)

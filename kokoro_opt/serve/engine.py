@@ -173,7 +173,7 @@ class Engine:
             if not isinstance(synth, Synthesizer):
                 raise UserError(windows_missing(getattr(synth, "artifact", None) and synth.artifact.name), "drop windowed")
             WindowedDecoder.check(synth.artifact)  # the server's synth never loaded the whole graph (`_load`)
-            decoder = WindowedDecoder.of_artifact(synth)
+            decoder = WindowedDecoder.of_artifact(synth, runs_at_once=self.config.workers)
             if self.config.first_window_steps is not None:  # tuned or asked for: the artifact's size otherwise
                 decoder.settings = replace(decoder.settings, first_steps=self.config.first_window_steps)
             self.mode = WindowedJobs(self, decoder)
