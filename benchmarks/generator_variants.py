@@ -63,7 +63,7 @@ def main() -> None:
         served = WindowedDecoder.of_artifact(synth)  # "hoisted": the graphs the artifact stores
         model = onnx.load(str(synth.model_file))
         decoders = {
-            name: WindowedDecoder(synth, window_graphs(model, **flags)[0], served.table, served.settings)
+            name: WindowedDecoder(synth, window_graphs(model, **flags)[0], served.statistics, served.settings)
             for name, flags in VARIANTS.items()
             if flags
         }

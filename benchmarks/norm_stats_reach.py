@@ -38,8 +38,9 @@ def main() -> None:
     from kokoro_opt.evaluate import metrics as M
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.machine import describe, fingerprint
-    from kokoro_opt.passes.windows import calibration_pieces, measure_table, utterance_moments
+    from kokoro_opt.passes.windows import calibration_pieces, utterance_moments
     from kokoro_opt.passes.windows_split import feed_norm_stats, moments_model, norm_channels
+    from kokoro_opt.runtime.norm_stats import StatsTable
     from kokoro_opt.runtime.session import make_session
     from kokoro_opt.runtime.synth import Synthesizer
     from kokoro_opt.runtime.windowed import STATS_INPUT, STEP_SAMPLES, speech_steps
@@ -63,8 +64,10 @@ def main() -> None:
         model = onnx.load(str(synth.model_file))
         norms = tuple(n.name for n in model.graph.node if n.op_type == "InstanceNormalization" and n.name.startswith(prefixes))
         session = make_session(moments_model(model, norms)[0].SerializeToString(), synth.settings)
-        stats_table = measure_table(lambda ids, style, s=session: utterance_moments(s, synth.feeds(ids, style, 1.0)),
-                                    synth.packs, pieces)  # fmt: skip
+        stats_table = StatsTable.pool({
+            voice: [utterance_moments(session, synth.feeds(ids, style_for(pack, len(ids)), 1.0)) for ids in pieces]
+            for voice, pack in sorted(synth.packs.items())
+        })  # fmt: skip
         del session  # before the fed graph's session is made
         feed_norm_stats(model.graph, norm_channels(model, norms))
         fed = make_session(model.SerializeToString(), synth.settings)

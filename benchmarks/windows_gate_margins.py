@@ -4,18 +4,31 @@
                                               [--threads 1,2,4]
 
 Scores windowed vs whole decoding exactly as the gate does (the stage's own settings and statistics
-table) with ONNX Runtime at 1, 2 and 4 threads, and prints each gated figure beside its budget.
-Another machine measures a slightly different table (float noise in every run), so `--noise` also
-scores the table with each statistic moved by that relative amount (a normal draw per value), `--draws`
-times. The worst utterance is a one-word phrase and moves most: a margin needs several draws.
+predictor) with ONNX Runtime at 1, 2 and 4 threads, and prints each gated figure beside its budget.
+Another machine's front, or a predictor fitted there (`build --reanalyze`), gives slightly different
+statistics (float noise in every run), so `--noise` also scores each job's statistics moved by that
+relative amount (a normal draw per value), `--draws` times. The worst utterance is a one-word phrase and
+moves most: a margin needs several draws.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 THREADS = (1, 2, 4)
+
+
+class Noisy:
+    """Statistics moved by `noise` relative, a normal draw per value and job."""
+
+    def __init__(self, statistics: Any, noise: float, rng: Any) -> None:
+        self.statistics, self.noise, self.rng = statistics, noise, rng
+
+    def for_job(self, front: Any, pack: Any, packs: Any) -> Any:
+        stats = self.statistics.for_job(front, pack, packs)
+        return (stats * (1 + self.noise * self.rng.standard_normal(stats.shape))).astype(stats.dtype)
 
 
 def main() -> None:
@@ -56,13 +69,11 @@ def main() -> None:
     )
     runs = [(f"{t} threads", int(t), 0.0, 0) for t in args.threads.split(",")]
     if args.noise:
-        runs += [(f"table x (1 + {args.noise:g} N), draw {seed}", 2, args.noise, seed) for seed in range(args.draws)]
+        runs += [(f"statistics x (1 + {args.noise:g} N), draw {seed}", 2, args.noise, seed) for seed in range(args.draws)]
     for label, threads, noise, seed in runs:
         decoder = WindowedDecoder.of_artifact(Synthesizer(artifact, SessionSettings(intra_op_num_threads=threads)))
         if noise:
-            rng = np.random.default_rng(seed)
-            decoder.table.mean = decoder.table.mean * (1 + noise * rng.standard_normal(decoder.table.mean.shape))
-            decoder.table.var = decoder.table.var * (1 + noise * rng.standard_normal(decoder.table.var.shape))
+            decoder.statistics = Noisy(decoder.statistics, noise, np.random.default_rng(seed))
         s = measure(decoder, cfg)
         worst = min((row for row in s["utterances"] if row["pesq"] is not None), key=lambda row: row["pesq"])
         table.add_row(

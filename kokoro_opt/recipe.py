@@ -224,7 +224,9 @@ class WindowsStage(SpeechGate):
     overlap_steps: int = Field(4, ge=0, le=64, description="steps of context decoded and dropped on each side")
     lead_frames: int = Field(2, ge=1, le=40, description="frames (25 ms) of the leading pad decoded before the speech")
     trail_frames: int = Field(6, ge=1, le=60, description="frames of the final pause decoded after the speech")
-    calibration_sentences: int = Field(6, ge=1, le=32, description="calibration sentences (whole and in pieces) per voice")
+    calibration_sentences: int = Field(
+        30, ge=1, le=32, description="calibration sentences (whole and in pieces) per voice the statistics predictor is fitted on"
+    )
     # the gate to ship the graphs at all (`serve --windowed`). int8-mixed, Intel Xeon, 1/2/4 threads, table noise
     # and an export made on torch's other kernel path (benchmarks/windows_gate_margins.py): 3.86-3.89 / 3.58-3.59
     # worst sentence / 3.76-3.79 / 5.8-6.1 dB. The worst utterance is a one-word phrase whose score follows the

@@ -12,7 +12,8 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.passes.windows import MomentsProbe
 from kokoro_opt.passes.windows_split import STATS_INPUT, split, window_graphs
 from kokoro_opt.recipe import parse_recipe
-from kokoro_opt.runtime.norm_stats import STATS_FILE, StatsTable, stats_from_moments
+from kokoro_opt.runtime.norm_stats import StatsTable, stats_from_moments
+from kokoro_opt.runtime.stats_predictor import PREDICTOR_FILE, StatsPredictor
 from kokoro_opt.runtime.synth import Synthesizer
 from kokoro_opt.runtime.windowed import (
     STEP_SAMPLES,
@@ -202,10 +203,14 @@ def test_the_stage_stores_statistics_and_speaks_window_by_window(windowed, plain
     np.testing.assert_array_equal(  # the graph is the source's: evaluations and compare see the same audio
         Synthesizer(windowed).run_tokens(TOKENS, "tiny_0").audio, Synthesizer(plain).run_tokens(TOKENS, "tiny_0").audio
     )
-    assert {p.name for p in (windowed.path / WINDOWS_DIR).iterdir()} == {"front.onnx", "job.onnx", "generator.onnx", STATS_FILE}
-    table = StatsTable.load(windowed.path / WINDOWS_DIR / STATS_FILE)
-    assert table.voices == sorted(windowed.voice_packs()) and len(table.frames) > 1
+    assert {p.name for p in (windowed.path / WINDOWS_DIR).iterdir()} == {
+        "front.onnx",
+        "job.onnx",
+        "generator.onnx",
+        PREDICTOR_FILE,
+    }
     decoder = WindowedDecoder.of_artifact(Synthesizer(windowed))
+    assert isinstance(decoder.statistics, StatsPredictor)
     job = decoder.start(TOKENS * 3, windowed.voice_packs()["tiny_0"])
     assert job.steps_left > 40
     audio = [decoder.next_window(job)]  # the stored first window size
@@ -235,12 +240,12 @@ def test_the_statistics_are_locked_beside_the_recipe_and_applied_without_measuri
     measured = build(recipe, artifacts_root, lock=lock)  # the `windowed` fixture's build: cached
     assert measured.artifact.id == windowed.id and measured.lock_written == lock
     entry = read_lock(lock)["1:windows"]
-    kept = files_folder(lock, "1:windows") / "windows" / STATS_FILE
-    assert entry.files == {f"windows/{STATS_FILE}": file_sha256(kept)}
+    kept = files_folder(lock, "1:windows") / "windows" / PREDICTOR_FILE
+    assert entry.files == {f"windows/{PREDICTOR_FILE}": file_sha256(kept)}
     applied = build(recipe, artifacts_root, lock=lock)
     record = applied.artifact.build.stage("windows")
     assert record["statistics_from"] == "lock" and applied.artifact.id != windowed.id  # the lock is in its key
-    for name in (STATS_FILE, "generator.onnx"):
+    for name in (PREDICTOR_FILE, "generator.onnx"):
         assert file_sha256(applied.artifact.path / "windows" / name) == file_sha256(windowed.path / "windows" / name)
     kept.write_bytes(b"changed")  # a damaged lock is refused, naming the file and the fix
     with pytest.raises(UserError, match=r"missing or changed.*--reanalyze"):
@@ -281,3 +286,43 @@ def test_a_stage_that_rewrites_the_graph_cannot_follow_windows(tiny_recipe) -> N
         chain_of(parse_recipe(data))
     data["stages"] = [{"kind": "edges"}, WINDOWS, {"kind": "ort"}]
     assert [p.kind for p in chain_of(parse_recipe(data))] == ["edges", "windows", "ort"]
+
+
+def test_the_predictor_recovers_a_linear_law_and_survives_a_round_trip(tmp_path) -> None:
+    """Means and log-variances that follow the summary linearly are predicted to within the stored float16's
+    rounding; the file gives the same predictions."""
+    rng = np.random.default_rng(0)
+    summaries = rng.normal(size=(400, 30))
+    summaries[:, 7] = 1.0  # a column that never moves (an F0 band no voice reaches) is kept, not divided by 0
+    law = rng.normal(size=(30, 16)) / 6
+    means, log_var = summaries @ law[:, :8], summaries @ law[:, 8:]
+    predictor = StatsPredictor.fit(summaries, means, np.exp(log_var), alpha=1e-6, rank=16)
+    probe = rng.normal(size=30)
+    probe[7] = 1.0
+    mean, var = predictor.moments(probe)
+    np.testing.assert_allclose(mean, probe @ law[:, :8], atol=5e-3)
+    np.testing.assert_allclose(np.log(var), probe @ law[:, 8:], atol=5e-3)
+    predictor.save(tmp_path / PREDICTOR_FILE)
+    again = StatsPredictor.load(tmp_path / PREDICTOR_FILE).moments(probe)
+    np.testing.assert_array_equal(again[0], mean)
+    low = StatsPredictor.fit(summaries, means, np.exp(log_var), alpha=1e-6, rank=2)  # rank caps what it can follow
+    assert np.abs(low.moments(probe)[0] - mean).max() > 1e-2
+
+
+def test_predicted_statistics_follow_each_calibration_utterance_better_than_their_average(windowed, probe) -> None:
+    """On the tiny model, the stage's predictor is closer to its calibration utterances' exact moments than their
+    average is: the summaries it was fitted on belong to the moments they were fitted to."""
+    from kokoro_opt.passes.windows import calibration_pieces
+    from kokoro_opt.runtime.stats_predictor import front_summary
+
+    decoder = WindowedDecoder.of_artifact(Synthesizer(windowed))
+    pack = windowed.voice_packs()["tiny_0"]
+    predicted, exact = [], []
+    for tokens in calibration_pieces(decoder.synth.vocab, WINDOWS["calibration_sentences"]):
+        style = style_for(pack, len(tokens))
+        front = decoder.front(tokens, style)
+        predicted.append(decoder.statistics.moments(front_summary(front.features[0], front.f0, front.decoder_style))[0])
+        exact.append(probe.moments(tokens, style)[1])
+    predicted, exact = np.stack(predicted), np.stack(exact)
+    error, spread = np.abs(predicted - exact).mean(), np.abs(exact.mean(0) - exact).mean()
+    assert error < 0.5 * spread

@@ -1,23 +1,23 @@
 """windows stage: the graphs and statistics for decoding the generator window by window, measured and gated.
 
 The model is unchanged. The stage cuts it into the graphs windowed decoding runs (kokoro_opt/passes/
-windows_split.py) and writes them into the artifact (`windows/`), measures per voice the input moments
-of every generator InstanceNorm on calibration utterances of many lengths (kokoro_opt/runtime/norm_stats.py,
-`StatsTable`) and stores them beside the graphs (`windows/norm_stats.npz`), with the window settings in
-`kokoro.json` (`windows`). `serve --windowed` then runs the front once per job and the generator in
-windows, so the first sound waits for the front and one short window instead of the whole job.
+windows_split.py) and writes them into the artifact (`windows/`). On calibration utterances of many lengths
+and every voice it measures the exact input moments of every generator InstanceNorm beside a summary of
+the same utterance's front, fits the predictor of one from the other (kokoro_opt/runtime/stats_predictor.py)
+and stores it beside the graphs (`windows/norm_predictor.npz`), with the window settings in `kokoro.json`
+(`windows`). `serve --windowed` then runs the front once per job, predicts the job's statistics from it and
+runs the generator in windows, so the first sound waits for the front and one short window.
 
 Windowed audio is not the whole decoding's: a window cannot normalize over the sentence it has not
-decoded yet. The gate compares, on corpus sentences and the short-phrase slice, the windowed speech
-with the same samples decoded whole by the same model (PESQ-WB, worst utterance, 4-12 kHz energy)
-and refuses the artifact below the budget.
+decoded yet, and predicted statistics are close to the sentence's, not equal. The gate compares, on corpus
+sentences and the short-phrase slice, the windowed speech with the same samples decoded whole by the same
+model (PESQ-WB, worst utterance, 4-12 kHz energy) and refuses the artifact below the budget.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from kokoro_opt.passes.common import set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
 from kokoro_opt.passes.speech_gate import gate_failures, gate_utterances, judge, score, summarise
 from kokoro_opt.recipe import SpeechGate, WindowsStage
-from kokoro_opt.runtime.norm_stats import STATS_FILE, StatsTable
+from kokoro_opt.runtime.stats_predictor import PREDICTOR_FILE, StatsPredictor, front_summary
 from kokoro_opt.runtime.windowed import STEP_SAMPLES, WINDOWS_DIR, WindowedDecoder, WindowSettings
 
 PIECE_TOKENS = (12, 24, 48)  # calibration sentences are also cut into pieces of these sizes: every length is covered
@@ -54,21 +54,23 @@ def calibration_pieces(vocab: dict[str, int], sentences: int) -> list[list[int]]
     return [p for p in pieces if p]
 
 
-def measure_table(
-    moments: Callable[[list[int], np.ndarray], tuple[float, np.ndarray, np.ndarray]],
-    packs: dict[str, np.ndarray],
-    pieces: list[list[int]],
-    progress: Any = None,
-) -> StatsTable:
-    """Per voice, `moments(token ids, style)` (e.g. `MomentsProbe.moments`) of every piece, pooled."""
+def fit_predictor(decoder: WindowedDecoder, probe: MomentsProbe, pieces: list[list[int]], progress: Any = None) -> StatsPredictor:
+    """Every voice speaks every piece: its front's summary and its norms' exact moments, then the fit."""
     from kokoro_opt.voices import style_for
 
-    samples = {}
-    for voice, pack in sorted(packs.items()):
-        samples[voice] = [moments(ids, style_for(pack, len(ids))) for ids in pieces]
-        if progress:
-            progress(voice)
-    return StatsTable.pool(samples)
+    synth = decoder.synth
+    summaries, means, variances = [], [], []
+    for _, pack in sorted(synth.packs.items()):
+        for ids in pieces:
+            style = style_for(pack, len(ids))
+            front = decoder.front(ids, style)
+            summaries.append(front_summary(front.features[0], front.f0, front.decoder_style))
+            _, mean, var = probe.moments(ids, style)
+            means.append(mean)
+            variances.append(var)
+            if progress:
+                progress()
+    return StatsPredictor.fit(np.stack(summaries), np.stack(means), np.stack(variances))
 
 
 def measure(decoder: WindowedDecoder, cfg: WindowsStage) -> dict[str, Any]:
@@ -111,12 +113,12 @@ def utterance_moments(session: Any, feeds: dict[str, np.ndarray]) -> tuple[float
     return float(np.sum(outputs[1])), np.concatenate(outputs[2::2]), np.concatenate(outputs[3::2])
 
 
-STATISTICS = f"{WINDOWS_DIR}/{STATS_FILE}"  # the measured decision: locked beside the recipe's lock
+STATISTICS = f"{WINDOWS_DIR}/{PREDICTOR_FILE}"  # the measured decision: locked beside the recipe's lock
 
 
 def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`decisions`: the statistics locked for this recipe (locks.py; decisions["files"] names the file), applied
-    instead of measured: measuring them is most of the stage's time."""
+    """`decisions`: the predictor locked for this recipe (locks.py; decisions["files"] names the file), applied
+    instead of fitted: measuring what it is fitted on is most of the stage's time."""
     import onnx
     from rich.progress import Progress
 
@@ -139,12 +141,14 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
     locked = (decisions or {}).get("files", {}).get(STATISTICS)
     pieces = calibration_pieces(synth.vocab, cfg.calibration_sentences)
     if locked is not None:
-        decoder.table = StatsTable.load(locked)
+        predictor = StatsPredictor.load(locked)
     else:
         probe = MomentsProbe(synth, model)
         with Progress(transient=True) as progress:
-            task = progress.add_task(f"norm statistics ({len(pieces)} utterances per voice)", total=len(synth.packs))
-            decoder.table = measure_table(probe.moments, synth.packs, pieces, lambda _: progress.advance(task))
+            total = len(pieces) * len(synth.packs)
+            task = progress.add_task(f"norm statistics ({len(pieces)} utterances x {len(synth.packs)} voices)", total=total)
+            predictor = fit_predictor(decoder, probe, pieces, lambda: progress.advance(task))
+    decoder.statistics = predictor
     del model
     measured = time.perf_counter() - started
     scores = measure(decoder, cfg)
@@ -160,7 +164,7 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
     if below_default:
         print(f"windows: served whole by default (ask for --windowed): {'; '.join(below_default)} (default_budget)")
     written = graphs.save(out / WINDOWS_DIR)
-    decoder.table.save(out / WINDOWS_DIR / STATS_FILE)
+    predictor.save(out / WINDOWS_DIR / PREDICTOR_FILE)
     meta = {k: getattr(settings, k) for k in settings.__dataclass_fields__}
     set_runtime_meta(out, "windows", {**meta, WINDOWED_BY_DEFAULT: not below_default})
     return stage_record(

@@ -1,5 +1,6 @@
-"""Where a windowed job's InstanceNorm statistics come from: a table the `windows` stage measured per voice
-and length (kokoro_opt/passes/windows.py), mixed for a job's voice blend and looked up by its length."""
+"""InstanceNorm statistics for windowed decoding: their (2, C) layout, and the per-voice, per-length table the
+`windows` stage stored before it fitted a predictor (kokoro_opt/runtime/stats_predictor.py). Artifacts built
+then still load it; benchmarks/norm_stats_reach.py compares groups of norms with it."""
 
 from __future__ import annotations
 
@@ -78,6 +79,10 @@ class StatsTable:
         target = np.asarray(pack).reshape(-1)
         moments = np.array([c @ target for c in columns], dtype=np.float64)
         return np.linalg.lstsq(self._gram[1], moments, rcond=None)[0]  # not solve: two equal packs make it singular
+
+    def for_job(self, front: Any, pack: np.ndarray, packs: dict[str, np.ndarray]) -> np.ndarray:
+        """norm_stats for a job (runtime/windowed.py): its voice mix, at its length."""
+        return self.stats(self.weights(pack, packs), float(np.sum(front.durations)))
 
     def stats(self, weights: np.ndarray, frames: float) -> np.ndarray:
         """norm_stats for a voice mix and an utterance of `frames` frames: its nearest bucket, moments mixed."""

@@ -3,7 +3,7 @@
 The `windows` stage (kokoro_opt/passes/windows.py) cut the graphs and wrote them into the artifact
 (`windows/`): `front` (text to the generator's per-step inputs), `job` (the generator's per-job part:
 what depends on the style and statistics alone) and `generator` (one window's audio). It also stored
-what the generator normalizes with (kokoro_opt/runtime/norm_stats.py) and gated the result against
+what the generator normalizes with (kokoro_opt/runtime/stats_predictor.py) and gated the result against
 whole-sentence decoding. Nothing is cut when an artifact loads: the sessions read those files.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from kokoro_opt.runtime.edges import final_silence_tokens
 from kokoro_opt.runtime.feeds import model_feeds
 from kokoro_opt.runtime.norm_stats import STATS_FILE, StatsTable
 from kokoro_opt.runtime.session import make_session
+from kokoro_opt.runtime.stats_predictor import PREDICTOR_FILE, StatsPredictor
 from kokoro_opt.voices import style_for
 
 STEPS_PER_FRAME = 2  # the decoder's last frame-rate block upsamples by 2 before the generator
@@ -161,6 +162,19 @@ class WindowGraphs:
         return written
 
 
+class Statistics(Protocol):
+    """Where a job's norm_stats come from: a StatsPredictor (the windows stage's), or an older artifact's table."""
+
+    def for_job(self, front: FrontOutput, pack: np.ndarray, packs: dict[str, np.ndarray]) -> np.ndarray: ...
+
+
+def load_statistics(folder: Path) -> Statistics:
+    """The statistics an artifact's `windows/` holds: the predictor, or the table of an artifact built before it."""
+    if (folder / PREDICTOR_FILE).is_file():
+        return StatsPredictor.load(folder / PREDICTOR_FILE)
+    return StatsTable.load(folder / STATS_FILE)
+
+
 class WindowedDecoder:
     """`start` runs a job's front and the generator's per-job part, `next_window` decodes one window, over the
     sessions of an artifact's windowed graphs (`WindowGraphs`). Statistics come from the artifact (`windows`
@@ -170,7 +184,7 @@ class WindowedDecoder:
         self,
         synth: Any,
         graphs: WindowGraphs,
-        table: StatsTable | None = None,
+        statistics: Statistics | None = None,
         settings: WindowSettings | None = None,
         runs_at_once: int = 1,
     ) -> None:
@@ -180,7 +194,7 @@ class WindowedDecoder:
             return make_session(graph, synth.settings, spinning=spinning, shared_arena=True)
 
         self.synth = synth
-        self.table = table
+        self.statistics = statistics
         self.settings = settings or WindowSettings()
         self.front_session = session(graphs.front)
         self.constants_session = session(graphs.job) if graphs.job is not None else None
@@ -196,7 +210,7 @@ class WindowedDecoder:
         """Refuse an artifact without the `windows` stage's graphs and statistics, naming the fix."""
         if not artifact.capabilities.windowed:
             raise UserError(
-                f"{artifact.name} has no windows stage (no {WINDOWS_DIR}/{STATS_FILE})",
+                f"{artifact.name} has no windows stage (no {WINDOWS_DIR}/{PREDICTOR_FILE})",
                 "serve an artifact whose recipe ends with `- kind: windows`, or drop --windowed",
             )
 
@@ -207,7 +221,7 @@ class WindowedDecoder:
         cls.check(synth.artifact)
         folder = synth.artifact.path / WINDOWS_DIR
         settings = WindowSettings.of(synth.artifact.kokoro["windows"])
-        return cls(synth, WindowGraphs.of_folder(folder), StatsTable.load(folder / STATS_FILE), settings, runs_at_once)
+        return cls(synth, WindowGraphs.of_folder(folder), load_statistics(folder), settings, runs_at_once)
 
     def front(self, token_ids: list[int], style: np.ndarray, speed: float = 1.0, run_options: Any = None) -> FrontOutput:
         feeds = model_feeds(token_ids, style, speed, names=self._front_inputs)
@@ -247,13 +261,13 @@ class WindowedDecoder:
         return audio[(start - lo) * STEP_SAMPLES : (end - lo) * STEP_SAMPLES] / self.synth.audio_gain
 
     def start(self, token_ids: list[int], pack: np.ndarray, speed: float = 1.0, run_options: Any = None) -> WindowedJob:
-        if self.table is None:
-            raise UserError("this windowed decoder has no statistics table", "load it with WindowedDecoder.of_artifact")
+        if self.statistics is None:
+            raise UserError("this windowed decoder has no statistics", "load it with WindowedDecoder.of_artifact")
         began = time.perf_counter()
         front = self.front(token_ids, style_for(pack, len(token_ids)), speed, run_options)
         s = self.settings
         start, end = speech_steps(front.durations, token_ids, self.synth.symbols, s.lead_frames, s.trail_frames)
-        stats = self.table.stats(self.table.weights(pack, self.synth.packs), float(np.sum(front.durations)))
+        stats = self.statistics.for_job(front, pack, self.synth.packs)
         job = WindowedJob(front, stats, (start, end), cursor=start, constants=self.job_constants(front, stats, run_options))
         job.front_seconds = job.compute = time.perf_counter() - began
         return job
