@@ -229,9 +229,9 @@ class WindowsStage(SpeechGate):
     )
     # the gate to ship the graphs at all (`serve --windowed`). int8-mixed with predicted statistics, AMD EPYC,
     # 1/2/4 threads, noise on the statistics, and an export made on torch's other kernel path
-    # (benchmarks/windows_gate_margins.py): 4.35-4.37 / 4.20-4.24 worst sentence / 4.26-4.28 / 2.3-2.5 dB. The
+    # (benchmarks/windows_gate_margins.py): 4.35-4.37 / 4.19-4.25 worst sentence / 4.19-4.28 / 2.1-2.5 dB. The
     # worst utterance is a short phrase whose score follows the export's last weight bits ("Who's there?": 3.9-4.0
-    # on one path, 3.3 on the other), so its floor only catches a broken window
+    # on one path, 3.1-3.4 on the other), so its floor only catches a broken window
     # (docs/measurements/2026-12-04-stats-predictor.md)
     min_pesq: Pesq = 4.1
     min_sentence_pesq: Pesq = 1.8

@@ -4,13 +4,13 @@ Each of the generator's InstanceNorms normalizes over the whole utterance, which
 yet. The `windows` stage measures, on calibration utterances, every norm's exact input mean and variance
 beside a summary of the same utterance's front (per-channel moments of the generator's input, F0 and
 voicing, length, the style vector), and fits a ridge regression from one to the other (reduced rank, so
-the artifact carries ~5 MB). A job's statistics are then one small product of its front summary: ~1 ms.
+the artifact carries ~5 MB). A job's statistics are then one small product of its front summary: ~0.5 ms.
 
 Measured on int8-mixed, windowed vs whole decoding on the gate's utterances (docs/measurements/
 2026-12-04-stats-predictor.md): the per-voice, per-length table scored PESQ 3.88 on sentences and 2.94 on
-the worst phrase, and moved the 4-12 kHz band up to 6.1 dB; predicted statistics score 4.35 and 3.99, and
-1.8-2.4 dB. The statistics must be within ~1% of exact for the last: the median error here is 0.7% of a
-channel's deviation for the mean and 1.0% for the deviation itself.
+the worst phrase, and moved the 4-12 kHz band up to 6.1 dB; predicted statistics score 4.35-4.37 and
+3.1-4.0 (across torch's kernel paths), and 2.1-2.5 dB. The statistics must be within ~1% of exact for the
+last: the median error here is 0.7% of a channel's deviation for the mean and 1.0% for the deviation.
 """
 
 from __future__ import annotations
