@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class UserError(Exception):
     """An error caused by input (recipe, file, voice, text); the CLI prints it on one line, no traceback."""
@@ -13,3 +15,6 @@ class UserError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the hint survives a process boundary (select.py reads MLflow in a child)
+        return (type(self), (self.message, self.hint))

@@ -84,16 +84,16 @@ def tuned_selection(root: Path, notes: list[str] | None = None) -> Selection | N
 
 
 def evaluated_selection(root: Path, tracking_uri: str | None) -> Selection | None:
-    from kokoro_opt.evaluate.ranking import best_evaluated
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     from kokoro_opt.machine import fingerprint
 
-    best = best_evaluated(
-        tracking_uri,
-        QUALITY_BUDGET_PESQ,
-        available=lambda artifact_id: _by_id(root, artifact_id) is not None,
-        machine_id=fingerprint()["id"],
-        min_phrase_pesq=QUALITY_BUDGET_PHRASE_PESQ,
-    )
+    # The evaluation records are read in a child process: importing MLflow holds ~200 MB that a server would
+    # keep for its lifetime (`bench-serve --windowed`, peak RSS: 690-701 MB with `--artifact best`, 497-505 MB
+    # given the same artifact's path; AMD EPYC)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        best = child.submit(_best_evaluated, root, tracking_uri, fingerprint()["id"]).result()
     if best is None:
         return None
     artifact = _by_id(root, best["artifact_id"])
@@ -103,6 +103,18 @@ def evaluated_selection(root: Path, tracking_uri: str | None) -> Selection | Non
     if not best["measured_here"]:
         reason += f"; to rank the artifacts on this machine, evaluate them here: kokoro-opt evaluate {artifact.path}"
     return Selection(artifact, reason=reason)
+
+
+def _best_evaluated(root: Path, tracking_uri: str | None, machine_id: str) -> dict[str, Any] | None:
+    from kokoro_opt.evaluate.ranking import best_evaluated
+
+    return best_evaluated(
+        tracking_uri,
+        QUALITY_BUDGET_PESQ,
+        available=lambda artifact_id: _by_id(root, artifact_id) is not None,
+        machine_id=machine_id,
+        min_phrase_pesq=QUALITY_BUDGET_PHRASE_PESQ,
+    )
 
 
 def resolve_artifact(spec: str, root: Path = Path("artifacts"), tracking_uri: str | None = None) -> Selection:

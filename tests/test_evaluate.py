@@ -247,6 +247,18 @@ def test_best_ranks_this_machines_evaluations_and_says_when_it_has_none(
     assert selection.artifact.id == evaluated.artifact_id
     assert f"evaluate them here: kokoro-opt evaluate {tiny_artifact.path}" in selection.reason
 
+    # a server that resolved `best` never imports MLflow itself: it would hold ~200 MB for the server's lifetime
+    import subprocess
+    import sys
+
+    resolve = (
+        "import sys; from pathlib import Path; from kokoro_opt.select import resolve_artifact; "
+        f"s = resolve_artifact('best', Path({str(tiny_artifact.path.parent.parent)!r}), 'sqlite:///{shared}'); "
+        "print(s.artifact.id, 'mlflow' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", resolve], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [evaluated.artifact_id, "False"]
+
 
 @pytest.fixture(scope="module")
 def tiny_ort(tiny_recipe: Any, artifacts_root: Path, tiny_artifact: Artifact) -> Artifact:
