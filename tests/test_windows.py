@@ -321,7 +321,7 @@ def test_predicted_statistics_follow_each_calibration_utterance_better_than_thei
     for tokens in calibration_pieces(decoder.synth.vocab, WINDOWS["calibration_sentences"]):
         style = style_for(pack, len(tokens))
         front = decoder.front(tokens, style)
-        predicted.append(decoder.statistics.moments(front_summary(front.features[0], front.f0, front.decoder_style))[0])
+        predicted.append(decoder.statistics.moments(front_summary(front))[0])
         exact.append(probe.moments(tokens, style)[1])
     predicted, exact = np.stack(predicted), np.stack(exact)
     error, spread = np.abs(predicted - exact).mean(), np.abs(exact.mean(0) - exact).mean()

@@ -64,7 +64,7 @@ def fit_predictor(decoder: WindowedDecoder, probe: MomentsProbe, pieces: list[li
         for ids in pieces:
             style = style_for(pack, len(ids))
             front = decoder.front(ids, style)
-            summaries.append(front_summary(front.features[0], front.f0, front.decoder_style))
+            summaries.append(front_summary(front))
             _, mean, var = probe.moments(ids, style)
             means.append(mean)
             variances.append(var)

@@ -30,20 +30,20 @@ ALPHA = 100.0  # ridge penalty on standardized summaries (measured: 10 to 1000 w
 RANK = 128  # of the fitted map (measured: median errors 0.73% / 1.06% at 128, 0.69% / 1.02% at full rank)
 
 
-def front_summary(features: np.ndarray, f0: np.ndarray, style: np.ndarray) -> np.ndarray:
-    """What the predictor reads of a front: `features` (C, steps), `f0` (steps,) in Hz, `style` (128,)."""
-    x = np.asarray(features, dtype=np.float64)
+def front_summary(front: Any) -> np.ndarray:
+    """What the predictor reads of a front (runtime/windowed.py `FrontOutput`): its features (1, C, steps),
+    F0 in Hz per step and the decoder's style vector."""
+    x = np.asarray(front.features[0], dtype=np.float64)
     leaky = np.where(x > 0, x, LEAKY_SLOPE * x)
-    f0 = np.asarray(f0, dtype=np.float64).reshape(-1)
+    f0 = np.asarray(front.f0, dtype=np.float64).reshape(-1)
     voiced = f0 > VOICED_HZ
     share = float(voiced.mean())
     log_f0 = np.log(f0[voiced]) if voiced.any() else np.zeros(1)
     steps = x.shape[1]
     scalars = [share, float(log_f0.mean()) * share, float((log_f0**2).mean()) * share, np.log(steps), 1.0 / steps]
     bands = np.histogram(f0[voiced], bins=F0_EDGES)[0] / steps
-    return np.concatenate(
-        [x.mean(1), leaky.mean(1), (leaky * leaky).mean(1), scalars, np.asarray(style, dtype=np.float64).reshape(-1), bands]
-    )
+    style = np.asarray(front.decoder_style, dtype=np.float64).reshape(-1)
+    return np.concatenate([x.mean(1), leaky.mean(1), (leaky * leaky).mean(1), scalars, style, bands])
 
 
 @dataclass
@@ -95,7 +95,7 @@ class StatsPredictor:
 
     def for_job(self, front: Any, pack: np.ndarray, packs: dict[str, np.ndarray]) -> np.ndarray:
         """norm_stats for a job (runtime/windowed.py); the voice is in the front's style vector."""
-        mean, var = self.moments(front_summary(front.features[0], front.f0, front.decoder_style))
+        mean, var = self.moments(front_summary(front))
         return stats_from_moments(mean, var)
 
     def save(self, path: Any) -> None:
