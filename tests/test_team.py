@@ -74,7 +74,10 @@ def _worker(recipe: Path, root: Path, tracking: str, cwd: Path) -> subprocess.Po
     return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _study_when_created(storage: str, name: str, creator: subprocess.Popen[str], timeout: float = 180) -> Any:
+def _study_when_created(url: str, name: str, creator: subprocess.Popen[str], timeout: float = 180) -> Any:
+    from kokoro_opt.tuning.study import make_storage
+
+    storage = make_storage(url)  # as the workers open it: this reader may be the one creating the tables
     deadline = time.monotonic() + timeout
     while name not in optuna.study.get_all_study_names(storage):
         assert creator.poll() is None, creator.communicate()[0]

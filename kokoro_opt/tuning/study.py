@@ -59,15 +59,34 @@ def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
         kwargs = {"connect_args": {"timeout": 60}}  # several worker processes write to one file
     try:
         beat = workers or WorkersConfig()
-        return optuna.storages.RDBStorage(
-            url, engine_kwargs=kwargs, heartbeat_interval=beat.heartbeat_seconds, grace_period=beat.stale_after_seconds
-        )
+        return _open_rdb(optuna, url, kwargs, beat)
     except ImportError as exc:
         raise UserError(f"cannot open storage {url.split('://')[0]}://...: {exc}", "install its database driver") from None
     except Exception as exc:  # sqlalchemy's URL and connection errors
         raise UserError(
             f"cannot open the Optuna storage: {type(exc).__name__}: {exc}".splitlines()[0], "check --storage"
         ) from None
+
+
+def _open_rdb(optuna: Any, url: str, engine_kwargs: dict[str, Any], beat: WorkersConfig, attempts: int = 5) -> Any:
+    """RDBStorage, opened again when another worker was creating the same new database's tables at that moment:
+    PostgreSQL then refuses the second CREATE (UniqueViolation on pg_type), and the tables exist a moment later.
+    Seen when two `tune` workers (or a worker and a reader) opened a fresh study database together."""
+    import time
+
+    from sqlalchemy.exc import IntegrityError
+
+    def storage() -> Any:
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs=engine_kwargs, heartbeat_interval=beat.heartbeat_seconds, grace_period=beat.stale_after_seconds
+        )
+
+    for _ in range(attempts - 1):
+        try:
+            return storage()
+        except IntegrityError:
+            time.sleep(0.5)
+    return storage()
 
 
 def make_sampler(config: SamplerConfig, seed: int) -> Any:
