@@ -143,9 +143,11 @@ def test_the_split_keeps_the_edges_input_feedable(tiny_recipe, artifacts_root) -
     capped = build_with(
         tiny_recipe, artifacts_root, "t-edges", [{"kind": "simplify"}, {"kind": "edges", "lead_frames": 1, "trail_frames": 1}]
     ).artifact
-    front, generator, channels = split(onnx.load(str(capped.model_file)))
+    front, generator, channels, whole_generator = split(onnx.load(str(capped.model_file)))
     assert "edge_keep" in {i.name for i in front.graph.input}
     assert {i.name for i in generator.graph.input} == {"features", "f0", "phase", "decoder_style", STATS_INPUT}
+    assert {i.name for i in whole_generator.graph.input} == {"features", "f0", "phase", "decoder_style"}
+    assert [n for n in whole_generator.graph.node if n.op_type == "InstanceNormalization"]  # its own statistics
     # the harmonic source (sines per audio sample, its STFT) runs per window, not in the front
     assert not [n for n in front.graph.node if n.op_type in ("Sin", "Atan")]
     assert not [n for n in generator.graph.node if n.op_type == "InstanceNormalization"]
@@ -207,6 +209,7 @@ def test_the_stage_stores_statistics_and_speaks_window_by_window(windowed, plain
         "front.onnx",
         "job.onnx",
         "generator.onnx",
+        "whole_generator.onnx",
         PREDICTOR_FILE,
     }
     decoder = WindowedDecoder.of_artifact(Synthesizer(windowed))
@@ -222,6 +225,38 @@ def test_the_stage_stores_statistics_and_speaks_window_by_window(windowed, plain
     assert job.windows == len(audio) > 3 and job.cursor == job.speech[1]
     assert sum(map(len, audio)) == (job.speech[1] - job.speech[0]) * STEP_SAMPLES
     assert all(np.all(np.isfinite(a)) and len(a) for a in audio)
+
+
+def test_a_short_job_finishes_with_the_whole_decoding_of_its_front(windowed) -> None:
+    """After its first window, a job of at most finish_steps steps gets the rest from one whole-generator run:
+    sample for sample what whole decoding makes of the same front, which is the unsplit model's audio up to
+    float rounding. A longer job is windows to the end; speak() is what a lone listener hears."""
+    synth = Synthesizer(windowed)
+    decoder = WindowedDecoder.of_artifact(synth)
+    pack = windowed.voice_packs()["tiny_0"]
+    tokens = TOKENS
+    job = decoder.start(tokens, pack)
+    assert job.finish, (job.front.steps, decoder.settings.finish_steps)
+    first = decoder.next_window(job)
+    rest = decoder.finish(job)
+    assert job.done and job.windows == 2
+    whole = decoder.whole_audio(job.front)
+    a, b = job.speech
+    np.testing.assert_array_equal(rest, whole[a * STEP_SAMPLES + len(first) : b * STEP_SAMPLES])
+    model = synth.run_tokens(tokens, "tiny_0").audio
+    assert len(whole) == len(model)
+    np.testing.assert_allclose(whole, model, atol=2e-3 * float(np.abs(model).max()))
+    spoken, spoken_job = decoder.speak(tokens, pack)
+    np.testing.assert_array_equal(spoken[len(first) :], rest)
+    assert spoken_job.windows == 2
+    default = decoder.settings
+    try:
+        decoder.settings = WindowSettings(**{**default.__dict__, "finish_steps": job.front.steps - 1})
+        longer = decoder.start(tokens, pack)
+        assert not longer.finish
+        assert decoder.speak(tokens, pack)[1].windows > 2  # windows to the end
+    finally:
+        decoder.settings = default
 
 
 def test_the_statistics_are_locked_beside_the_recipe_and_applied_without_measuring(

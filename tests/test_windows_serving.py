@@ -1,5 +1,6 @@
 """Windowed decoding as the server runs it: a job's windows joined like the job whole, a server streaming a
-windowed artifact, disconnects between windows, the default streaming mode, and two workers."""
+windowed artifact, short jobs finished whole, disconnects between windows, the default streaming mode, and two
+workers."""
 
 from __future__ import annotations
 
@@ -108,6 +109,99 @@ def test_serve_streams_windowed_where_the_artifact_can_unless_told_not_to(window
     assert tuned.first_window_steps == 20 and "streaming windowed" in tuned.mode()
     with pytest.raises(UserError, match="first_window_steps must be 4 to 400"):
         ServeConfig(first_window_steps=2)
+
+
+def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -> None:
+    """A short windowed job (`WindowedJob.finish`) sends its first window, sized to last while the whole-generator
+    run takes, then that run, unless it would leave this or another listener without audio (then windows go
+    on); a request nobody hears before it ends is that run alone."""
+    import asyncio
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowSettings
+    from kokoro_opt.select import Selection
+    from kokoro_opt.serve import ServeConfig
+    from kokoro_opt.serve.engine import Engine
+    from kokoro_opt.serve.modes import SAFETY, WindowedJobs
+    from tests.test_serve_units import SR, _FakeEncoder
+
+    async def decisions() -> dict[str, Any]:
+        engine = Engine(cast(Selection, None), ServeConfig())
+        mode = WindowedJobs(engine, cast(Any, SimpleNamespace(settings=WindowSettings())))
+        engine.mode = mode
+        engine.window_cost.calibrate((12, 0.012), (80, 0.05))  # the finish of 200 steps: ~0.12 s
+        pack = np.zeros((510, 1, 256), np.float32)
+        listener = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), True)
+        quiet = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), False)
+        job = SimpleNamespace(finish=True, windows=0, front=SimpleNamespace(steps=200))
+        listener.job = ([1] * 10, True, job)
+        out: dict[str, Any] = {"first_window": mode.window_steps(listener), "run": engine.window_cost.predict(200)}
+        out["before the first window"] = mode.finishes(listener, job)
+        out["not streaming"] = mode.finishes(quiet, job)
+        job.windows = 1
+        now = time.monotonic()
+        listener.first_out, listener.audio_out = now, 0.5
+        out["0.5 s buffered"] = mode.finishes(listener, job)
+        listener.audio_out = 0.1
+        out["0.1 s buffered"] = mode.finishes(listener, job)
+        listener.audio_out = 0.5
+        other = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), True)
+        other.first_out, other.audio_out = now, 0.1
+        out["another listener 0.1 s from running dry"] = mode.finishes(listener, job)
+        job.finish = False
+        out["a long job"] = mode.finishes(listener, job)
+        return out
+
+    out = asyncio.run(decisions())
+    assert out["first_window"] * STEP_SAMPLES / SR * SAFETY >= out["run"] and out["first_window"] > WindowSettings().first_steps
+    assert out["not streaming"] and out["0.5 s buffered"]
+    refused = ("before the first window", "0.1 s buffered", "another listener 0.1 s from running dry", "a long job")
+    assert not any(out[k] for k in refused)
+
+
+def test_the_server_finishes_short_jobs_with_the_whole_generator(windowed) -> None:
+    """A request nobody hears before it ends: each short job is one whole-generator run, no window. A listener:
+    a finish, when it comes, follows a first window (which run comes then is the scheduler's, by the load:
+    tests/test_serve_units.py). Both carry the audio through."""
+    import asyncio
+
+    from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.serve import ServeConfig
+    from kokoro_opt.serve.encoders import make_encoder
+    from kokoro_opt.serve.engine import Engine
+
+    engine = Engine(resolve_artifact(str(windowed.path)), ServeConfig(first_chunk_tokens=20, chunk_tokens=120, windowed=True))
+    engine.start()
+    try:
+        assert engine.ready.wait(120) and engine.synth is not None, engine.error
+        finished: list[int] = []  # windows each job had sent before its finish
+        finish = engine.windows.finish
+
+        def counted(job, *args, **kwargs):
+            finished.append(job.windows)
+            return finish(job, *args, **kwargs)
+
+        engine.windows.finish = counted
+        pack = engine.synth.packs["tiny_0"]
+
+        async def collect(streaming: bool) -> bytes:
+            encoder = make_encoder("pcm", engine.sample_rate, streaming)
+            stream = engine.submit(engine.plan("Hello there."), pack, 1.0, encoder, streaming)
+            parts = []
+            while (item := await asyncio.wait_for(stream.queue.get(), 120)) is not None:
+                assert isinstance(item, bytes), item
+                parts.append(item)
+            return b"".join(parts)
+
+        whole = asyncio.run(collect(False))
+        assert finished == [0]
+        finished.clear()
+        heard = asyncio.run(collect(True))
+        assert all(windows >= 1 for windows in finished)
+    finally:
+        engine.stop()
+    assert len(whole) > 24_000 // 4 and len(heard) > 24_000 // 4
 
 
 def _served_alone_and_together(windowed) -> tuple[list[bytes], list[bytes], int]:

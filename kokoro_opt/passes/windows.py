@@ -5,13 +5,14 @@ windows_split.py) and writes them into the artifact (`windows/`). On calibration
 and every voice it measures the exact input moments of every generator InstanceNorm beside a summary of
 the same utterance's front, fits the predictor of one from the other (kokoro_opt/runtime/stats_predictor.py)
 and stores it beside the graphs (`windows/norm_predictor.npz`), with the window settings in `kokoro.json`
-(`windows`). `serve --windowed` then runs the front once per job, predicts the job's statistics from it and
-runs the generator in windows, so the first sound waits for the front and one short window.
+(`windows`). `serve` then runs the front once per job, predicts the job's statistics from it and runs the
+generator in windows, so the first sound waits for the front and one short window; a short job finishes
+with one whole-generator run after its first window (kokoro_opt/runtime/windowed.py).
 
 Windowed audio is not the whole decoding's: a window cannot normalize over the sentence it has not
 decoded yet, and predicted statistics are close to the sentence's, not equal. The gate compares, on corpus
-sentences and the short-phrase slice, the windowed speech with the same samples decoded whole by the same
-model (PESQ-WB, worst utterance, 4-12 kHz energy) and refuses the artifact below the budget.
+sentences and the short-phrase slice, what a lone listener hears with the same samples decoded whole from
+the same front (PESQ-WB, worst utterance, 4-12 kHz energy) and refuses the artifact below the budget.
 """
 
 from __future__ import annotations
@@ -74,15 +75,19 @@ def fit_predictor(decoder: WindowedDecoder, probe: MomentsProbe, pieces: list[li
 
 
 def measure(decoder: WindowedDecoder, cfg: WindowsStage) -> dict[str, Any]:
-    """Windowed vs whole decoding of the same speech samples on the gate's utterances."""
+    """Windowed vs whole decoding of the same front, speech span, on the gate's utterances.
+
+    Whole decoding of the same front, not model.onnx's: the front cut out of the model rounds F0's running
+    phase differently (~1e-2 rad), and the INT8 generator alone turns that into PESQ 4.2-4.4 on single
+    utterances (3.4 on the worst) with no window at all (docs/measurements/2026-12-05-finish-whole.md).
+    That is float noise every split of the model has; the gate measures what windows cost."""
     synth = decoder.synth
     rows = []
     for utterance, tokens in gate_utterances(cfg, synth.voices, synth.vocab):
         pack = synth.packs[utterance.voice]
-        whole = synth.run_tokens(tokens, pack)
         windowed, job = decoder.speak(tokens, pack)
-        start, end = job.speech  # the front's durations are the whole model's
-        reference = whole.audio[start * STEP_SAMPLES : end * STEP_SAMPLES]
+        start, end = job.speech
+        reference = decoder.whole_audio(job.front)[start * STEP_SAMPLES : end * STEP_SAMPLES]
         if len(reference) != len(windowed):
             raise UserError(
                 f"windowed decoding gave {len(windowed)} samples where the durations say {len(reference)}",
@@ -128,7 +133,7 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
     started = time.perf_counter()
     shutil.copy2(source.model_file, out / "model.onnx")
     synth = Synthesizer(source, load=False)
-    settings = WindowSettings(cfg.first_steps, cfg.steps, cfg.overlap_steps, cfg.lead_frames, cfg.trail_frames)
+    settings = WindowSettings(cfg.first_steps, cfg.steps, cfg.overlap_steps, cfg.lead_frames, cfg.trail_frames, cfg.finish_steps)
     model = onnx.load(str(source.model_file))
     try:
         graphs, _ = window_graphs(model)
@@ -193,7 +198,8 @@ PASS = Pass(
     produces=(WINDOWS_DIR,),
     carries=CARRIED,  # the model is the input's, unchanged
     grants=("windowed",),
-    judged_by=(*SpeechGate.model_fields, "default_budget"),
+    # how jobs finish changes what the gate hears, not the fitted statistics: the lock still applies
+    judged_by=(*SpeechGate.model_fields, "default_budget", "finish_steps"),
     keeps=("edges",),
     reads=("kokoro_opt/data/eval_corpus.yaml", "calibration/sentences.txt"),
     decides=True,

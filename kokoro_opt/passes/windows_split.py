@@ -2,7 +2,7 @@
 
 On CPU the generator (the upsampling HiFi-GAN half of the decoder) is 82-91% of the compute. Run whole,
 an utterance's first sound waits for all of it. `split` cuts the model into two graphs, and
-`window_graphs` makes the three the runtime loads (the `windows` stage writes them into the artifact):
+`window_graphs` makes the graphs the runtime loads (the `windows` stage writes them into the artifact):
 
 - the front: ALBERT, the LSTMs, the duration, F0 and energy predictors and the decoder's frame-rate
   blocks, on the whole sentence. Outputs the generator's inputs, all at its step rate.
@@ -13,6 +13,8 @@ an utterance's first sound waits for all of it. `split` cuts the model into two 
   With the statistics fed, its chains between two INT8 convolutions become per-channel lookup tables
   (kokoro_opt/passes/int8_lookup.py). What depends on the style and statistics alone (the norms' gains,
   those tables) is computed once per job, not per window (kokoro_opt/passes/hoisting.py).
+- the whole generator: the same cut with its own norms, for the jobs that finish with one run over the
+  whole utterance after their first window (kokoro_opt/runtime/windowed.py).
 
 SineGen's phase is a running sum from the sentence's first frame. SineGen sums it per step and then
 interpolates it to audio samples, so the front stops at that per-step phase and each window turns its
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -113,10 +115,19 @@ def _bypass(model: Any, node: Any) -> None:
     g.input.extend(inputs)
 
 
-def split(model: Any, lookup_tables: bool = True) -> list[Any]:
-    """[front, generator with fed statistics, channels of each generator norm] from a whole-model graph.
-    With fed statistics the generator's INT8 conv-to-conv chains become per-channel lookup tables
-    (kokoro_opt/passes/int8_lookup.py: the same output, ~10% less time); `lookup_tables=False` keeps the chains."""
+class SplitModel(NamedTuple):
+    front: Any
+    generator: Any  # normalizes with fed statistics
+    channels: tuple[int, ...]  # of each generator norm, in graph order
+    whole_generator: Any  # the same cut with its own norms: a whole utterance's audio, as whole decoding makes it
+
+
+def split(model: Any, lookup_tables: bool = True) -> SplitModel:
+    """The front and the generator cut from a whole-model graph. With fed statistics the generator's INT8
+    conv-to-conv chains become per-channel lookup tables (kokoro_opt/passes/int8_lookup.py: the same output,
+    ~10% less time); `lookup_tables=False` keeps the chains."""
+    import onnx
+
     found = anchors(model)
     constants = {i.name for i in model.graph.initializer}
     inputs = [i.name for i in model.graph.input if i.name not in constants]
@@ -132,12 +143,14 @@ def split(model: Any, lookup_tables: bool = True) -> list[Any]:
     strays = [t for n in g.node for t in n.input if t not in known]
     if strays or len(g.input) != len(boundary):  # the cut walked past the boundary into the front
         raise KeyError(f"the generator reads {strays[:1] or [v.name for v in g.input]} besides its boundary")
+    whole_generator = onnx.ModelProto()
+    whole_generator.CopyFrom(generator)
 
     shapes = norm_channels(model, found.norms)
     feed_norm_stats(g, shapes)
     if lookup_tables:
         tabulate(generator, list(FRONT_OUTPUTS[:3]))
-    return [front, generator, tuple(shapes[n] for n in found.norms)]
+    return SplitModel(front, generator, tuple(shapes[n] for n in found.norms), whole_generator)
 
 
 def window_graphs(model: Any, lookup_tables: bool = True, hoisting: bool = True) -> tuple[WindowGraphs, tuple[int, ...]]:
@@ -145,7 +158,7 @@ def window_graphs(model: Any, lookup_tables: bool = True, hoisting: bool = True)
     `lookup_tables` / `hoisting` off exist to measure what each saves (benchmarks/generator_variants.py). A
     generator whose per-job part cannot be cut out (a tensor whose type shape inference cannot tell) keeps it
     in every window: correct, only slower (logged)."""
-    front, generator, channels = split(model, lookup_tables)
+    front, generator, channels, whole_generator = split(model, lookup_tables)
     job = None
     if hoisting:
         try:
@@ -154,7 +167,8 @@ def window_graphs(model: Any, lookup_tables: bool = True, hoisting: bool = True)
             log.warning("the generator's per-job part stays in its windows: %s not found", exc)
         else:
             generator, job = hoisted.window, hoisted.constants.SerializeToString()
-    return WindowGraphs(front.SerializeToString(), generator.SerializeToString(), job), channels
+    graphs = WindowGraphs(front.SerializeToString(), generator.SerializeToString(), job, whole_generator.SerializeToString())
+    return graphs, channels
 
 
 def feed_norm_stats(graph: Any, channels: dict[str, int]) -> None:

@@ -2,9 +2,15 @@
 
 The `windows` stage (kokoro_opt/passes/windows.py) cut the graphs and wrote them into the artifact
 (`windows/`): `front` (text to the generator's per-step inputs), `job` (the generator's per-job part:
-what depends on the style and statistics alone) and `generator` (one window's audio). It also stored
-what the generator normalizes with (kokoro_opt/runtime/stats_predictor.py) and gated the result against
-whole-sentence decoding. Nothing is cut when an artifact loads: the sessions read those files.
+what depends on the style and statistics alone), `generator` (one window's audio) and `whole_generator`
+(the generator with its own norms, as whole decoding runs it). It also stored what the generator
+normalizes with (kokoro_opt/runtime/stats_predictor.py) and gated the result against whole-sentence
+decoding. Nothing is cut when an artifact loads: the sessions read those files.
+
+A window normalizes with predicted statistics, a percent or so off the utterance's own, and short
+utterances hear it most. So a job of at most `finish_steps` steps sends its first window and then
+*finishes*: one run of the whole generator over the utterance gives the rest exactly as whole decoding
+does, while the listener hears the first window (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ STEP_SAMPLES = 300  # audio samples per generator input step (12.5 ms at 24 kHz)
 FRONT_OUTPUTS = ("features", "f0", "phase", "decoder_style", "durations")
 STATS_INPUT = "norm_stats"
 WINDOWS_DIR = "windows"
-FRONT_GRAPH, JOB_GRAPH, GENERATOR_GRAPH = "front", "job", "generator"
+FRONT_GRAPH, JOB_GRAPH, GENERATOR_GRAPH, WHOLE_GENERATOR_GRAPH = "front", "job", "generator", "whole_generator"
 
 
 def window_end(start: int, end: int, size: int, sliver: int) -> int:
@@ -72,6 +78,7 @@ class WindowSettings:
     overlap_steps: int = 4
     lead_frames: int = 2
     trail_frames: int = 6
+    finish_steps: int = 320  # jobs of at most this many steps finish with the whole generator (0: never)
 
     @classmethod
     def of(cls, meta: dict[str, Any]) -> WindowSettings:
@@ -115,6 +122,7 @@ class WindowedJob:
     samples: int = 0  # audio decoded so far
     opened: bool = True  # no window sent yet: the next one opens the job (the joiner trims its lead-in)
     constants: dict[str, np.ndarray] | None = None  # the generator's per-job tensors (hoisting.py)
+    finish: bool = False  # short enough to finish with one whole-generator run (`WindowedDecoder.finish`)
 
     @property
     def done(self) -> bool:
@@ -127,13 +135,15 @@ class WindowedJob:
 
 @dataclass
 class WindowGraphs:
-    """The three graphs windowed decoding runs, as files (an artifact's `windows/`, ONNX or ORT format) or
+    """The graphs windowed decoding runs, as files (an artifact's `windows/`, ONNX or ORT format) or
     serialized models (made in memory by the windows stage). `job` is None when the generator's per-job part
-    could not be cut out: every window then computes it (slower, the same audio)."""
+    could not be cut out: every window then computes it (slower, the same audio). `whole_generator` is None
+    in artifacts built before jobs finished whole: their jobs are windows to the end."""
 
     front: Path | bytes
     generator: Path | bytes
     job: Path | bytes | None = None
+    whole_generator: Path | bytes | None = None
 
     @classmethod
     def of_folder(cls, folder: Path) -> WindowGraphs:
@@ -143,13 +153,13 @@ class WindowGraphs:
         front, generator = find(FRONT_GRAPH), find(GENERATOR_GRAPH)
         if front is None or generator is None:
             raise UserError(f"{folder} holds no windowed graphs", "rebuild the artifact with the windows stage")
-        return cls(front, generator, find(JOB_GRAPH))
+        return cls(front, generator, find(JOB_GRAPH), find(WHOLE_GENERATOR_GRAPH))
 
     def save(self, folder: Path) -> list[str]:
         """Write the serialized graphs into `folder` as ONNX files; the names written."""
         folder.mkdir(parents=True, exist_ok=True)
         written = []
-        for name in (FRONT_GRAPH, JOB_GRAPH, GENERATOR_GRAPH):
+        for name in (FRONT_GRAPH, JOB_GRAPH, GENERATOR_GRAPH, WHOLE_GENERATOR_GRAPH):
             graph = getattr(self, name)
             if graph is None:
                 continue
@@ -202,6 +212,7 @@ class WindowedDecoder:
             tuple(o.name for o in self.constants_session.get_outputs()) if self.constants_session is not None else ()
         )
         self.generator_session = session(graphs.generator)
+        self.whole_session = session(graphs.whole_generator) if graphs.whole_generator is not None else None
         self._window_inputs = {i.name for i in self.generator_session.get_inputs()}
         self._front_inputs = [i.name for i in self.front_session.get_inputs()]
 
@@ -269,6 +280,7 @@ class WindowedDecoder:
         start, end = speech_steps(front.durations, token_ids, self.synth.symbols, s.lead_frames, s.trail_frames)
         stats = self.statistics.for_job(front, pack, self.synth.packs)
         job = WindowedJob(front, stats, (start, end), cursor=start, constants=self.job_constants(front, stats, run_options))
+        job.finish = self.whole_session is not None and front.steps <= s.finish_steps
         job.front_seconds = job.compute = time.perf_counter() - began
         return job
 
@@ -285,10 +297,30 @@ class WindowedDecoder:
         job.samples += len(audio)
         return audio
 
+    def whole_audio(self, front: FrontOutput, run_options: Any = None) -> np.ndarray:
+        """The utterance's audio from one run of the whole generator on `front`: normalized with its own
+        statistics, what whole decoding makes of the same front."""
+        if self.whole_session is None:
+            raise UserError("this artifact has no whole_generator graph", "rebuild it, or decode the job in windows")
+        feeds = dict(zip(FRONT_OUTPUTS[:4], (front.features, front.f0, front.phase, front.decoder_style), strict=True))
+        audio = self.whole_session.run(None, feeds, run_options)[0]
+        return np.asarray(audio, dtype=np.float32).reshape(-1) / self.synth.audio_gain
+
+    def finish(self, job: WindowedJob, run_options: Any = None) -> np.ndarray:
+        """The rest of a job, steps [cursor, speech end), from `whole_audio`."""
+        began = time.perf_counter()
+        a, b = job.cursor, job.speech[1]
+        out = self.whole_audio(job.front, run_options)[a * STEP_SAMPLES : b * STEP_SAMPLES]
+        job.cursor, job.windows = b, job.windows + 1
+        job.compute += time.perf_counter() - began
+        job.samples += len(out)
+        return out
+
     def speak(self, token_ids: list[int], pack: np.ndarray, speed: float = 1.0) -> tuple[np.ndarray, WindowedJob]:
-        """The whole speech span of one utterance, window by window (what a stream hears, joined)."""
+        """The whole speech span of one utterance as a lone listener hears it, joined: the first window, then
+        the finish or the other windows."""
         job = self.start(token_ids, pack, speed)
-        parts = []
+        parts = [self.next_window(job)]
         while not job.done:
-            parts.append(self.next_window(job))
+            parts.append(self.finish(job) if job.finish else self.next_window(job))
         return np.concatenate(parts), job

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder
+from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
 from kokoro_opt.serve.plan import queue_seconds, smallest_heard_window, window_steps
 
 log = logging.getLogger("kokoro_opt.serve")
@@ -50,7 +50,9 @@ class WholeJobs:
 class WindowedJobs:
     """A job's front and first window, then one more window per unit: each window is sent as soon as it is
     decoded, and other streams may be served between two windows of a job. Window sizes follow the
-    listeners' deadlines (`plan.window_steps`)."""
+    listeners' deadlines (`plan.window_steps`). A short job (`WindowedJob.finish`) sends its first window
+    and then the rest from one whole-generator run, when that run fits before every listener needs audio
+    (else it goes on in windows); a request nobody hears before it ends is that run alone."""
 
     name = "windowed"
 
@@ -65,6 +67,9 @@ class WindowedJobs:
         # A first window lasts while this stream's next window runs (alone: the smallest a heard stream
         # gets), and while every other new listener gets its front and first window.
         own_next = settings.steps if waiting else smallest_heard_window(settings.first_steps, settings.steps)
+        job = stream.job[2] if stream.job is not None else None
+        if job is not None and job.finish and job.windows == 0:
+            own_next = max(own_next, job.front.steps)  # its finish: the whole generator over the utterance
         cover = engine.window_cost.predict(own_next)
         if waiting:  # their fronts and first windows, shared among the workers
             others = sum(engine.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
@@ -93,10 +98,15 @@ class WindowedJobs:
         job = stream.job[2]
         spent, first = job.compute, job.cursor  # the job times its own windows
         with engine.cond:
-            steps = self.window_steps(stream)
-        audio = self.decoder.next_window(job, steps, stream.run_options)
+            finishing = self.finishes(stream, job)
+            steps = job.front.steps if finishing else self.window_steps(stream)
+        if finishing:
+            audio = self.decoder.finish(job, stream.run_options)
+        else:
+            audio = self.decoder.next_window(job, steps, stream.run_options)
+            steps = job.cursor - first
         with engine.cond:
-            engine.window_cost.observe(job.cursor - first, 1.0, job.compute - spent)
+            engine.window_cost.observe(steps, 1.0, job.compute - spent)
         closes = job.done
         if closes:
             stream.job = None
@@ -106,6 +116,23 @@ class WindowedJobs:
             out = engine.join(stream.joiner, tokens, audio, last and closes, stream.speed, opens=job.opened, closes=closes)
             job.opened = False
             engine.emit(stream, out, last and closes)
+
+    def finishes(self, stream: Any, job: WindowedJob) -> bool:
+        """Whether `job`'s next unit is its finish (call it holding the engine's lock): at once for a request
+        nobody hears before it ends; after the first window for a listener, when the whole-generator run is
+        priced to end before this and every other listener's buffered audio runs out."""
+        if not job.finish:
+            return False
+        if not stream.streaming:
+            return True
+        if job.windows == 0:
+            return False
+        engine = self.engine
+        now = time.monotonic()
+        slacks = [s.deadline() - now for s in engine.streams if s.streaming and s.first_out is not None and s is not stream]
+        fit = min(queue_seconds(slacks, engine.window_cost.predict(self.decoder.settings.first_steps), SAFETY),
+                  SAFETY * (stream.deadline() - now))  # fmt: skip
+        return engine.window_cost.predict(job.front.steps) <= fit
 
     def time_job(self, tokens: list[int], pack: np.ndarray) -> tuple[float, dict[int, float]]:
         """A job's front (and per-job part: it cannot be interleaved), and each window's seconds by its steps."""
