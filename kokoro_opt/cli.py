@@ -166,16 +166,6 @@ def voices(artifact: Annotated[Path, typer.Option(help="artifact folder")] = Pat
         console.print(name)
 
 
-def _whole_because(artifact: Any, asked: bool | None, windowed: bool) -> str:
-    """Why an artifact that can stream windowed serves whole decoding, for the startup line."""
-    if windowed or not artifact.capabilities.windowed:
-        return ""
-    if asked is False:
-        return " (--no-windowed)"
-    below = artifact.build.stage("windows").get("below_default_budget", [])
-    return " (windowed on request, --windowed: " + ("; ".join(below) or "built before the default budget") + ")"
-
-
 @app.command()
 @user_errors
 def serve(
@@ -222,6 +212,7 @@ def serve(
     """Serve an artifact over an OpenAI-compatible HTTP API (POST /v1/audio/speech), streaming."""
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.serve import ServeConfig, serve_forever
+    from kokoro_opt.serve.config import mode_reason
 
     selection = resolve_artifact(artifact, artifacts, tracking_uri)
     chosen = selection.artifact
@@ -244,7 +235,7 @@ def serve(
         audio_cache_mb=audio_cache_mb,
         workers=workers,
     )
-    err.print(f"mode: {config.mode()}" + _whole_because(chosen, windowed, config.windowed))
+    err.print(f"mode: {config.mode()}" + mode_reason(chosen, windowed, config.windowed))
     err.print(
         f"admits {config.max_queue} requests at once" + ("" if max_queue is not None else " (bench-serve --capacity sets it)")
     )

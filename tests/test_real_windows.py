@@ -35,6 +35,7 @@ def test_windowed_decoding_keeps_the_speech_within_its_budget(fp32) -> None:
     from kokoro_opt.runtime.windowed import WindowedDecoder
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.serve import ServeConfig
+    from kokoro_opt.serve.config import mode_reason
     from kokoro_opt.store import store_of
 
     budget = {"min_pesq": 3.9, "min_sentence_pesq": 3.5, "min_phrase_pesq": 3.9}
@@ -52,6 +53,7 @@ def test_windowed_decoding_keeps_the_speech_within_its_budget(fp32) -> None:
     selection = resolve_artifact(str(artifact.path))
     assert ServeConfig.for_selection(selection).windowed  # streamed windowed: at the whole decoding's quality
     assert not ServeConfig.for_selection(selection, windowed=False).windowed  # and whole when asked
+    assert mode_reason(artifact, None, True).startswith(" (by default: windowed vs whole decoding measured PESQ")
 
     decoder = WindowedDecoder.of_artifact(Synthesizer(artifact))
     decoder.settings = replace(decoder.settings, finish_steps=0)  # windows to the end, the same statistics

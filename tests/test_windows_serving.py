@@ -105,6 +105,10 @@ def test_serve_streams_windowed_where_the_artifact_can_unless_told_not_to(window
     assert streams.artifact.capabilities.windowed and ServeConfig.for_selection(streams).windowed
     assert not ServeConfig.for_selection(streams, windowed=False).windowed
     assert not ServeConfig.for_selection(resolve_artifact(str(plain.path))).windowed
+    from kokoro_opt.serve.config import mode_reason  # the startup line says why
+
+    assert mode_reason(streams.artifact, None, True).startswith(" (by default: random weights")
+    assert mode_reason(streams.artifact, False, False) == " (--no-windowed)"
     tuned = ServeConfig.for_selection(streams, first_window_steps=20)
     assert tuned.first_window_steps == 20 and "streaming windowed" in tuned.mode()
     with pytest.raises(UserError, match="first_window_steps must be 4 to 400"):

@@ -110,3 +110,26 @@ def edges_missing(artifact: str | None) -> str:
 
 def windows_missing(artifact: str | None) -> str:
     return f"windowed needs an ONNX artifact built with the windows stage; {artifact or 'this artifact'} has none"
+
+
+def mode_reason(artifact: Any, asked: bool | None, windowed: bool) -> str:
+    """Why an artifact that can stream windowed serves the mode it does, for the startup line."""
+    if not artifact.capabilities.windowed or asked is not None:
+        return " (--windowed)" if windowed else " (--no-windowed)" if asked is False else ""
+    record = artifact.build.stage("windows")
+    if windowed:
+        gate = record.get("gate", {})
+        if not gate.get("judged", True):
+            return " (by default: random weights make no speech for the windows gate to judge)"
+        measured = ", ".join(f"{name} {gate[key]:.2f}{unit}" for name, key, unit in GATE_FIGURES if gate.get(key) is not None)
+        return f" (by default: windowed vs whole decoding measured {measured}; --no-windowed for whole jobs)"
+    below = record.get("below_default_budget", [])
+    return " (windowed on request, --windowed: " + ("; ".join(below) or "built before the default budget") + ")"
+
+
+GATE_FIGURES = (  # what the startup line quotes of the windows gate
+    ("PESQ", "pesq_mean", ""),
+    ("phrases", "phrase_pesq_mean", ""),
+    ("worst", "utterance_pesq_min", ""),
+    ("4-12 kHz", "high_band_db_max", " dB"),
+)
