@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
+from kokoro_opt.runtime.windowed import STEP_SAMPLES, STEPS_PER_FRAME, WindowedDecoder, WindowedJob
 from kokoro_opt.serve.plan import queue_seconds, smallest_heard_window, window_steps
 
 log = logging.getLogger("kokoro_opt.serve")
@@ -68,9 +68,14 @@ class WindowedJobs:
         # gets), and while every other new listener gets its front and first window.
         own_next = settings.steps if waiting else smallest_heard_window(settings.first_steps, settings.steps)
         job = stream.job[2] if stream.job is not None else None
-        if job is not None and job.finish and job.windows == 0:
-            own_next = max(own_next, job.front.steps)  # its finish: the whole generator over the utterance
+        # A job that finishes whole: its first window lasts while the finish runs (a longer first window, not
+        # a window between the two: an extra seam scored worse, docs/measurements/2026-12-05-finish-whole.md).
+        finish_next = job is not None and job.finish and job.windows == 0
+        if finish_next:
+            own_next = max(own_next, job.front.steps)
         cover = engine.window_cost.predict(own_next)
+        if finish_next:  # the joiner trims most of the first window's lead-in: that part never plays
+            cover += SAFETY * STEPS_PER_FRAME * settings.lead_frames * STEP_SAMPLES / engine.sample_rate
         if waiting:  # their fronts and first windows, shared among the workers
             others = sum(engine.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
             cover += (others + len(waiting) * engine.window_cost.predict(settings.first_steps)) / engine.workers
