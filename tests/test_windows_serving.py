@@ -134,13 +134,13 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
         engine = Engine(cast(Selection, None), ServeConfig())
         mode = WindowedJobs(engine, cast(Any, SimpleNamespace(settings=WindowSettings())))
         engine.mode = mode
-        engine.window_cost.calibrate((12, 0.012), (80, 0.05))  # the finish of 200 steps: ~0.12 s
+        engine.window_cost.calibrate((12, 0.012), (80, 0.05))  # 200 steps of windows: ~0.12 s; the finish ~0.18 s
         pack = np.zeros((510, 1, 256), np.float32)
         listener = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), True)
         quiet = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), False)
         job = SimpleNamespace(finish=True, windows=0, front=SimpleNamespace(steps=200))
         listener.job = ([1] * 10, True, job)
-        out: dict[str, Any] = {"first_window": mode.window_steps(listener), "run": engine.window_cost.predict(200)}
+        out: dict[str, Any] = {"first_window": mode.window_steps(listener), "run": mode.finish_seconds(job)}
         out["before the first window"] = mode.finishes(listener, job)
         out["not streaming"] = mode.finishes(quiet, job)
         job.windows = 1
@@ -174,6 +174,7 @@ def test_the_server_finishes_short_jobs_with_the_whole_generator(windowed) -> No
     from kokoro_opt.serve import ServeConfig
     from kokoro_opt.serve.encoders import make_encoder
     from kokoro_opt.serve.engine import Engine
+    from kokoro_opt.serve.modes import FINISH_RATIO
 
     engine = Engine(resolve_artifact(str(windowed.path)), ServeConfig(first_chunk_tokens=20, chunk_tokens=120, windowed=True))
     engine.start()
@@ -200,6 +201,7 @@ def test_the_server_finishes_short_jobs_with_the_whole_generator(windowed) -> No
 
         whole = asyncio.run(collect(False))
         assert finished == [0]
+        assert engine.mode.finish_ratio != FINISH_RATIO  # finishes are priced by what they took
         finished.clear()
         heard = asyncio.run(collect(True))
         assert all(windows >= 1 for windows in finished)

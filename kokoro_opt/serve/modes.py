@@ -19,6 +19,9 @@ from kokoro_opt.serve.plan import queue_seconds, smallest_heard_window, window_s
 log = logging.getLogger("kokoro_opt.serve")
 
 SAFETY = 0.7  # a job may use this share of the tightest listener's buffered audio: estimates are rough
+# A finish (the whole generator over a job) per step against a window's (the window cost model) before any
+# finish was timed: whole generator 0.65-0.85 ms per step, windows ~0.55 (AMD EPYC); then what finishes take
+FINISH_RATIO = 1.5
 
 
 class WholeJobs:
@@ -58,6 +61,11 @@ class WindowedJobs:
 
     def __init__(self, engine: Any, decoder: WindowedDecoder) -> None:
         self.engine, self.decoder = engine, decoder
+        self.finish_ratio = FINISH_RATIO
+
+    def finish_seconds(self, job: WindowedJob) -> float:
+        """What `job`'s finish is priced at: the window cost of its steps, scaled by what finishes took."""
+        return self.finish_ratio * self.engine.window_cost.predict(job.front.steps)
 
     def window_steps(self, stream: Any) -> int:
         """`plan.window_steps` for this stream, with the other listeners priced by the cost models (call it
@@ -70,12 +78,10 @@ class WindowedJobs:
         job = stream.job[2] if stream.job is not None else None
         # A job that finishes whole: its first window lasts while the finish runs (a longer first window, not
         # a window between the two: an extra seam scored worse, docs/measurements/2026-12-05-finish-whole.md).
-        finish_next = job is not None and job.finish and job.windows == 0
-        if finish_next:
-            own_next = max(own_next, job.front.steps)
         cover = engine.window_cost.predict(own_next)
-        if finish_next:  # the joiner trims most of the first window's lead-in: that part never plays
-            cover += SAFETY * STEPS_PER_FRAME * settings.lead_frames * STEP_SAMPLES / engine.sample_rate
+        if job is not None and job.finish and job.windows == 0:  # the joiner trims most of its lead-in: never played
+            lead = SAFETY * STEPS_PER_FRAME * settings.lead_frames * STEP_SAMPLES / engine.sample_rate
+            cover = max(cover, self.finish_seconds(job)) + lead
         if waiting:  # their fronts and first windows, shared among the workers
             others = sum(engine.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
             cover += (others + len(waiting) * engine.window_cost.predict(settings.first_steps)) / engine.workers
@@ -104,14 +110,16 @@ class WindowedJobs:
         spent, first = job.compute, job.cursor  # the job times its own windows
         with engine.cond:
             finishing = self.finishes(stream, job)
-            steps = job.front.steps if finishing else self.window_steps(stream)
+            priced, steps = (self.finish_seconds(job), 0) if finishing else (0.0, self.window_steps(stream))
         if finishing:
             audio = self.decoder.finish(job, stream.run_options)
+            with engine.cond:  # the window cost model stays the windows'
+                seen = (job.compute - spent) / max(priced, 1e-6)
+                self.finish_ratio *= 0.7 + 0.3 * min(max(seen, 0.2), 5.0)
         else:
             audio = self.decoder.next_window(job, steps, stream.run_options)
-            steps = job.cursor - first
-        with engine.cond:
-            engine.window_cost.observe(steps, 1.0, job.compute - spent)
+            with engine.cond:
+                engine.window_cost.observe(job.cursor - first, 1.0, job.compute - spent)
         closes = job.done
         if closes:
             stream.job = None
@@ -137,7 +145,7 @@ class WindowedJobs:
         slacks = [s.deadline() - now for s in engine.streams if s.streaming and s.first_out is not None and s is not stream]
         fit = min(queue_seconds(slacks, engine.window_cost.predict(self.decoder.settings.first_steps), SAFETY),
                   SAFETY * (stream.deadline() - now))  # fmt: skip
-        return engine.window_cost.predict(job.front.steps) <= fit
+        return self.finish_seconds(job) <= fit
 
     def time_job(self, tokens: list[int], pack: np.ndarray) -> tuple[float, dict[int, float]]:
         """A job's front (and per-job part: it cannot be interleaved), and each window's seconds by its steps."""
