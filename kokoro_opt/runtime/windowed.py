@@ -291,11 +291,7 @@ class WindowedDecoder:
         size = steps if steps is not None else (s.first_steps if job.windows == 0 else s.steps)
         a = job.cursor
         b = window_end(a, job.speech[1], size, s.steps // 4)
-        audio = self.window(job.front, a, b, job.stats, run_options, job.constants)
-        job.cursor, job.windows = b, job.windows + 1
-        job.compute += time.perf_counter() - began
-        job.samples += len(audio)
-        return audio
+        return _advance(job, b, began, self.window(job.front, a, b, job.stats, run_options, job.constants))
 
     def whole_audio(self, front: FrontOutput, run_options: Any = None) -> np.ndarray:
         """The utterance's audio from one run of the whole generator on `front`: normalized with its own
@@ -310,11 +306,7 @@ class WindowedDecoder:
         """The rest of a job, steps [cursor, speech end), from `whole_audio`."""
         began = time.perf_counter()
         a, b = job.cursor, job.speech[1]
-        out = self.whole_audio(job.front, run_options)[a * STEP_SAMPLES : b * STEP_SAMPLES]
-        job.cursor, job.windows = b, job.windows + 1
-        job.compute += time.perf_counter() - began
-        job.samples += len(out)
-        return out
+        return _advance(job, b, began, self.whole_audio(job.front, run_options)[a * STEP_SAMPLES : b * STEP_SAMPLES])
 
     def speak(self, token_ids: list[int], pack: np.ndarray, speed: float = 1.0) -> tuple[np.ndarray, WindowedJob]:
         """The whole speech span of one utterance as a lone listener hears it, joined: the first window, then
@@ -324,3 +316,11 @@ class WindowedDecoder:
         while not job.done:
             parts.append(self.finish(job) if job.finish else self.next_window(job))
         return np.concatenate(parts), job
+
+
+def _advance(job: WindowedJob, end: int, began: float, audio: np.ndarray) -> np.ndarray:
+    """Account `audio`, steps [cursor, end) decoded since `began`, to `job` (a window or its finish)."""
+    job.cursor, job.windows = end, job.windows + 1
+    job.compute += time.perf_counter() - began
+    job.samples += len(audio)
+    return audio

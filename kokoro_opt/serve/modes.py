@@ -75,20 +75,18 @@ class WindowedJobs:
         # A first window lasts while this stream's next window runs (alone: the smallest a heard stream
         # gets), and while every other new listener gets its front and first window.
         own_next = settings.steps if waiting else smallest_heard_window(settings.first_steps, settings.steps)
-        job = stream.job[2] if stream.job is not None else None
-        # A job that finishes whole: its first window lasts while the finish runs (a longer first window, not
-        # a window between the two: an extra seam scored worse, docs/measurements/2026-12-05-finish-whole.md).
         cover = engine.window_cost.predict(own_next)
-        if job is not None and job.finish and job.windows == 0:  # the joiner trims most of its lead-in: never played
+        job = stream.job[2] if stream.job is not None else None
+        if job is not None and job.finish and job.windows == 0:
+            # A job that finishes whole: its first window lasts while the finish runs (a longer first window,
+            # not a window between: an extra seam scored worse, docs/measurements/2026-12-05-finish-whole.md),
+            # plus the lead-in the joiner trims, which never plays.
             lead = SAFETY * STEPS_PER_FRAME * settings.lead_frames * STEP_SAMPLES / engine.sample_rate
             cover = max(cover, self.finish_seconds(job)) + lead
         if waiting:  # their fronts and first windows, shared among the workers
             others = sum(engine.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
             cover += (others + len(waiting) * engine.window_cost.predict(settings.first_steps)) / engine.workers
-        now = time.monotonic()
-        slacks = [s.deadline() - now for s in engine.streams if s.streaming and s.first_out is not None and s is not stream]
-        fit = queue_seconds(slacks, engine.window_cost.predict(settings.first_steps), SAFETY)
-        fit = min(fit, SAFETY * (stream.deadline() - now))  # and its own listener's, where it can
+        fit = self.fit_seconds(stream)
         return window_steps(
             settings.first_steps,
             settings.steps,
@@ -140,12 +138,16 @@ class WindowedJobs:
             return True
         if job.windows == 0:
             return False
+        return self.finish_seconds(job) <= self.fit_seconds(stream)
+
+    def fit_seconds(self, stream: Any) -> float:
+        """Seconds this stream's next unit may take: every other heard listener, served after it in deadline
+        order with a first window each, and its own listener still hear audio in time (`plan.queue_seconds`)."""
         engine = self.engine
         now = time.monotonic()
         slacks = [s.deadline() - now for s in engine.streams if s.streaming and s.first_out is not None and s is not stream]
-        fit = min(queue_seconds(slacks, engine.window_cost.predict(self.decoder.settings.first_steps), SAFETY),
-                  SAFETY * (stream.deadline() - now))  # fmt: skip
-        return self.finish_seconds(job) <= fit
+        fit = queue_seconds(slacks, engine.window_cost.predict(self.decoder.settings.first_steps), SAFETY)
+        return min(fit, SAFETY * (stream.deadline() - now))  # and its own listener's, where it can
 
     def time_job(self, tokens: list[int], pack: np.ndarray) -> tuple[float, dict[int, float]]:
         """A job's front (and per-job part: it cannot be interleaved), and each window's seconds by its steps."""
