@@ -21,11 +21,11 @@ def fp32(real_fp32_build):
 
 def test_windowed_decoding_keeps_the_speech_within_its_budget(fp32) -> None:
     """The windows stage on the real weights, small, built as a user builds: the statistics predictor fitted on
-    2 calibration sentences (the recipe uses 30), the gate on 3 sentences and 3 phrases. Short jobs finish with
-    one whole-generator run after their first window, and with that the windowed speech meets the whole
-    decoding's quality (the default budget), so `serve` streams this artifact windowed by default; the same
-    statistics with windows to the end do not (the high band moves: docs/measurements/
-    2026-12-05-finish-whole.md). The gate refuses what a strict budget does not allow."""
+    2 calibration sentences (the recipe uses 30), the gate on 3 sentences and 3 phrases. Jobs finish with one
+    whole-generator run after their first window, and with that the windowed speech meets the whole decoding's
+    quality (the default budget; measured 4.60 mean, worst 4.50, 0.35 dB on both torch kernel paths and 1 and 4
+    ORT threads), so `serve` streams this artifact windowed by default; the same statistics with windows to the
+    end do not (2.16-2.18 dB of high band). The gate refuses what a strict budget does not allow."""
     from dataclasses import replace
 
     from kokoro_opt.build import build
@@ -39,7 +39,10 @@ def test_windowed_decoding_keeps_the_speech_within_its_budget(fp32) -> None:
     from kokoro_opt.store import store_of
 
     budget = {"min_pesq": 3.9, "min_sentence_pesq": 3.5, "min_phrase_pesq": 3.9}
-    small = WindowsStage(kind="windows", calibration_sentences=2, check_sentences=3, check_phrases=3, **budget)
+    # every gate utterance finishes (all are under 1000 steps): what the test is about. With the default 320,
+    # one 90-token sentence is windows to the end and holds the high band at 1.35 dB against the bar's 1.5, on
+    # every torch kernel path and ORT thread count; finished, 0.35 dB (docs/measurements/2026-12-05-finish-whole.md)
+    small = WindowsStage(kind="windows", calibration_sentences=2, check_sentences=3, check_phrases=3, finish_steps=1000, **budget)
     recipe = real_weights_recipe("fp32").model_copy(update={"name": "fp32-windows", "stages": [small]})
     artifact = build(recipe, store_of(fp32.artifact).root).artifact  # the fixture's export, from the cache
     record = artifact.build.stages[-1]
