@@ -2,12 +2,13 @@
 or the runtime that `kokoro-opt bench-serve` alone, run after run, cannot tell from the machine's drift.
 
     python benchmarks/servers_side_by_side.py --a http://127.0.0.1:8891 --b http://127.0.0.1:8892 [--rounds 10]
+                                              [--no-stream]
 
 Start the two servers first, e.g. one from a checkout of the old code and one from the new, on the same
 artifact (`kokoro-opt serve --artifact DIR --port 8891`). Each round sends every text to both, one request at
 a time, in turns whose order flips every round, with `Cache-Control: no-cache` (synthesized, never from the
-audio cache). The table prints, per text, the median and quartiles of the time to the first bytes and to the
-whole response.
+audio cache); `--no-stream` asks for whole files (`"stream": false`) instead. The table prints, per text,
+the median and quartiles of the time to the first bytes and to the whole response.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ TEXTS = (
 PHRASE_CHARS = 30  # texts shorter than this are the short phrases of the summary line
 
 
-def timed(url: str, text: str) -> tuple[float, float]:
+def timed(url: str, text: str, stream: bool = True) -> tuple[float, float]:
     """Seconds to the first bytes of audio and to the whole response."""
     import httpx
 
-    body = {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm"}
+    body = {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm", "stream": stream}
     began, first = time.perf_counter(), None
     with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, headers={"Cache-Control": "no-cache"}, timeout=120) as r:
         r.raise_for_status()
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--a", required=True, help="URL of the first server (e.g. the old code)")
     parser.add_argument("--b", required=True, help="URL of the second server (e.g. the new code)")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--no-stream", dest="stream", action="store_false", help="whole files, not streams")
     args = parser.parse_args()
 
     from rich.console import Console
@@ -64,11 +66,11 @@ def main() -> None:
     samples: dict[tuple[str, str], list[tuple[float, float]]] = {(k, t): [] for k in urls for t in TEXTS}
     for name in urls:  # caches and arenas warm; not counted
         for text in TEXTS:
-            timed(urls[name], text)
+            timed(urls[name], text, args.stream)
     for n in range(args.rounds):
         for text in TEXTS:
             for name in ("a", "b") if n % 2 == 0 else ("b", "a"):
-                samples[name, text].append(timed(urls[name], text))
+                samples[name, text].append(timed(urls[name], text, args.stream))
                 time.sleep(0.05)  # a listener's pause: pools go idle between requests, as they do in use
 
     console = Console()

@@ -249,11 +249,18 @@ def test_a_short_job_finishes_with_the_whole_decoding_of_its_front(windowed) -> 
     spoken, spoken_job = decoder.speak(tokens, pack)
     np.testing.assert_array_equal(spoken[len(first) :], rest)
     assert spoken_job.windows == 2
+    # Nobody hears it before it ends: only finished, without the per-job part a window needs.
+    unheard = decoder.start(tokens, pack, windows=False)
+    assert unheard.stats is None and unheard.constants is None
+    with pytest.raises(UserError, match="started without windows"):
+        decoder.next_window(unheard)
+    np.testing.assert_array_equal(decoder.finish(unheard), whole[a * STEP_SAMPLES : b * STEP_SAMPLES])
     default = decoder.settings
     try:
         decoder.settings = WindowSettings(**{**default.__dict__, "finish_steps": job.front.steps - 1})
         longer = decoder.start(tokens, pack)
         assert not longer.finish
+        assert decoder.start(tokens, pack, windows=False).stats is not None  # it will need windows
         assert decoder.speak(tokens, pack)[1].windows > 2  # windows to the end
     finally:
         decoder.settings = default

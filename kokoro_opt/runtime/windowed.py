@@ -113,7 +113,7 @@ class WindowedJob:
     """A job in progress: its front ran, steps [cursor, speech end) are still to decode."""
 
     front: FrontOutput
-    stats: np.ndarray
+    stats: np.ndarray | None  # None: left out by `start(windows=False)`, the job only finishes
     speech: tuple[int, int]  # the steps decoded: the speech between the edge silences
     cursor: int = 0  # the next step to decode
     windows: int = 0  # windows decoded so far
@@ -123,6 +123,7 @@ class WindowedJob:
     opened: bool = True  # no window sent yet: the next one opens the job (the joiner trims its lead-in)
     constants: dict[str, np.ndarray] | None = None  # the generator's per-job tensors (hoisting.py)
     finish: bool = False  # short enough to finish with one whole-generator run (`WindowedDecoder.finish`)
+    whole: np.ndarray | None = None  # the whole generator's audio, once the job finished with it
 
     @property
     def done(self) -> bool:
@@ -271,21 +272,30 @@ class WindowedDecoder:
         audio = np.asarray(self.generator_session.run(None, feeds, run_options)[0], dtype=np.float32).reshape(-1)
         return audio[(start - lo) * STEP_SAMPLES : (end - lo) * STEP_SAMPLES] / self.synth.audio_gain
 
-    def start(self, token_ids: list[int], pack: np.ndarray, speed: float = 1.0, run_options: Any = None) -> WindowedJob:
+    def start(
+        self, token_ids: list[int], pack: np.ndarray, speed: float = 1.0, run_options: Any = None, windows: bool = True
+    ) -> WindowedJob:
+        """Run a job's front and the generator's per-job part. `windows=False`: nobody hears the job before it
+        ends, so one that can finish is only finished, and its per-job part (statistics and tables, ~5 ms) is
+        left out."""
         if self.statistics is None:
             raise UserError("this windowed decoder has no statistics", "load it with WindowedDecoder.of_artifact")
         began = time.perf_counter()
         front = self.front(token_ids, style_for(pack, len(token_ids)), speed, run_options)
         s = self.settings
         start, end = speech_steps(front.durations, token_ids, self.synth.symbols, s.lead_frames, s.trail_frames)
-        stats = self.statistics.for_job(front, pack, self.synth.packs)
-        job = WindowedJob(front, stats, (start, end), cursor=start, constants=self.job_constants(front, stats, run_options))
+        job = WindowedJob(front, None, (start, end), cursor=start)
         job.finish = self.whole_session is not None and front.steps <= s.finish_steps
+        if windows or not job.finish:
+            job.stats = self.statistics.for_job(front, pack, self.synth.packs)
+            job.constants = self.job_constants(front, job.stats, run_options)
         job.front_seconds = job.compute = time.perf_counter() - began
         return job
 
     def next_window(self, job: WindowedJob, steps: int | None = None, run_options: Any = None) -> np.ndarray:
         """Decode the job's next window: `steps` long, or by default the settings' first / later window size."""
+        if job.stats is None:
+            raise UserError("this job was started without windows", "finish it, or start it with windows=True")
         began = time.perf_counter()
         s = self.settings
         size = steps if steps is not None else (s.first_steps if job.windows == 0 else s.steps)
@@ -306,7 +316,8 @@ class WindowedDecoder:
         """The rest of a job, steps [cursor, speech end), from `whole_audio`."""
         began = time.perf_counter()
         a, b = job.cursor, job.speech[1]
-        return _advance(job, b, began, self.whole_audio(job.front, run_options)[a * STEP_SAMPLES : b * STEP_SAMPLES])
+        job.whole = self.whole_audio(job.front, run_options)
+        return _advance(job, b, began, job.whole[a * STEP_SAMPLES : b * STEP_SAMPLES])
 
     def speak(self, token_ids: list[int], pack: np.ndarray, speed: float = 1.0) -> tuple[np.ndarray, WindowedJob]:
         """The whole speech span of one utterance as a lone listener hears it, joined: the first window, then

@@ -101,9 +101,11 @@ class WindowedJobs:
     def step(self, stream: Any, tokens: list[int], last: bool) -> None:
         engine = self.engine
         if stream.job is None:
-            stream.job = (tokens, last, self.decoder.start(tokens, stream.pack, stream.speed, stream.run_options))
-            with engine.cond:  # two workers observe
-                engine.cost.observe(len(tokens), stream.speed, stream.job[2].front_seconds)
+            job = self.decoder.start(tokens, stream.pack, stream.speed, stream.run_options, windows=stream.streaming)
+            stream.job = (tokens, last, job)
+            if job.stats is not None:  # the front model prices a front with its per-job part
+                with engine.cond:  # two workers observe
+                    engine.cost.observe(len(tokens), stream.speed, job.front_seconds)
         job = stream.job[2]
         spent, first = job.compute, job.cursor  # the job times its own windows
         with engine.cond:
