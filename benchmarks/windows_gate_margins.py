@@ -46,6 +46,7 @@ def main() -> None:
 
     from kokoro_opt.artifacts import open_artifact
     from kokoro_opt.machine import describe, fingerprint
+    from kokoro_opt.passes.speech_gate import GATE_COLUMNS, gate_cells
     from kokoro_opt.passes.windows import measure
     from kokoro_opt.recipe import WindowsStage
     from kokoro_opt.runtime.session import SessionSettings
@@ -58,7 +59,7 @@ def main() -> None:
         raise SystemExit(f"{artifact.path} was not built with the windows stage")
     cfg = WindowsStage(**record["config"])
     table = Table(title=f"windows gate, {artifact.name} {artifact.id} ({describe(fingerprint())})")
-    for column in ("run", "PESQ mean", "worst sentence", "worst utterance (which)", "phrases", "4-12 kHz dB (max)"):
+    for column in ("run", *GATE_COLUMNS):
         table.add_column(column, justify="right" if column != "run" else "left")
     for label, budget in (("budget", cfg), ("default budget", cfg.default_budget)):
         bars = (f">= {budget.min_pesq}", "", f">= {budget.min_sentence_pesq}", f">= {budget.min_phrase_pesq}")
@@ -70,16 +71,7 @@ def main() -> None:
         decoder = WindowedDecoder.of_artifact(Synthesizer(artifact, SessionSettings(intra_op_num_threads=threads)))
         if noise:
             decoder.statistics = Noisy(decoder.statistics, noise, np.random.default_rng(seed))
-        s = measure(decoder, cfg)
-        worst = min((row for row in s["utterances"] if row["pesq"] is not None), key=lambda row: row["pesq"])
-        table.add_row(
-            label,
-            f"{s['pesq_mean']:.3f}",
-            f"{s['pesq_min']:.3f}",
-            f"{s['utterance_pesq_min']:.3f} ({worst['utterance']})",
-            f"{s['phrase_pesq_mean']:.3f}",
-            f"{s['high_band_db_max']:.2f}",
-        )
+        table.add_row(label, *gate_cells(measure(decoder, cfg)))
     Console().print(table)
 
 

@@ -150,13 +150,18 @@ def cut(
     initializers = [
         init for init in graph.initializer if (init.name in reads or init.name in sub_reads) and init.name not in inputs
     ]
+    # The shapes known of what the part computes go with it: ONNX Runtime fuses by them (ALBERT's Add and
+    # LayerNormalization into SkipLayerNormalization), and a part fused as the whole model is computes its
+    # outputs bit for bit as the whole model does.
+    known = {value.name: value for value in [*graph.value_info, *graph.output]}
     result = helper.make_model(
         helper.make_graph(
             [graph.node[i] for i in sorted(keep)],
             graph.name,
             [_input_value(graph, t) for t in inputs],
-            [helper.make_empty_tensor_value_info(o) for o in outputs],
+            [known.get(o) or helper.make_empty_tensor_value_info(o) for o in outputs],
             initializers,
+            value_info=[known[t] for t in sorted(seen - set(outputs)) if t in known],
         ),
         opset_imports=model.opset_import,
         ir_version=model.ir_version,

@@ -6,6 +6,7 @@ The longest test of the suite: a file of its own so pytest-xdist runs it beside 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kokoro_opt.recipe import WindowsStage
@@ -37,6 +38,7 @@ def test_windowed_decoding_keeps_the_speech_within_its_budget(fp32) -> None:
     from kokoro_opt.serve import ServeConfig
     from kokoro_opt.serve.config import mode_reason
     from kokoro_opt.store import store_of
+    from kokoro_opt.text import utterance_tokens
 
     budget = {"min_pesq": 3.9, "min_sentence_pesq": 3.5, "min_phrase_pesq": 3.9}
     # every gate utterance finishes (all are under 1000 steps): what the test is about. With the default 320,
@@ -58,7 +60,14 @@ def test_windowed_decoding_keeps_the_speech_within_its_budget(fp32) -> None:
     assert not ServeConfig.for_selection(selection, windowed=False).windowed  # and whole when asked
     assert mode_reason(artifact, None, True).startswith(" (by default: windowed vs whole decoding measured PESQ")
 
-    decoder = WindowedDecoder.of_artifact(Synthesizer(artifact))
+    synth = Synthesizer(artifact)
+    decoder = WindowedDecoder.of_artifact(synth)
+    # a finish is the whole decoding's audio, bit for bit: the front and the whole generator are fused as the
+    # model is (test_windows.py: they carry its shapes)
+    tokens, pack = utterance_tokens("Who's there? Checkbox checked.", synth.vocab), synth.packs[synth.voices[0]]
+    job = decoder.start(tokens, pack, windows=False)
+    np.testing.assert_array_equal(decoder.whole_audio(job.front), synth.run_tokens(tokens, synth.voices[0]).audio)
+
     decoder.settings = replace(decoder.settings, finish_steps=0)  # windows to the end, the same statistics
     to_the_end = measure(decoder, small)
     assert gate_failures(to_the_end, small.default_budget), to_the_end

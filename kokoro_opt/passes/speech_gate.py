@@ -37,7 +37,8 @@ def score(utterance: Any, reference: np.ndarray, speech: np.ndarray, rate: int, 
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rows and their summary: each kind's mean and worst PESQ, the worst of all, the largest 4-12 kHz move."""
+    """The rows and their summary: each kind's mean and worst PESQ, the worst of all (and which utterance it is),
+    the largest 4-12 kHz move."""
     from kokoro_opt.evaluate.corpus import PHRASE
 
     def scores(phrases: bool) -> list[float]:
@@ -47,6 +48,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return round(float(how(values)), 3) if values else None
 
     sentences, phrases = scores(False), scores(True)
+    scored = [r for r in rows if r["pesq"] is not None]
     return {
         "utterances": rows,
         "pesq_mean": rounded(sentences, np.mean),
@@ -54,8 +56,24 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "phrase_pesq_mean": rounded(phrases, np.mean),
         "phrase_pesq_min": rounded(phrases, np.min),
         "utterance_pesq_min": rounded(sentences + phrases, np.min),
+        "worst_utterance": min(scored, key=lambda r: r["pesq"])["utterance"] if scored else None,
         "high_band_db_max": round(max((abs(r["high_band_db"]) for r in rows), default=0.0), 3),
     }
+
+
+GATE_COLUMNS = ("PESQ mean", "worst sentence", "worst utterance (which)", "phrases", "4-12 kHz dB (max)")
+
+
+def gate_cells(summary: dict[str, Any]) -> tuple[str, ...]:
+    """A `summarise` result as the cells of a table with GATE_COLUMNS (the benchmarks' tables)."""
+    s = summary
+    return (
+        f"{s['pesq_mean']:.3f}",
+        f"{s['pesq_min']:.3f}",
+        f"{s['utterance_pesq_min']:.3f} ({s['worst_utterance']})",
+        f"{s['phrase_pesq_mean']:.3f}",
+        f"{s['high_band_db_max']:.2f}",
+    )
 
 
 def speaks(artifact: Any) -> bool:

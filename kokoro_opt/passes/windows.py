@@ -11,8 +11,9 @@ with one whole-generator run after its first window (kokoro_opt/runtime/windowed
 
 Windowed audio is not the whole decoding's: a window cannot normalize over the sentence it has not
 decoded yet, and predicted statistics are close to the sentence's, not equal. The gate compares, on corpus
-sentences and the short-phrase slice, what a lone listener hears with the same samples decoded whole from
-the same front (PESQ-WB, worst utterance, 4-12 kHz energy) and refuses the artifact below the budget.
+sentences and the short-phrase slice, what a lone listener hears with the same samples decoded whole (the
+model's audio: the front and the whole generator compute it bit for bit) by PESQ-WB, worst utterance and
+4-12 kHz energy, and refuses the artifact below the budget.
 """
 
 from __future__ import annotations
@@ -75,12 +76,9 @@ def fit_predictor(decoder: WindowedDecoder, probe: MomentsProbe, pieces: list[li
 
 
 def measure(decoder: WindowedDecoder, cfg: WindowsStage) -> dict[str, Any]:
-    """Windowed vs whole decoding of the same front, speech span, on the gate's utterances.
-
-    Whole decoding of the same front, not model.onnx's: the front cut out of the model rounds F0's running
-    phase differently (~1e-2 rad), and the INT8 generator alone turns that into PESQ 4.2-4.4 on single
-    utterances (3.4 on the worst) with no window at all (docs/measurements/2026-12-05-finish-whole.md).
-    That is float noise every split of the model has; the gate measures what windows cost."""
+    """Windowed vs whole decoding, speech span, on the gate's utterances. The reference is the whole generator
+    over the job's front: model.onnx's audio bit for bit, since the cut graphs carry the model's shapes and
+    are fused as it is (docs/measurements/2026-12-05-front-shapes.md); and a job that finished already ran it."""
     synth = decoder.synth
     rows = []
     for utterance, tokens in gate_utterances(cfg, synth.voices, synth.vocab):

@@ -304,8 +304,8 @@ class WindowedDecoder:
         return _advance(job, b, began, self.window(job.front, a, b, job.stats, run_options, job.constants))
 
     def whole_audio(self, front: FrontOutput, run_options: Any = None) -> np.ndarray:
-        """The utterance's audio from one run of the whole generator on `front`: normalized with its own
-        statistics, what whole decoding makes of the same front."""
+        """The utterance's audio from one run of the whole generator on `front`, normalized with its own
+        statistics: the model's audio, bit for bit, in an artifact whose graphs carry its shapes."""
         if self.whole_session is None:
             raise UserError("this artifact has no whole_generator graph", "rebuild it, or decode the job in windows")
         feeds = dict(zip(FRONT_OUTPUTS[:4], (front.features, front.f0, front.phase, front.decoder_style), strict=True))
