@@ -77,10 +77,11 @@ class WindowedJobs:
         own_next = settings.steps if waiting else smallest_heard_window(settings.first_steps, settings.steps)
         cover = engine.window_cost.predict(own_next)
         job = stream.job[2] if stream.job is not None else None
-        if job is not None and job.finish and job.windows == 0:
+        if job is not None and job.finish and job.windows == 0 and not waiting:
             # A job that finishes whole: its first window lasts while the finish runs (a longer first window,
             # not a window between: an extra seam scored worse, docs/measurements/2026-12-05-finish-whole.md),
-            # plus the lead-in the joiner trims, which never plays.
+            # plus the lead-in the joiner trims, which never plays. Not while others wait for their first
+            # audio: the window then lasts while they start, and the finish comes after, when it fits.
             lead = SAFETY * STEPS_PER_FRAME * settings.lead_frames * STEP_SAMPLES / engine.sample_rate
             cover = max(cover, self.finish_seconds(job)) + lead
         if waiting:  # their fronts and first windows, shared among the workers
