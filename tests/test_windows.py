@@ -248,6 +248,10 @@ def test_a_short_job_finishes_with_the_whole_decoding_of_its_front(windowed) -> 
     spoken, spoken_job = decoder.speak(tokens, pack)
     np.testing.assert_array_equal(spoken[len(first) :], rest)
     assert spoken_job.windows == 2
+    bridged = decoder.start(tokens, pack)  # a first window, one with wider context (serve's bridge), the finish
+    parts = [decoder.next_window(bridged), decoder.next_window(bridged, 6, overlap=8), decoder.finish(bridged)]
+    assert np.concatenate(parts).shape == whole[a * STEP_SAMPLES : b * STEP_SAMPLES].shape
+    np.testing.assert_array_equal(parts[2], whole[a * STEP_SAMPLES + len(parts[0]) + len(parts[1]) : b * STEP_SAMPLES])
     # Nobody hears it before it ends: only finished, without the per-job part a window needs.
     unheard = decoder.start(tokens, pack, windows=False)
     assert unheard.stats is None and unheard.constants is None

@@ -116,12 +116,12 @@ def test_serve_streams_windowed_where_the_artifact_can_unless_told_not_to(window
 
 
 def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -> None:
-    """A short windowed job (`WindowedJob.finish`) sends its first window, sized to last while the whole-generator
-    run takes, then that run, unless it would leave this or another listener without audio (then windows go
-    on); a request nobody hears before it ends is that run alone. While another listener waits for its first
-    audio, the first window is sized as any job's (it lasts while the newcomer starts): sized for the finish
-    too, it made every later listener wait longer (four streams' first audio p95 0.32 -> 0.26 s,
-    docs/measurements/2026-12-05-front-shapes.md); the finish comes later if it fits."""
+    """A short windowed job (`WindowedJob.finish`) sends a first window like any job's, then its whole-generator
+    run once that run fits before this and every other listener runs dry. Until then one bridge window, the
+    fewest steps after which it fits for this listener, decoded with wider context; after that windows go on
+    (and the finish may still come). A request nobody hears before it ends is that run alone. A first window
+    grown to last while the finish runs made the first sound ~10 ms later, and every later listener's when
+    several started together (docs/measurements/2026-12-05-front-shapes.md)."""
     import asyncio
     from types import SimpleNamespace
     from typing import Any, cast
@@ -133,9 +133,12 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
     from kokoro_opt.serve.modes import SAFETY, WindowedJobs
     from tests.test_serve_units import SR, _FakeEncoder
 
+    settings = WindowSettings()
+    step = STEP_SAMPLES / SR
+
     async def decisions() -> dict[str, Any]:
         engine = Engine(cast(Selection, None), ServeConfig())
-        mode = WindowedJobs(engine, cast(Any, SimpleNamespace(settings=WindowSettings())))
+        mode = WindowedJobs(engine, cast(Any, SimpleNamespace(settings=settings)))
         engine.mode = mode
         engine.window_cost.calibrate((12, 0.012), (80, 0.05))  # 200 steps of windows: ~0.12 s; the finish ~0.18 s
         pack = np.zeros((510, 1, 256), np.float32)
@@ -143,21 +146,21 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
         quiet = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), False)
         job = SimpleNamespace(finish=True, windows=0, front=SimpleNamespace(steps=200))
         listener.job = ([1] * 10, True, job)
-        out: dict[str, Any] = {"first_window": mode.window_steps(listener), "run": mode.finish_seconds(job)}
+        out: dict[str, Any] = {"first window": mode.window_steps(listener), "run": mode.finish_seconds(job)}
+        job.finish = False
+        out["first window of a long job"] = mode.window_steps(listener)
+        job.finish = True
         out["before the first window"] = mode.finishes(listener, job)
         out["not streaming"] = mode.finishes(quiet, job)
-        newcomer = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), True)  # waits for its first audio too
-        out["first window, another listener waiting"] = mode.window_steps(listener)
-        job.finish = False
-        out["first window of a long job, another listener waiting"] = mode.window_steps(listener)
-        job.finish = True
-        engine.streams.remove(newcomer)
         job.windows = 1
         now = time.monotonic()
         listener.first_out, listener.audio_out = now, 0.5
         out["0.5 s buffered"] = mode.finishes(listener, job)
         listener.audio_out = 0.1
         out["0.1 s buffered"] = mode.finishes(listener, job)
+        out["bridge"] = mode.bridge_steps(listener, job)
+        wider = 2 * (settings.bridge_overlap_steps - settings.overlap_steps)
+        out["cost"] = lambda steps: engine.window_cost.predict(steps + wider)
         listener.audio_out = 0.5
         other = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), True)
         other.first_out, other.audio_out = now, 0.1
@@ -167,11 +170,16 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
         return out
 
     out = asyncio.run(decisions())
-    assert out["first_window"] * STEP_SAMPLES / SR * SAFETY >= out["run"] and out["first_window"] > WindowSettings().first_steps
+    assert out["first window"] == out["first window of a long job"] == settings.first_steps
     assert out["not streaming"] and out["0.5 s buffered"]
-    assert out["first window, another listener waiting"] == out["first window of a long job, another listener waiting"]
     refused = ("before the first window", "0.1 s buffered", "another listener 0.1 s from running dry", "a long job")
     assert not any(out[k] for k in refused)
+
+    def lasts(steps: int) -> bool:  # 0.1 s buffered: the bridge and then the finish run before it runs out
+        return out["run"] + out["cost"](steps) <= SAFETY * (0.1 + steps * step)
+
+    bridge = out["bridge"]
+    assert 0 < bridge < settings.steps and lasts(bridge) and not lasts(bridge - 1), bridge
 
 
 def test_the_server_finishes_short_jobs_with_the_whole_generator(windowed) -> None:

@@ -79,6 +79,9 @@ class WindowSettings:
     lead_frames: int = 2
     trail_frames: int = 6
     finish_steps: int = 320  # jobs of at most this many steps finish with the whole generator (0: never)
+    # Context each side of a window between a first window and its finish (serve/modes.py): with 4 steps
+    # that seam cost phrases 0.1 PESQ-WB, with 8 nothing measurable (docs/measurements/2026-12-05-front-shapes.md)
+    bridge_overlap_steps: int = 8
 
     @classmethod
     def of(cls, meta: dict[str, Any]) -> WindowSettings:
@@ -255,10 +258,11 @@ class WindowedDecoder:
         stats: np.ndarray,
         run_options: Any = None,
         constants: dict[str, np.ndarray] | None = None,
+        overlap: int | None = None,
     ) -> np.ndarray:
-        """Audio of steps [start, end), decoded with the overlap's steps of context each side; `constants`
-        are the job's (`job_constants`), computed here when not given."""
-        overlap = self.settings.overlap_steps
+        """Audio of steps [start, end), decoded with `overlap` (by default the settings') steps of context each
+        side; `constants` are the job's (`job_constants`), computed here when not given."""
+        overlap = self.settings.overlap_steps if overlap is None else overlap
         lo, hi = max(start - overlap, 0), min(end + overlap, front.steps)
         feeds = {
             FRONT_OUTPUTS[0]: np.ascontiguousarray(front.features[:, :, lo:hi]),
@@ -292,8 +296,11 @@ class WindowedDecoder:
         job.front_seconds = job.compute = time.perf_counter() - began
         return job
 
-    def next_window(self, job: WindowedJob, steps: int | None = None, run_options: Any = None) -> np.ndarray:
-        """Decode the job's next window: `steps` long, or by default the settings' first / later window size."""
+    def next_window(
+        self, job: WindowedJob, steps: int | None = None, run_options: Any = None, overlap: int | None = None
+    ) -> np.ndarray:
+        """Decode the job's next window: `steps` long, or by default the settings' first / later window size;
+        `overlap`: steps of context each side, by default the settings'."""
         if job.stats is None:
             raise UserError("this job was started without windows", "finish it, or start it with windows=True")
         began = time.perf_counter()
@@ -301,7 +308,7 @@ class WindowedDecoder:
         size = steps if steps is not None else (s.first_steps if job.windows == 0 else s.steps)
         a = job.cursor
         b = window_end(a, job.speech[1], size, s.steps // 4)
-        return _advance(job, b, began, self.window(job.front, a, b, job.stats, run_options, job.constants))
+        return _advance(job, b, began, self.window(job.front, a, b, job.stats, run_options, job.constants, overlap))
 
     def whole_audio(self, front: FrontOutput, run_options: Any = None) -> np.ndarray:
         """The utterance's audio from one run of the whole generator on `front`, normalized with its own

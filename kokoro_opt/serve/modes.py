@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from kokoro_opt.runtime.windowed import STEP_SAMPLES, STEPS_PER_FRAME, WindowedDecoder, WindowedJob
-from kokoro_opt.serve.plan import queue_seconds, smallest_heard_window, window_steps
+from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
+from kokoro_opt.serve.plan import bridge_steps, queue_seconds, smallest_heard_window, window_steps
 
 log = logging.getLogger("kokoro_opt.serve")
 
@@ -62,10 +62,16 @@ class WindowedJobs:
     def __init__(self, engine: Any, decoder: WindowedDecoder) -> None:
         self.engine, self.decoder = engine, decoder
         self.finish_ratio = FINISH_RATIO
+        self.warm_finish: tuple[int, float] | None = None  # (steps, seconds) of a finish timed at warm-up
 
     def finish_seconds(self, job: WindowedJob) -> float:
-        """What `job`'s finish is priced at: the window cost of its steps, scaled by what finishes took."""
-        return self.finish_ratio * self.engine.window_cost.predict(job.front.steps)
+        """What `job`'s finish is priced at: the window cost of its steps, scaled by what finishes took (from the
+        first price on, the finish timed at warm-up: the window cost model is fitted by then)."""
+        window_cost = self.engine.window_cost
+        if self.warm_finish is not None:
+            steps, seconds = self.warm_finish
+            self.finish_ratio, self.warm_finish = seconds / max(window_cost.predict(steps), 1e-6), None
+        return self.finish_ratio * window_cost.predict(job.front.steps)
 
     def window_steps(self, stream: Any) -> int:
         """`plan.window_steps` for this stream, with the other listeners priced by the cost models (call it
@@ -76,14 +82,6 @@ class WindowedJobs:
         # gets), and while every other new listener gets its front and first window.
         own_next = settings.steps if waiting else smallest_heard_window(settings.first_steps, settings.steps)
         cover = engine.window_cost.predict(own_next)
-        job = stream.job[2] if stream.job is not None else None
-        if job is not None and job.finish and job.windows == 0 and not waiting:
-            # A job that finishes whole: its first window lasts while the finish runs (a longer first window,
-            # not a window between: an extra seam scored worse, docs/measurements/2026-12-05-finish-whole.md),
-            # plus the lead-in the joiner trims, which never plays. Not while others wait for their first
-            # audio: the window then lasts while they start, and the finish comes after, when it fits.
-            lead = SAFETY * STEPS_PER_FRAME * settings.lead_frames * STEP_SAMPLES / engine.sample_rate
-            cover = max(cover, self.finish_seconds(job)) + lead
         if waiting:  # their fronts and first windows, shared among the workers
             others = sum(engine.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting)
             cover += (others + len(waiting) * engine.window_cost.predict(settings.first_steps)) / engine.workers
@@ -109,18 +107,26 @@ class WindowedJobs:
                     engine.cost.observe(len(tokens), stream.speed, job.front_seconds)
         job = stream.job[2]
         spent, first = job.compute, job.cursor  # the job times its own windows
+        overlap = None
         with engine.cond:
             finishing = self.finishes(stream, job)
-            priced, steps = (self.finish_seconds(job), 0) if finishing else (0.0, self.window_steps(stream))
+            if finishing:
+                priced, steps = self.finish_seconds(job), 0
+            elif job.finish and job.windows == 1 and stream.streaming:
+                priced, steps = 0.0, self.bridge_steps(stream, job)
+                overlap = self.decoder.settings.bridge_overlap_steps
+            else:
+                priced, steps = 0.0, self.window_steps(stream)
         if finishing:
             audio = self.decoder.finish(job, stream.run_options)
             with engine.cond:  # the window cost model stays the windows'
                 seen = (job.compute - spent) / max(priced, 1e-6)
                 self.finish_ratio *= 0.7 + 0.3 * min(max(seen, 0.2), 5.0)
         else:
-            audio = self.decoder.next_window(job, steps, stream.run_options)
-            with engine.cond:
-                engine.window_cost.observe(job.cursor - first, 1.0, job.compute - spent)
+            audio = self.decoder.next_window(job, steps, stream.run_options, overlap)
+            with engine.cond:  # a bridge's wider context counted as steps
+                wider = 0 if overlap is None else 2 * (overlap - self.decoder.settings.overlap_steps)
+                engine.window_cost.observe(job.cursor - first + wider, 1.0, job.compute - spent)
         closes = job.done
         if closes:
             stream.job = None
@@ -143,6 +149,23 @@ class WindowedJobs:
             return False
         return self.finish_seconds(job) <= self.fit_seconds(stream)
 
+    def bridge_steps(self, stream: Any, job: WindowedJob) -> int:
+        """Steps of the window between `job`'s first window and its finish, when the finish does not fit yet
+        (call it holding the engine's lock): the fewest after which it does, for this listener
+        (`plan.bridge_steps`). Decoded with wider context: its seams then cost nothing measurable, where a
+        first window grown to last while the finish runs made the first sound ~10 ms later
+        (docs/measurements/2026-12-05-front-shapes.md)."""
+        engine, settings = self.engine, self.decoder.settings
+        wider = 2 * (settings.bridge_overlap_steps - settings.overlap_steps)
+        return bridge_steps(
+            self.finish_seconds(job),
+            stream.deadline() - time.monotonic(),
+            STEP_SAMPLES / engine.sample_rate,
+            lambda steps: engine.window_cost.predict(steps + wider),
+            most=settings.steps,
+            safety=SAFETY,
+        )
+
     def fit_seconds(self, stream: Any) -> float:
         """Seconds this stream's next unit may take: every other heard listener, served after it in deadline
         order with a first window each, and its own listener still hear audio in time (`plan.queue_seconds`)."""
@@ -153,13 +176,18 @@ class WindowedJobs:
         return min(fit, SAFETY * (stream.deadline() - now))  # and its own listener's, where it can
 
     def time_job(self, tokens: list[int], pack: np.ndarray) -> tuple[float, dict[int, float]]:
-        """A job's front (and per-job part: it cannot be interleaved), and each window's seconds by its steps."""
+        """A job's front (and per-job part: it cannot be interleaved), and each window's seconds by its steps; a
+        job that can finish also times its finish (`finish_seconds`)."""
         job = self.decoder.start(tokens, pack)
         windows = {}
         while not job.done:
             spent, first = job.compute, job.cursor
             self.decoder.next_window(job)
             windows[job.cursor - first] = job.compute - spent
+        if job.finish:
+            started = time.perf_counter()
+            self.decoder.whole_audio(job.front)
+            self.warm_finish = (job.front.steps, time.perf_counter() - started)
         return job.front_seconds, windows
 
     def first_audio(self, tokens: list[int], pack: np.ndarray, speed: float, last: bool) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kokoro_opt.text import CONTEXT_TOKENS, chunk_text
@@ -77,6 +78,23 @@ def queue_seconds(slacks: list[float], min_window: float, safety: float = 0.7) -
     with a minimal window each, still hears audio before its buffer runs out (`slacks`: their buffered
     seconds). Bounding by the tightest listener alone lets four buffers run dry together."""
     return min((safety * s - k * min_window for k, s in enumerate(sorted(slacks), start=1)), default=math.inf)
+
+
+def bridge_steps(
+    finish_seconds: float,
+    buffered_seconds: float,
+    step_seconds: float,
+    cost: Callable[[int], float],
+    most: int,
+    safety: float = 0.7,
+) -> int:
+    """Steps of a window between a job's first window and its finish: the fewest whose audio, added to the
+    `buffered_seconds` its listener has, lasts while that window (`cost(steps)` seconds) and then the finish
+    run, each priced with `safety`; `most` if no fewer do."""
+    for steps in range(1, most):
+        if finish_seconds + cost(steps) <= safety * (buffered_seconds + steps * step_seconds):
+            return steps
+    return most
 
 
 def smallest_heard_window(first: int, steps: int) -> int:
