@@ -159,12 +159,14 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
         listener.audio_out = 0.1
         out["0.1 s buffered"] = mode.finishes(listener, job)
         out["bridge"] = mode.bridge_steps(listener, job)
+        out["bridges, 0.1 s buffered"] = mode.bridges(listener, job)
         wider = 2 * (settings.bridge_overlap_steps - settings.overlap_steps)
         out["cost"] = lambda steps: engine.window_cost.predict(steps + wider)
         listener.audio_out = 0.5
         other = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), True)
         other.first_out, other.audio_out = now, 0.1
         out["another listener 0.1 s from running dry"] = mode.finishes(listener, job)
+        out["bridges, held back by another listener"] = mode.bridges(listener, job)
         job.finish = False
         out["a long job"] = mode.finishes(listener, job)
         return out
@@ -180,6 +182,7 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
 
     bridge = out["bridge"]
     assert 0 < bridge < settings.steps and lasts(bridge) and not lasts(bridge - 1), bridge
+    assert out["bridges, 0.1 s buffered"] and not out["bridges, held back by another listener"]
 
 
 def test_the_server_finishes_short_jobs_with_the_whole_generator(windowed) -> None:

@@ -112,7 +112,7 @@ class WindowedJobs:
             finishing = self.finishes(stream, job)
             if finishing:
                 priced, steps = self.finish_seconds(job), 0
-            elif job.finish and job.windows == 1 and stream.streaming:
+            elif self.bridges(stream, job):
                 priced, steps = 0.0, self.bridge_steps(stream, job)
                 overlap = self.decoder.settings.bridge_overlap_steps
             else:
@@ -148,6 +148,14 @@ class WindowedJobs:
         if job.windows == 0:
             return False
         return self.finish_seconds(job) <= self.fit_seconds(stream)
+
+    def bridges(self, stream: Any, job: WindowedJob) -> bool:
+        """Whether `job`'s next unit is a bridge (call it holding the engine's lock, after `finishes` said no):
+        right after the first window of a job that finishes, when its own listener's audio is what runs short.
+        Held back by other listeners, the job goes on in windows of the usual size instead."""
+        if not (job.finish and job.windows == 1 and stream.streaming):
+            return False
+        return self.finish_seconds(job) > SAFETY * (stream.deadline() - time.monotonic())
 
     def bridge_steps(self, stream: Any, job: WindowedJob) -> int:
         """Steps of the window between `job`'s first window and its finish, when the finish does not fit yet
