@@ -235,9 +235,9 @@ class WindowsStage(SpeechGate):
         30, ge=1, le=32, description="calibration sentences (whole and in pieces) per voice the statistics predictor is fitted on"
     )
     # the gate to ship the graphs at all (`serve --windowed`). int8-mixed, windowed (short jobs finished whole)
-    # vs whole decoding of the same front, AMD EPYC, 1/2/4 threads, noise on the statistics, and an export made
-    # on torch's other kernel path (benchmarks/windows_gate_margins.py): 4.43-4.44 / worst 4.20-4.23 /
-    # phrases 4.51-4.53 / 1.10-1.20 dB (docs/measurements/2026-12-05-finish-whole.md)
+    # vs whole decoding (model.onnx's audio), AMD EPYC, 1/2/4 threads, noise on the statistics, and an export
+    # made on torch's other kernel path (benchmarks/windows_gate_margins.py): 4.43-4.44 / worst 4.19-4.23 /
+    # phrases 4.51-4.52 / 1.04-1.21 dB (docs/measurements/2026-12-05-front-shapes.md)
     min_pesq: Pesq = 4.2
     min_sentence_pesq: Pesq = 3.5
     min_phrase_pesq: Pesq = 4.2

@@ -132,7 +132,7 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
     started = time.perf_counter()
     shutil.copy2(source.model_file, out / "model.onnx")
     synth = Synthesizer(source, load=False)
-    settings = WindowSettings(cfg.first_steps, cfg.steps, cfg.overlap_steps, cfg.lead_frames, cfg.trail_frames, cfg.finish_steps)
+    settings = WindowSettings.of(cfg.model_dump())  # the stage's fields of it
     model = onnx.load(str(source.model_file))
     try:
         graphs, _ = window_graphs(model)

@@ -83,6 +83,11 @@ class WindowSettings:
     # that seam cost phrases 0.1 PESQ-WB, with 8 nothing measurable (docs/measurements/2026-12-05-front-shapes.md)
     bridge_overlap_steps: int = 8
 
+    @property
+    def bridge_extra_steps(self) -> int:
+        """Steps a bridge decodes beyond a window of the same size with the usual context."""
+        return 2 * (self.bridge_overlap_steps - self.overlap_steps)
+
     @classmethod
     def of(cls, meta: dict[str, Any]) -> WindowSettings:
         known = set(cls.__dataclass_fields__)

@@ -125,7 +125,7 @@ class WindowedJobs:
         else:
             audio = self.decoder.next_window(job, steps, stream.run_options, overlap)
             with engine.cond:  # a bridge's wider context counted as steps
-                wider = 0 if overlap is None else 2 * (overlap - self.decoder.settings.overlap_steps)
+                wider = 0 if overlap is None else self.decoder.settings.bridge_extra_steps
                 engine.window_cost.observe(job.cursor - first + wider, 1.0, job.compute - spent)
         closes = job.done
         if closes:
@@ -164,12 +164,11 @@ class WindowedJobs:
         first window grown to last while the finish runs made the first sound ~10 ms later
         (docs/measurements/2026-12-05-front-shapes.md)."""
         engine, settings = self.engine, self.decoder.settings
-        wider = 2 * (settings.bridge_overlap_steps - settings.overlap_steps)
         return bridge_steps(
             self.finish_seconds(job),
             stream.deadline() - time.monotonic(),
             STEP_SAMPLES / engine.sample_rate,
-            lambda steps: engine.window_cost.predict(steps + wider),
+            lambda steps: engine.window_cost.predict(steps + settings.bridge_extra_steps),
             most=settings.steps,
             safety=SAFETY,
         )
