@@ -132,6 +132,7 @@ class WindowedJob:
     constants: dict[str, np.ndarray] | None = None  # the generator's per-job tensors (hoisting.py)
     finish: bool = False  # short enough to finish with one whole-generator run (`WindowedDecoder.finish`)
     whole: np.ndarray | None = None  # the whole generator's audio, once the job finished with it
+    held_back: bool = False  # other listeners could not wait for its finish: windows to its end (serve/modes.py)
 
     @property
     def done(self) -> bool:

@@ -139,23 +139,30 @@ class WindowedJobs:
 
     def finishes(self, stream: Any, job: WindowedJob) -> bool:
         """Whether `job`'s next unit is its finish (call it holding the engine's lock): at once for a request
-        nobody hears before it ends; after the first window for a listener, when the whole-generator run is
-        priced to end before this and every other listener's buffered audio runs out."""
+        nobody hears before it ends; for a listener after the first window, when the whole-generator run is
+        priced to end before this and every other listener's buffered audio runs out. A job the other listeners
+        could not wait for is marked held back and goes on in windows to its end: under load such jobs finished
+        later, re-decoding most of what their windows had sent (a 130 ms run for the last 38 steps), and the
+        streams after them ran dry."""
         if not job.finish:
             return False
         if not stream.streaming:
             return True
-        if job.windows == 0:
+        if job.windows == 0 or job.held_back:
             return False
-        return self.finish_seconds(job) <= self.fit_seconds(stream)
+        finish, now = self.finish_seconds(job), time.monotonic()
+        if finish > self.others_seconds(stream, now):
+            job.held_back = True
+            return False
+        return finish <= SAFETY * (stream.deadline() - now)
 
     def bridges(self, stream: Any, job: WindowedJob) -> bool:
         """Whether `job`'s next unit is a bridge (call it holding the engine's lock, after `finishes` said no):
         right after the first window of a job that finishes, when its own listener's audio is what runs short.
-        Held back by other listeners, the job goes on in windows of the usual size instead."""
+        Held back by other listeners (`finishes`), the job goes on in windows of the usual size instead."""
         if not (job.finish and job.windows == 1 and stream.streaming):
             return False
-        return self.finish_seconds(job) > SAFETY * (stream.deadline() - time.monotonic())
+        return not job.held_back and self.finish_seconds(job) > SAFETY * (stream.deadline() - time.monotonic())
 
     def bridge_steps(self, stream: Any, job: WindowedJob) -> int:
         """Steps of the window between `job`'s first window and its finish, when the finish does not fit yet
@@ -176,11 +183,15 @@ class WindowedJobs:
     def fit_seconds(self, stream: Any) -> float:
         """Seconds this stream's next unit may take: every other heard listener, served after it in deadline
         order with a first window each, and its own listener still hear audio in time (`plan.queue_seconds`)."""
-        engine = self.engine
         now = time.monotonic()
+        return min(self.others_seconds(stream, now), SAFETY * (stream.deadline() - now))
+
+    def others_seconds(self, stream: Any, now: float) -> float:
+        """Seconds a unit for `stream` may take so that every other heard listener, served after it in deadline
+        order with a first window each, still hears audio in time (`plan.queue_seconds`)."""
+        engine = self.engine
         slacks = [s.deadline() - now for s in engine.streams if s.streaming and s.first_out is not None and s is not stream]
-        fit = queue_seconds(slacks, engine.window_cost.predict(self.decoder.settings.first_steps), SAFETY)
-        return min(fit, SAFETY * (stream.deadline() - now))  # and its own listener's, where it can
+        return queue_seconds(slacks, engine.window_cost.predict(self.decoder.settings.first_steps), SAFETY)
 
     def time_job(self, tokens: list[int], pack: np.ndarray) -> tuple[float, dict[int, float]]:
         """A job's front (and per-job part: it cannot be interleaved), and each window's seconds by its steps; a
