@@ -336,6 +336,8 @@ def test_capacity_is_the_largest_count_every_listener_was_kept_fed_at() -> None:
 
     assert sustained([run(1), run(2), run(4), run(6, underruns=1)]) == (4, 0.5)
     assert sustained([run(1), run(2, p95=0.6), run(4)]) == (1, 0.5)  # a later pass does not count past a failure
+    # a count that missed once and then held in its second run counts; missed in both, the probe stops there
+    assert sustained([run(1), run(2), run(4, underruns=2), run(4), run(6, underruns=1), run(6, p95=0.6)]) == (4, 0.5)
     assert sustained([run(1, rejected=1)]) == (0, 0.5)
     assert sustained([run(1, underruns=1)]) == (0, 0.5)
     assert sustained([{**run(8), "mode": "full"}]) == (0, 0.5)  # only streams count
