@@ -4,9 +4,9 @@
 first count the server does not sustain: every request admitted and complete, no listener's playback
 catching up with its bytes (0 underruns) and the last listener's first audio within 0.5 s (TTFA p95), or
 within twice one listener's alone on a machine where one listener alone waits longer (never over 1.5 s).
-A count that misses once is run again and counts if that run sustains it: one slow minute of a busy or
-throttled machine (four streams 0.07 s short, then three runs with none) otherwise set the queue limit of
-every later `serve` on it to half what it carries. The largest count
+A count that misses once is run again and counts if that run sustains it: one slow minute (four streams
+0.07 s short, then three runs with none) otherwise set every later `serve` on a machine that carries 6 to
+admit 2. The largest count
 sustained is recorded per machine, artifact and serving mode in `<artifacts>/capacity.json`, and `serve`
 admits that many requests by default on that machine (more get 429 with Retry-After): a queue sized by a guess
 either turns listeners away the machine could serve or admits ones it cannot.
