@@ -118,9 +118,10 @@ def test_serve_streams_windowed_where_the_artifact_can_unless_told_not_to(window
 def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -> None:
     """A short windowed job (`WindowedJob.finish`) sends a first window like any job's, then its whole-generator
     run once that run fits before this and every other listener runs dry. When only its own listener's audio is
-    short, one bridge window goes first: the fewest steps after which the finish fits, decoded with wider
-    context. Held back by other listeners, the job goes on in usual windows to its end: a later finish would
-    decode again what those windows sent. A request nobody hears before it ends is that run alone. A first window
+    short and the others can wait, one bridge window goes first: the fewest steps after which the finish fits,
+    decoded with wider context; the finish then follows it. Held back by other listeners, the job goes on in
+    usual windows and may finish later, until half of it was sent: a finish decodes again what they sent. A request nobody hears
+    before it ends is that run alone. A first window
     grown to last while the finish runs made the first sound ~10 ms later, and every later listener's when
     several started together (docs/measurements/2026-12-05-front-shapes.md); late finishes under load made
     the streams after them run dry (docs/measurements/2026-11-29-capacity.md)."""
@@ -146,7 +147,7 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
         pack = np.zeros((510, 1, 256), np.float32)
         listener = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), True)
         quiet = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), False)
-        job = SimpleNamespace(finish=True, windows=0, held_back=False, front=SimpleNamespace(steps=200))
+        job = SimpleNamespace(finish=True, windows=0, bridged=False, decoded_share=0.06, front=SimpleNamespace(steps=200))
         listener.job = ([1] * 10, True, job)
         out: dict[str, Any] = {"first window": mode.window_steps(listener), "run": mode.finish_seconds(job)}
         job.finish = False
@@ -169,12 +170,16 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
         other.first_out, other.audio_out = now, 0.1
         out["another listener 0.1 s from running dry"] = mode.finishes(listener, job)
         out["bridges, held back by another listener"] = mode.bridges(listener, job)
-        job.windows, other.audio_out = 2, 1.0
-        out["held back, then both 1 s ahead"] = mode.finishes(listener, job)
-        job.held_back = False
-        out["after a usual window, both 1 s ahead"] = mode.finishes(listener, job)
-        job.windows, listener.audio_out, other.audio_out = 1, 0.1, 0.5
+        listener.audio_out = 0.1
+        out["bridges, both 0.1 s from running dry"] = mode.bridges(listener, job)
+        other.audio_out = 0.5
         out["bridges, the other listener 0.5 s ahead"] = mode.bridges(listener, job)
+        job.windows, job.decoded_share, listener.audio_out, other.audio_out = 2, 0.4, 1.0, 1.0
+        out["a window later, 40% sent, both 1 s ahead"] = mode.finishes(listener, job)
+        job.decoded_share = 0.6
+        out["60% sent, both 1 s ahead"] = mode.finishes(listener, job)
+        job.bridged = True
+        out["60% sent, the last window its bridge"] = mode.finishes(listener, job)
         job.finish = False
         out["a long job"] = mode.finishes(listener, job)
         return out
@@ -191,8 +196,9 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
     bridge = out["bridge"]
     assert 0 < bridge < settings.steps and lasts(bridge) and not lasts(bridge - 1), bridge
     assert out["bridges, 0.1 s buffered"] and not out["bridges, held back by another listener"]
-    assert out["bridges, the other listener 0.5 s ahead"]
-    assert out["after a usual window, both 1 s ahead"] and not out["held back, then both 1 s ahead"]
+    assert out["bridges, the other listener 0.5 s ahead"] and not out["bridges, both 0.1 s from running dry"]
+    assert out["a window later, 40% sent, both 1 s ahead"] and not out["60% sent, both 1 s ahead"]
+    assert out["60% sent, the last window its bridge"]  # a short phrase's bridge: the finish it was made for
 
 
 def test_the_server_finishes_short_jobs_with_the_whole_generator(windowed) -> None:

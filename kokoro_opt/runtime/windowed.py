@@ -132,7 +132,7 @@ class WindowedJob:
     constants: dict[str, np.ndarray] | None = None  # the generator's per-job tensors (hoisting.py)
     finish: bool = False  # short enough to finish with one whole-generator run (`WindowedDecoder.finish`)
     whole: np.ndarray | None = None  # the whole generator's audio, once the job finished with it
-    held_back: bool = False  # other listeners could not wait for its finish: windows to its end (serve/modes.py)
+    bridged: bool = False  # its second window was a bridge to its finish (serve/modes.py)
 
     @property
     def done(self) -> bool:
@@ -141,6 +141,12 @@ class WindowedJob:
     @property
     def steps_left(self) -> int:
         return self.speech[1] - self.cursor
+
+    @property
+    def decoded_share(self) -> float:
+        """The share of its speech steps decoded so far."""
+        start, end = self.speech
+        return (self.cursor - start) / max(end - start, 1)
 
 
 @dataclass

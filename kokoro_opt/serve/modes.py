@@ -22,6 +22,10 @@ SAFETY = 0.7  # a job may use this share of the tightest listener's buffered aud
 # A finish (the whole generator over a job) per step against a window's (the window cost model) before any
 # finish was timed: whole generator 0.65-0.85 ms per step, windows ~0.55 (AMD EPYC); then what finishes take
 FINISH_RATIO = 1.5
+# A finish decodes its whole job again: a job that went on in usual windows past its first window and bridge
+# finishes only while no more than this share of it was sent (under load such late finishes, 120-230 ms for the
+# last 38-116 steps, left other streams short)
+LATE_FINISH_SHARE = 0.5
 
 
 class WholeJobs:
@@ -114,7 +118,7 @@ class WindowedJobs:
                 priced, steps = self.finish_seconds(job), 0
             elif self.bridges(stream, job):
                 priced, steps = 0.0, self.bridge_steps(stream, job)
-                overlap = self.decoder.settings.bridge_overlap_steps
+                overlap, job.bridged = self.decoder.settings.bridge_overlap_steps, True
             else:
                 priced, steps = 0.0, self.window_steps(stream)
         if finishing:
@@ -140,29 +144,26 @@ class WindowedJobs:
     def finishes(self, stream: Any, job: WindowedJob) -> bool:
         """Whether `job`'s next unit is its finish (call it holding the engine's lock): at once for a request
         nobody hears before it ends; for a listener after the first window, when the whole-generator run is
-        priced to end before this and every other listener's buffered audio runs out. A job the other listeners
-        could not wait for is marked held back and goes on in windows to its end: under load such jobs finished
-        later, re-decoding most of what their windows had sent (a 130 ms run for the last 38 steps), and the
-        streams after them ran dry."""
+        priced to end before this and every other listener's buffered audio runs out; after usual windows too,
+        while no more than LATE_FINISH_SHARE of the job was sent."""
         if not job.finish:
             return False
         if not stream.streaming:
             return True
-        if job.windows == 0 or job.held_back:
+        late = job.windows > (2 if job.bridged else 1)
+        if job.windows == 0 or (late and job.decoded_share > LATE_FINISH_SHARE):
             return False
-        finish, now = self.finish_seconds(job), time.monotonic()
-        if finish > self.others_seconds(stream, now):
-            job.held_back = True
-            return False
-        return finish <= SAFETY * (stream.deadline() - now)
+        return self.finish_seconds(job) <= self.fit_seconds(stream)
 
     def bridges(self, stream: Any, job: WindowedJob) -> bool:
         """Whether `job`'s next unit is a bridge (call it holding the engine's lock, after `finishes` said no):
-        right after the first window of a job that finishes, when its own listener's audio is what runs short.
-        Held back by other listeners (`finishes`), the job goes on in windows of the usual size instead."""
+        right after the first window of a job that finishes, when its own listener's audio is what runs short
+        and the other listeners' would last while the finish runs. Held back by them, the job goes on in windows
+        of the usual size instead (and may finish later: `finishes`)."""
         if not (job.finish and job.windows == 1 and stream.streaming):
             return False
-        return not job.held_back and self.finish_seconds(job) > SAFETY * (stream.deadline() - time.monotonic())
+        finish, now = self.finish_seconds(job), time.monotonic()
+        return SAFETY * (stream.deadline() - now) < finish <= self.others_seconds(stream, now)
 
     def bridge_steps(self, stream: Any, job: WindowedJob) -> int:
         """Steps of the window between `job`'s first window and its finish, when the finish does not fit yet
