@@ -1,0 +1,5 @@
+"""`python -m kokoro_opt.cli`: the `kokoro-opt` command."""
+
+from kokoro_opt.cli import main
+
+main()

@@ -1,0 +1,128 @@
+"""Commands over artifact folders: build a recipe, push and fetch artifacts, speak with one, list its voices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from kokoro_opt.cli.app import ArtifactsRoot, app, console, err, say_line, user_errors
+from kokoro_opt.tables import print_table
+
+
+@app.command()
+@user_errors
+def build(
+    recipe: Annotated[Path, typer.Argument(help="a recipe YAML, e.g. recipes/int8-mixed.yaml")],
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    evaluate: Annotated[bool, typer.Option(help="evaluate the artifact and log it to MLflow")] = True,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default: SQLite in experiments/)")] = None,
+    reanalyze: Annotated[
+        bool, typer.Option(help="measure the sensitivity decisions again instead of applying the recipe's lock, and rewrite it")
+    ] = False,
+    push: Annotated[bool, typer.Option(help="also log the artifact folder to MLflow's artifact store (kokoro-opt push)")] = False,
+) -> None:
+    """Build a recipe: weights, export, optimisation stages; every stage cached by content hash.
+
+    Measured decisions are applied from the lock beside the recipe (recipes/<name>.lock.json) when
+    its inputs match, and written there when they were measured."""
+    from kokoro_opt.build import build as run_build
+    from kokoro_opt.locks import lock_path
+    from kokoro_opt.recipe import load_recipe
+
+    parsed = load_recipe(recipe)
+    result = run_build(parsed, artifacts, console=err, lock=lock_path(recipe), reanalyze=reanalyze)
+    table = Table(title=f"{parsed.name} -> {result.artifact.path}")
+    for column in ("stage", "key", "cached", "seconds"):
+        table.add_column(column)
+    for entry in result.stages:
+        table.add_row(entry["kind"], entry["key"], "yes" if entry["cached"] else "no", f"{entry['seconds']:.1f}")
+    print_table(console, table)
+    if result.weights.note:
+        console.print(f"note: {result.weights.note}")
+    if evaluate and parsed.evaluate.enabled:
+        from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
+
+        print_results(evaluate_artifacts([result.artifact], parsed.evaluate, tracking_uri=tracking_uri, console=err), console)
+    if push:
+        _push(result.artifact, tracking_uri, lock_path(recipe))
+
+
+def _push(artifact: Any, tracking_uri: str | None, lock: Path | None = None) -> None:
+    from kokoro_opt.evaluate.tracking import tracking_location
+    from kokoro_opt.remote import push_artifact
+
+    run_id = push_artifact(artifact, tracking_uri, say=say_line, lock=lock)
+    console.print(f"pushed {artifact.name} {artifact.id} to {tracking_location(tracking_uri)} (MLflow run {run_id}); "
+                  f"elsewhere: kokoro-opt serve --artifact {artifact.id} --tracking-uri URI", highlight=False)  # fmt: skip
+
+
+@app.command()
+@user_errors
+def push(
+    artifact: Annotated[Path, typer.Argument(help="artifact folder, or a recipe's folder (its newest build)")],
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI, e.g. http://mlflow.internal:5000")] = None,
+) -> None:
+    """Log an artifact folder (and the fp32 export it was built from) to MLflow's artifact store, so
+    other machines serve or evaluate it by id without building it."""
+    from kokoro_opt.artifacts import open_artifact
+
+    _push(open_artifact(artifact), tracking_uri)
+
+
+@app.command()
+@user_errors
+def fetch(
+    artifact_id: Annotated[str, typer.Argument(help="the artifact id (or its first characters)")],
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI it was pushed to")] = None,
+) -> None:
+    """Fetch a pushed artifact into the store, verifying every file against its manifest."""
+    from kokoro_opt.remote import verify_folder
+    from kokoro_opt.select import artifact_by_id
+
+    found = artifact_by_id(artifact_id, artifacts, tracking_uri, say=say_line)
+    verify_folder(found.path, found.manifest, f"artifact {found.id} at {found.path}")  # also one that was already here
+    console.print(f"{found.name} {found.id}: {found.path} (every file matches its manifest)", highlight=False)
+
+
+@app.command()
+@user_errors
+def say(
+    text: Annotated[str, typer.Argument(help="English text to speak")],
+    artifact: Annotated[Path, typer.Option(help="artifact folder, or a recipe's folder (its newest build)")] = Path(
+        "artifacts/fp32"
+    ),
+    output: Annotated[Path, typer.Option("-o", "--output", help="WAV file to write")] = Path("out.wav"),
+    voice: Annotated[str, typer.Option(help="voice name or blend like jf_alpha(2)+jm_kumo(1)")] = "jf_alpha",
+    speed: Annotated[float, typer.Option(help="0.25 to 4.0")] = 1.0,
+) -> None:
+    """Speak text with an artifact and write a 24 kHz WAV."""
+    from rich.progress import Progress
+
+    from kokoro_opt.audio import write_wav
+    from kokoro_opt.runtime import synthesize
+
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("speaking", total=None)
+        result = synthesize(
+            artifact,
+            text,
+            voice=voice,
+            speed=speed,
+            on_chunk=lambda done, total: progress.update(task, completed=done, total=total),
+        )
+    write_wav(output, result.audio, result.sample_rate)
+    console.print(f"wrote {output}: {result.seconds:.2f} s of audio at {result.sample_rate} Hz")
+
+
+@app.command()
+@user_errors
+def voices(artifact: Annotated[Path, typer.Option(help="artifact folder")] = Path("artifacts/fp32")) -> None:
+    """List the voices an artifact carries."""
+    from kokoro_opt.artifacts import open_artifact
+
+    for name in sorted(open_artifact(artifact).voice_packs()):
+        console.print(name)

@@ -1,0 +1,149 @@
+"""Serving commands: `serve` an artifact over the OpenAI-compatible API, and `bench-serve` a server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kokoro_opt.cli.app import ArtifactsRoot, app, console, err, user_errors
+
+
+@app.command()
+@user_errors
+def serve(
+    artifact: Annotated[str, typer.Option(help="'best', an artifact folder, or an artifact id")] = "best",
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI used by 'best'")] = None,
+    host: Annotated[str, typer.Option(help="address to bind; loopback by default")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8880,
+    api_key: Annotated[str | None, typer.Option(envvar="KOKORO_OPT_API_KEY", help="require this bearer token")] = None,
+    max_queue: Annotated[
+        int | None, typer.Option(help="admitted requests at once; more get 429 (default: bench-serve --capacity's, else 4)")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="seconds a request may take in total")] = 300.0,
+    max_input_chars: Annotated[int, typer.Option(help="longest input text")] = 4096,
+    max_input_tokens: Annotated[
+        int,
+        typer.Option(help="most phoneme tokens an input may make after normalization (weighted by 1/speed below 1); more: 413"),
+    ] = 6000,
+    drain_timeout: Annotated[
+        float, typer.Option(help="on SIGTERM, seconds the requests in flight get to finish (new ones get 503) before the exit")
+    ] = 30.0,
+    public_metrics: Annotated[bool, typer.Option(help="with --api-key, serve /metrics without the key")] = False,
+    first_chunk_tokens: Annotated[int | None, typer.Option(help="first chunk size (default: tuned, else 40)")] = None,
+    chunk_tokens: Annotated[int | None, typer.Option(help="largest later chunk (default: tuned, else 200)")] = None,
+    crossfade_ms: Annotated[float | None, typer.Option(help="crossfade at chunk seams (default: tuned, else 10)")] = None,
+    cap_edges: Annotated[
+        bool, typer.Option(help="decode only part of each job's edge silence (needs an artifact with the edges stage)")
+    ] = False,
+    windowed: Annotated[
+        bool | None,
+        typer.Option(
+            "--windowed/--no-windowed",
+            help="stream window by window (default: on where the artifact's windows stage passed its gate)",
+        ),
+    ] = None,
+    first_window_steps: Annotated[
+        int | None, typer.Option(help="a new listener's first window in 12.5 ms steps (default: tuned, else the artifact's)")
+    ] = None,
+    audio_cache_mb: Annotated[float, typer.Option(help="responses kept to answer repeats at once; 0: off")] = 8.0,
+    workers: Annotated[
+        int, typer.Option(help="streams worked for at once, with --windowed: 2 gives fewer underruns, more memory")
+    ] = 1,
+) -> None:
+    """Serve an artifact over an OpenAI-compatible HTTP API (POST /v1/audio/speech), streaming."""
+    from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.serve import ServeConfig, serve_forever
+    from kokoro_opt.serve.config import mode_reason
+
+    selection = resolve_artifact(artifact, artifacts, tracking_uri)
+    chosen = selection.artifact
+    err.print(f"serving {chosen.name} artifact {chosen.id} ({chosen.path}): {selection.reason}")
+    config = ServeConfig.for_selection(
+        selection,
+        api_key=api_key,
+        max_queue=max_queue,
+        request_timeout=timeout,
+        max_input_chars=max_input_chars,
+        max_input_tokens=max_input_tokens,
+        drain_timeout=drain_timeout,
+        public_metrics=public_metrics,
+        first_chunk_tokens=first_chunk_tokens,
+        chunk_tokens=chunk_tokens,
+        crossfade_ms=crossfade_ms,
+        cap_edges=cap_edges or None,
+        windowed=windowed,
+        first_window_steps=first_window_steps,
+        audio_cache_mb=audio_cache_mb,
+        workers=workers,
+    )
+    err.print(f"mode: {config.mode()}" + mode_reason(chosen, windowed, config.windowed))
+    err.print(
+        f"admits {config.max_queue} requests at once" + ("" if max_queue is not None else " (bench-serve --capacity sets it)")
+    )
+    serve_forever(selection, config, host, port)
+
+
+@app.command("bench-serve")
+@user_errors
+def bench_serve(
+    url: Annotated[str | None, typer.Option(help="a running server, e.g. http://127.0.0.1:8880 (default: start one)")] = None,
+    artifact: Annotated[str, typer.Option(help="artifact to serve when starting a server")] = "best",
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    clients: Annotated[str, typer.Option(help="concurrent streaming clients per scenario, comma separated")] = "1,4",
+    requests: Annotated[int, typer.Option(help="requests per client")] = 3,
+    text: Annotated[str | None, typer.Option(help="text to speak (default: a 4-sentence paragraph)")] = None,
+    voice: Annotated[str, typer.Option(help="voice")] = "alloy",
+    response_format: Annotated[str, typer.Option("--format", help="pcm or wav")] = "pcm",
+    full: Annotated[bool, typer.Option(help="also measure non-streaming full responses (the TTFA baseline)")] = True,
+    max_queue: Annotated[int, typer.Option(help="queue limit of a started server")] = 4,
+    api_key: Annotated[str | None, typer.Option(envvar="KOKORO_OPT_API_KEY", help="bearer token")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="also write every sample as JSON")] = None,
+    phrases: Annotated[
+        bool, typer.Option(help="also time short phrases alone ('button', 'checkbox checked', ...): the screen-reader case")
+    ] = True,
+    cap_edges: Annotated[bool, typer.Option(help="start the server with --cap-edges")] = False,
+    windowed: Annotated[
+        bool | None, typer.Option("--windowed/--no-windowed", help="start the server so (default: as serve decides)")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="start the server with --workers")] = 1,
+    capacity: Annotated[
+        bool,
+        typer.Option(
+            help="find the most simultaneous real-time streams this machine sustains (0 underruns, TTFA p95 <= 0.5 s "
+            "or twice one listener's alone, at most 1.5 s); recorded for serve's default --max-queue"
+        ),
+    ] = False,
+) -> None:
+    """Benchmark the server: TTFA p50/p95, full-response time, RTF, gaps and underruns, streaming vs not."""
+    import json
+
+    from kokoro_opt.serve import bench
+
+    if url is None:  # the server's own rules, checked before one is started for nothing
+        from kokoro_opt.serve import ServeConfig
+
+        ServeConfig(windowed=windowed is not False, workers=workers)  # the artifact decides the rest when it starts
+    args = bench.serve_args(url, artifact, artifacts, max_queue, bench.server_flags(cap_edges, windowed, workers), capacity)
+    scenarios, served = bench.run(
+        url,
+        args,
+        [int(c) for c in clients.split(",") if c.strip()],
+        requests,
+        text or bench.PARAGRAPH,
+        voice,
+        response_format,
+        full,
+        api_key,
+        console,
+        phrases=bench.PHRASES if phrases and not capacity else (),
+        capacity=capacity,
+    )
+    if capacity:
+        kept, where = bench.record_capacity(scenarios, served, artifacts)
+        console.print(f"this machine sustains {kept.describe()}; `serve` admits that many by default ({where})")
+    if json_out:
+        json_out.write_text(json.dumps(bench.to_json(scenarios), indent=2), encoding="utf-8")
+        console.print(f"wrote {json_out}")
