@@ -66,11 +66,13 @@ class ChainStep(_Strict):
 
 class Capabilities(_Strict):
     """What an artifact can do beyond speaking whole utterances, declared by the stages that made it
-    (contract.Pass.grants / keeps): `edges` (the decoder can skip edge silence, `serve --cap-edges`) and
-    `windowed` (the generator runs in windows with its statistics, `serve --windowed`)."""
+    (contract.Pass.grants / keeps): `edges` (the decoder can skip edge silence, `serve --cap-edges`),
+    `windowed` (the generator runs in windows with its statistics, `serve --windowed`) and `fused` (whole decoding
+    runs the generator's chains as native kernels, runtime/fused.py)."""
 
     edges: bool = False
     windowed: bool = False
+    fused: bool = False
 
     @classmethod
     def of(cls, names: set[str] | list[str] | tuple[str, ...]) -> Capabilities:

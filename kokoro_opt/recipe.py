@@ -249,6 +249,17 @@ class WindowsStage(SpeechGate):
     )
 
 
+class FuseStage(SpeechGate):
+    """The whole generator's chains between INT8 convolutions as native kernels (passes/fuse.py); gated: fused vs
+    the whole generator, held to float noise's budget (WHOLE_QUALITY)."""
+
+    kind: Literal["fuse"]
+    min_pesq: Pesq = WHOLE_QUALITY.min_pesq
+    min_sentence_pesq: Pesq = WHOLE_QUALITY.min_sentence_pesq
+    min_phrase_pesq: Pesq = WHOLE_QUALITY.min_phrase_pesq
+    max_high_band_db: HighBandDb = WHOLE_QUALITY.max_high_band_db
+
+
 class OrtFormatStage(Strict):
     kind: Literal["ort"]
     optimization_style: Literal["Fixed", "Runtime"] = "Fixed"
@@ -270,6 +281,7 @@ Stage = Annotated[
     | Fp16Stage
     | EdgesStage
     | WindowsStage
+    | FuseStage
     | OrtFormatStage
     | CoreMLStage,
     Field(discriminator="kind"),

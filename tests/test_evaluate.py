@@ -223,7 +223,7 @@ def test_kokoro_onnx_int8_is_imported_as_an_external_artifact(artifacts_root: Pa
     assert peer.manifest.external and peer.kokoro["audio_gain"] == 1.5 and peer.name == PEER_INT8
     assert import_kokoro_onnx(artifacts_root).path == peer.path  # built once
     runner = Runner(peer.name, peer.id, "onnx", peer.path, peer.manifest, external=True).load(threads=2)  # checks input dtypes
-    assert [i.name for i in runner.session.get_inputs()] == ["tokens", "style", "speed"]
+    assert [i.name for i in runner.profiled.session.get_inputs()] == ["tokens", "style", "speed"]
     audio, durations = runner.synth_tokens(tokenize(phonemize("The boy was there when the sun rose."), runner.vocab), "jf_alpha")
     assert durations is None  # its graph has no durations output
     assert is_speechlike(audio) and 1.2 < len(audio) / 24_000 < 4.0 and np.abs(audio).max() < 1.0

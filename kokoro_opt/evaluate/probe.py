@@ -82,9 +82,10 @@ def main() -> None:
         runner.synth_tokens(spec["tokens"], spec["voice"], float(spec["speed"]))
     op_times: dict[str, float] = {}
     if profile:
-        trace = Path(runner.session.end_profiling())
-        op_times = M.op_type_times(json.loads(trace.read_text(encoding="utf-8")))
-        trace.unlink()
+        for trace in runner.profiled.end_profiling():  # model.onnx's, or a fused artifact's front and segments
+            for op, seconds in M.op_type_times(json.loads(trace.read_text(encoding="utf-8"))).items():
+                op_times[op] = op_times.get(op, 0.0) + seconds
+            trace.unlink()
     print(json.dumps({"peak_rss_mb": rss_mb(), "baseline_rss_mb": baseline, "op_times": op_times}))
 
 

@@ -61,7 +61,7 @@ class Runner:
     sample_rate: int = 24_000
     size_bytes: int = 0
     load_seconds: float = float("nan")
-    session: Any = field(default=None, repr=False)
+    profiled: Any = field(default=None, repr=False)  # the Synthesizer whose sessions are profiled
     windows: Any = field(default=None, repr=False)  # the windowed decoder of an artifact `serve` streams windowed
     _call: Callable[..., tuple[np.ndarray, np.ndarray | None]] | None = field(default=None, repr=False)
 
@@ -82,10 +82,11 @@ class Runner:
 
         synth = open_synthesizer(artifact, SessionSettings(intra_op_num_threads=threads, enable_profiling=profile))
         if isinstance(synth, Synthesizer):  # a CoreMLSynthesizer (macOS) has fixed input names
-            types = tuple(i.type for i in synth.session.get_inputs())
-            if types != _INPUT_TYPES:  # kokoro-onnx names them tokens/style/speed, our export input_ids/...
-                raise UserError(f"{self.label}: model inputs {types} are not (int64 tokens, float style, float speed)")
-            self.session = synth.session
+            if synth.fused is None:  # a fused artifact speaks through its own front, never loading model.onnx
+                types = tuple(i.type for i in synth.session.get_inputs())
+                if types != _INPUT_TYPES:  # kokoro-onnx names them tokens/style/speed, our export input_ids/...
+                    raise UserError(f"{self.label}: model inputs {types} are not (int64 tokens, float style, float speed)")
+            self.profiled = synth
             if artifact.windowed_by_default:  # what `serve` streams: measured too (`bench-serve --windowed` otherwise)
                 from kokoro_opt.runtime.windowed import WindowedDecoder
 

@@ -7,9 +7,9 @@ and writes a self-contained artifact folder (model + voices.npz + kokoro.json).
 from __future__ import annotations
 
 from kokoro_opt.contract import Pass
-from kokoro_opt.passes import compress, coreml, edges, fp16, ort_format, quantize, simplify, smooth, snake, windows
+from kokoro_opt.passes import compress, coreml, edges, fp16, fuse, ort_format, quantize, simplify, smooth, snake, windows
 
 PASSES: dict[str, Pass] = {
     module.PASS.kind: module.PASS
-    for module in (simplify, smooth, snake, quantize, compress, fp16, edges, windows, ort_format, coreml)
+    for module in (simplify, smooth, snake, quantize, compress, fp16, edges, windows, fuse, ort_format, coreml)
 }

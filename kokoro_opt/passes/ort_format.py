@@ -19,6 +19,7 @@ from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.recipe import OrtFormatStage
+from kokoro_opt.runtime.fused import FUSED_DIR
 from kokoro_opt.runtime.windowed import WINDOWS_DIR
 
 
@@ -83,5 +84,7 @@ PASS = Pass(
     libraries=("onnxruntime",),
     produces=("required_operators*.config", WINDOWS_DIR),
     consumes=(WINDOWS_DIR,),
-    keeps=("edges", "windowed"),  # the same graphs in another format: inputs and windows alike
+    # the fused generator's segments stay ONNX: its native kernels need a full ONNX Runtime build anyway
+    carries=(FUSED_DIR,),
+    keeps=("edges", "windowed", "fused"),  # the same graphs in another format: inputs, windows and fused alike
 )

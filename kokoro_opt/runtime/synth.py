@@ -1,7 +1,12 @@
-"""Synthesis over an ONNX Runtime session: text or phonemes in, 24 kHz audio out."""
+"""Synthesis over an ONNX Runtime session: text or phonemes in, 24 kHz audio out.
+
+An artifact with the `fused` capability speaks through its front and fused generator (runtime/fused.py) instead
+of model.onnx's session, where the fused generator's kernels build on this machine; otherwise, and for a
+candidate graph or capped edges, through the session."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -111,7 +116,8 @@ class Synthesizer(Speaker):
         self._inputs: list[str] = []  # read from the graph when its session is first made, kept after it is freed
         # (lead, trail) frames the decoder keeps when asked to cap the edges (passes/edges.py); None: no edges stage
         self._edges: tuple[int, int] | None = None
-        if load:
+        self._fused: Any = None  # FusedSpeaker, made on first use; False where the artifact cannot run fused here
+        if load and self.fused is None:
             self._load()
 
     def _load(self) -> Any:
@@ -133,6 +139,36 @@ class Synthesizer(Speaker):
         self._session = session
 
     @property
+    def fused(self) -> Any:
+        """The FusedSpeaker whole decoding runs through, or None (no fused capability, another graph, or no
+        kernels here: then model.onnx, and the reason is logged once)."""
+        if self._fused is None:
+            self._fused = False
+            folder = self.artifact.path
+            if self.artifact.capabilities.fused and self.model_file == self.artifact.model_file:
+                from kokoro_opt.runtime.fused import FUSED_DIR, FusedSpeaker
+                from kokoro_opt.runtime.glue import kernels_problem
+                from kokoro_opt.runtime.windowed import FRONT_OUTPUTS, WINDOWS_DIR, WindowGraphs
+
+                if (problem := kernels_problem()) is None:
+                    front = WindowGraphs.of_folder(folder / WINDOWS_DIR).front
+                    self._fused = FusedSpeaker(front, folder / FUSED_DIR, FRONT_OUTPUTS, self.settings)
+                else:
+                    logging.getLogger(__name__).warning("%s runs model.onnx: %s", self.artifact.name, problem)
+        return self._fused or None
+
+    @property
+    def loaded_fused(self) -> Any:
+        """The FusedSpeaker if whole decoding already made one (a windowed decoder shares its generator)."""
+        return self._fused or None
+
+    def end_profiling(self) -> list[Path]:
+        """The profiles of the sessions synthesis ran (SessionSettings.enable_profiling)."""
+        if self.fused is not None:
+            return self.fused.end_profiling()
+        return [Path(self.session.end_profiling())]
+
+    @property
     def edges(self) -> tuple[int, int] | None:
         if not self._inputs:
             self._load()
@@ -148,14 +184,24 @@ class Synthesizer(Speaker):
         return feeds
 
     def run_tokens(
-        self, token_ids: list[int], voice: str | np.ndarray, speed: float = 1.0, cap_edges: bool = False
+        self,
+        token_ids: list[int],
+        voice: str | np.ndarray,
+        speed: float = 1.0,
+        cap_edges: bool = False,
+        run_options: Any = None,
     ) -> SynthesisResult:
-        """One utterance; `cap_edges` returns it without most of its edge silence (the durations stay whole)."""
+        """One utterance; `cap_edges` returns it without most of its edge silence (the durations stay whole);
+        `run_options` can stop it within one graph node (a cancelled request)."""
         if not token_ids:
             raise UserError("nothing to say: the text has no pronounceable characters", "pass words, not only punctuation")
         pack = blend_voice(voice, self.packs) if isinstance(voice, str) else voice
-        feeds = self.feeds(token_ids, style_for(pack, len(token_ids)), speed, cap_edges)
-        outputs = self.session.run(None, feeds)
+        style = style_for(pack, len(token_ids))
+        if not (cap_edges and self.edges) and self.fused is not None:
+            audio, durations = self.fused.speak(model_feeds(token_ids, style, speed, names=self.fused.front_inputs), run_options)
+            return SynthesisResult(audio / self.audio_gain, self.sample_rate, durations)
+        feeds = self.feeds(token_ids, style, speed, cap_edges)
+        outputs = self.session.run(None, feeds, run_options)
         audio = np.asarray(outputs[0], dtype=np.float32).reshape(-1) / self.audio_gain
         # kokoro-onnx's own graph has no durations output
         durations = np.asarray(outputs[1]).reshape(-1) if len(outputs) > 1 else np.zeros(0, dtype=np.int64)

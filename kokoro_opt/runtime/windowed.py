@@ -213,7 +213,9 @@ class WindowedDecoder:
         statistics: Statistics | None = None,
         settings: WindowSettings | None = None,
         runs_at_once: int = 1,
+        fused: Path | None = None,
     ) -> None:
+        """`fused`: an artifact's fused/ folder; whole-generator runs (finishes) then go through it (runtime/fused.py)."""
         spinning = "in_run" if runs_at_once == 1 else "never"  # runs_at_once: threads running windows at once
 
         def session(graph: Path | bytes) -> Any:  # sessions that take turns share one arena
@@ -228,7 +230,15 @@ class WindowedDecoder:
             tuple(o.name for o in self.constants_session.get_outputs()) if self.constants_session is not None else ()
         )
         self.generator_session = session(graphs.generator)
-        self.whole_session = session(graphs.whole_generator) if graphs.whole_generator is not None else None
+        self.fused = None
+        if fused is not None:
+            from kokoro_opt.runtime.fused import FusedGenerator
+
+            speaker = getattr(synth, "loaded_fused", None)  # whole decoding's, when the synthesizer made one
+            one_at_a_time = speaker is not None and runs_at_once == 1
+            self.fused = speaker.generator if one_at_a_time else FusedGenerator(fused, synth.settings, spinning=spinning)
+        whole = graphs.whole_generator if self.fused is None else None
+        self.whole_session = session(whole) if whole is not None else None
         self._window_inputs = {i.name for i in self.generator_session.get_inputs()}
         self._front_inputs = [i.name for i in self.front_session.get_inputs()]
 
@@ -248,7 +258,7 @@ class WindowedDecoder:
         cls.check(synth.artifact)
         folder = synth.artifact.path / WINDOWS_DIR
         settings = WindowSettings.of(synth.artifact.kokoro["windows"])
-        return cls(synth, WindowGraphs.of_folder(folder), load_statistics(folder), settings, runs_at_once)
+        return cls(synth, WindowGraphs.of_folder(folder), load_statistics(folder), settings, runs_at_once, fused_folder(synth))
 
     def front(self, token_ids: list[int], style: np.ndarray, speed: float = 1.0, run_options: Any = None) -> FrontOutput:
         feeds = model_feeds(token_ids, style, speed, names=self._front_inputs)
@@ -324,11 +334,15 @@ class WindowedDecoder:
 
     def whole_audio(self, front: FrontOutput, run_options: Any = None) -> np.ndarray:
         """The utterance's audio from one run of the whole generator on `front`, normalized with its own
-        statistics: the model's audio, bit for bit, in an artifact whose graphs carry its shapes."""
-        if self.whole_session is None:
-            raise UserError("this artifact has no whole_generator graph", "rebuild it, or decode the job in windows")
+        statistics: the model's audio, bit for bit, in an artifact whose graphs carry its shapes; or the fused
+        generator's, the same within float noise (passes/fuse.py)."""
         feeds = dict(zip(FRONT_OUTPUTS[:4], (front.features, front.f0, front.phase, front.decoder_style), strict=True))
-        audio = self.whole_session.run(None, feeds, run_options)[0]
+        if self.fused is not None:
+            audio = self.fused.run(feeds, run_options)
+        elif self.whole_session is not None:
+            audio = self.whole_session.run(None, feeds, run_options)[0]
+        else:
+            raise UserError("this artifact has no whole_generator graph", "rebuild it, or decode the job in windows")
         return np.asarray(audio, dtype=np.float32).reshape(-1) / self.synth.audio_gain
 
     def finish(self, job: WindowedJob, run_options: Any = None) -> np.ndarray:
@@ -346,6 +360,16 @@ class WindowedDecoder:
         while not job.done:
             parts.append(self.finish(job) if job.finish else self.next_window(job))
         return np.concatenate(parts), job
+
+
+def fused_folder(synth: Any) -> Path | None:
+    """The artifact's fused/ folder when whole-generator runs can go through it here (Synthesizer.fused)."""
+    from kokoro_opt.runtime.fused import FUSED_DIR
+    from kokoro_opt.runtime.glue import kernels_problem
+
+    if not synth.artifact.capabilities.fused or kernels_problem() is not None:
+        return None
+    return synth.artifact.path / FUSED_DIR
 
 
 def _advance(job: WindowedJob, end: int, began: float, audio: np.ndarray) -> np.ndarray:

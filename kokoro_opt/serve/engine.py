@@ -44,7 +44,6 @@ from kokoro_opt.serve.join import PAUSES, Joiner, boundary
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.modes import SAFETY, WholeJobs, WindowedJobs
 from kokoro_opt.serve.plan import CostModel, make_pieces, take_job
-from kokoro_opt.voices import style_for
 
 log = logging.getLogger("kokoro_opt.serve")
 
@@ -360,9 +359,7 @@ class Engine:
         assert synth is not None
         if not isinstance(synth, Synthesizer):  # Core ML has no run options: a cancelled job finishes its chunk
             return synth.run_tokens(tokens, pack, speed).audio
-        feeds = synth.feeds(tokens, style_for(pack, len(tokens)), speed, self.config.cap_edges)
-        audio = synth.session.run(None, feeds, run_options)[0]
-        return np.asarray(audio, dtype=np.float32).reshape(-1) / synth.audio_gain
+        return synth.run_tokens(tokens, pack, speed, self.config.cap_edges, run_options).audio
 
     def _account(self, tokens: list[int], compute: float, audio_s: float, speed: float) -> None:
         with self.cond:

@@ -1,0 +1,122 @@
+"""fuse stage: the whole generator with its chains between INT8 convolutions run as native kernels, gated.
+
+ONNX Runtime spends about as long on the float passes between the INT8 convolutions (InstanceNormalization,
+Snake's polynomial, DequantizeLinear, QuantizeLinear, residual adds: ~12 passes per chain) as on the
+convolutions themselves. The stage cuts `windows/whole_generator.onnx` at those chains (passes/fuse_plan.py)
+and writes the segments, the plan and the chains' constants into `fused/`. Where the artifact runs whole
+decoding (synthesis, evaluation, a windowed job's finish), the runtime then runs the segments in ONNX Runtime
+and each chain in one or two native passes (runtime/glue, runtime/fused.py).
+
+The model is unchanged. Each chain computes its statistics exactly (integer sums of the convolution's levels)
+where ONNX Runtime sums floats, so now and then a level rounds the other way, and the generator carries that
+as it carries any float noise: the gate holds the fused audio to the whole generator's on corpus sentences
+and the short-phrase slice, by the same budget as float noise (recipe.WHOLE_QUALITY).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kokoro_opt.artifacts import Artifact
+from kokoro_opt.contract import Pass
+from kokoro_opt.errors import UserError
+from kokoro_opt.passes.common import stage_record
+from kokoro_opt.passes.compress import CARRIED
+from kokoro_opt.passes.speech_gate import gate_utterances, judge, score, summarise
+from kokoro_opt.recipe import FuseStage, SpeechGate
+from kokoro_opt.runtime.fused import CONSTANTS_FILE, FUSED_DIR, PLAN_FILE, FusedGenerator
+from kokoro_opt.runtime.windowed import FRONT_OUTPUTS, WINDOWS_DIR, WindowGraphs
+
+
+def write_fused(whole_generator: Path, folder: Path) -> dict[str, Any]:
+    """Cut the whole generator into `folder` (fused/); its plan."""
+    import onnx
+
+    from kokoro_opt.passes.fuse_plan import cut
+
+    try:
+        segments, plan, constants = cut(onnx.load(str(whole_generator)))
+    except ValueError as exc:
+        raise UserError(
+            f"the fuse stage cannot cut {whole_generator.name}: {exc}", "put fuse after the snake, quantize and windows stages"
+        ) from exc
+    folder.mkdir(parents=True, exist_ok=True)
+    for step in plan["steps"]:
+        if "segment" in step:
+            index = int(step["segment"].removeprefix("segment_").removesuffix(".onnx"))
+            onnx.save(segments[index], str(folder / step["segment"]))
+    (folder / PLAN_FILE).write_text(json.dumps(plan, indent=1), encoding="utf-8")
+    np.savez(folder / CONSTANTS_FILE, **constants)
+    return plan
+
+
+def measure(source: Artifact, fused: FusedGenerator, cfg: FuseStage) -> dict[str, Any]:
+    """Fused vs whole generator on the gate's utterances, over the same front."""
+    from kokoro_opt.runtime.feeds import model_feeds
+    from kokoro_opt.runtime.session import make_session
+    from kokoro_opt.runtime.synth import Synthesizer
+    from kokoro_opt.voices import style_for
+
+    synth = Synthesizer(source, load=False)
+    graphs = WindowGraphs.of_folder(source.path / WINDOWS_DIR)
+    front = make_session(graphs.front, synth.settings)
+    whole = make_session(graphs.whole_generator, synth.settings)
+    front_inputs = [i.name for i in front.get_inputs()]
+    rows = []
+    for utterance, tokens in gate_utterances(cfg, synth.voices, synth.vocab):
+        pack = synth.packs[utterance.voice]
+        feeds = model_feeds(tokens, style_for(pack, len(tokens)), 1.0, names=front_inputs)
+        made = front.run(list(FRONT_OUTPUTS[:4]), feeds)
+        generator_feeds = dict(zip(FRONT_OUTPUTS[:4], made, strict=True))
+        reference = np.asarray(whole.run(None, generator_feeds)[0]).reshape(-1)
+        speech = np.asarray(fused.run(generator_feeds)).reshape(-1)
+        rows.append(score(utterance, reference, speech, synth.sample_rate, tokens=len(tokens)))
+    return summarise(rows)
+
+
+def run_fuse(source: Artifact, cfg: FuseStage, out: Path) -> dict[str, Any]:
+    started = time.perf_counter()
+    whole_generator = source.path / WINDOWS_DIR / "whole_generator.onnx"
+    if not source.capabilities.windowed or not whole_generator.is_file():
+        raise UserError(f"{source.name} has no windows/whole_generator.onnx", "put the fuse stage after the windows stage")
+    shutil.copy2(source.model_file, out / "model.onnx")
+    plan = write_fused(whole_generator, out / FUSED_DIR)
+    fused = FusedGenerator(out / FUSED_DIR)  # builds the kernels here first (UserError without a C compiler)
+    scores = measure(source, fused, cfg)
+    failures = judge(scores, cfg, source)
+    if failures:
+        raise UserError(
+            f"the fused generator changes the speech beyond the budget: {'; '.join(failures)}",
+            "report this with the build record: the chains should match the whole generator within float noise",
+        )
+    chains = [c for step in plan["steps"] for c in step.get("chains", ())]
+    return stage_record(
+        "fuse",
+        cfg,
+        out,
+        started,
+        segments=sum(1 for step in plan["steps"] if "segment" in step),
+        chains={kind: sum(1 for c in chains if c["kind"] == kind) for kind in ("level", "float", "residual", "sum")},
+        gate=scores,
+    )
+
+
+PASS = Pass(
+    "fuse",
+    FuseStage,
+    run_fuse,
+    libraries=("onnx", "onnxruntime"),
+    produces=(FUSED_DIR,),
+    consumes=(WINDOWS_DIR,),
+    carries=(*CARRIED, WINDOWS_DIR),  # the model and its windowed graphs are the input's, unchanged
+    grants=("fused",),
+    keeps=("edges", "windowed"),
+    judged_by=tuple(SpeechGate.model_fields),
+    reads=("kokoro_opt/data/eval_corpus.yaml", "kokoro_opt/runtime/glue/chains.c"),
+)

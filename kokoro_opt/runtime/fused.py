@@ -1,0 +1,122 @@
+"""The fused generator: the whole generator as ONNX Runtime segments with native chains between them.
+
+The `fuse` stage (passes/fuse.py) writes `fused/`: the segments, `plan.json` (the order of segments and chains,
+what each reads and makes, when a tensor can go) and `constants.npz` (each chain's quantization constants).
+Its audio is the whole generator's up to each chain's own rounding: a level rounding the other way now and
+then, which the generator carries as it carries any float noise (the stage's gate measures it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kokoro_opt.runtime.glue import ChainArgs, Kernels
+from kokoro_opt.runtime.session import SessionSettings, make_session
+
+FUSED_DIR = "fused"
+PLAN_FILE = "plan.json"
+CONSTANTS_FILE = "constants.npz"
+
+
+class FusedGenerator:
+    """Runs a `fused/` folder: feeds as the whole generator's (features, f0, phase, decoder_style), same output."""
+
+    def __init__(self, folder: Path, settings: SessionSettings | None = None, spinning: Any = "in_run") -> None:
+        settings = settings or SessionSettings()
+        self.plan = json.loads((folder / PLAN_FILE).read_text())
+        with np.load(folder / CONSTANTS_FILE) as stored:
+            self.constants = {k: stored[k] for k in stored.files}
+        threads = settings.resolved().intra_op_num_threads  # 0: every core, as ONNX Runtime takes them
+        self.kernels = Kernels.load(threads if threads > 0 else min(os.cpu_count() or 2, 4))
+        self.chain_seconds = 0.0  # time in the native chains: a profile's row beside ONNX Runtime's operators
+        self.sessions = {
+            step["segment"]: make_session(folder / step["segment"], settings, spinning=spinning, shared_arena=True)
+            for step in self.plan["steps"]
+            if "segment" in step
+        }
+
+    def run(self, feeds: dict[str, np.ndarray], run_options: Any = None) -> np.ndarray:
+        env = dict(feeds)
+        for step in self.plan["steps"]:
+            if "segment" in step:
+                session = self.sessions[step["segment"]]
+                made = session.run(step["outputs"], {i: env[i] for i in step["inputs"]}, run_options)
+                env.update(zip(step["outputs"], made, strict=True))
+            began = time.perf_counter()
+            for chain in step.get("chains", ()):
+                self._chain(chain, env)
+            self.chain_seconds += time.perf_counter() - began
+            for name in step["release"]:
+                env.pop(name, None)
+        return env[self.plan["outputs"][0]]
+
+    def _value(self, env: dict[str, np.ndarray], name: str) -> np.ndarray:
+        return (env[name] if name in env else self.constants[name]).reshape(-1)
+
+    def _chain(self, spec: dict[str, Any], env: dict[str, np.ndarray]) -> None:
+        c, name = self.constants, spec["name"]
+        if spec["kind"] == "sum":
+            self._branch_sum(spec, env)
+            return
+        post = (self._value(env, spec["post_gain"]), self._value(env, spec["post_shift"])) if spec.get("post_gain") else None
+        levels = (c[f"{name}.scale"], c[f"{name}.zero"]) if spec["kind"] != "float" else None
+        args = ChainArgs(self._value(env, spec["norm_scale"]), self._value(env, spec["norm_bias"]), spec["eps"],
+                         tuple(spec["poly"]), c[f"{name}.qscale"], c[f"{name}.qzero"], post, levels)  # fmt: skip
+        source = env[spec["x"]]
+        shape = source.shape
+        flat = (int(np.prod(shape[:-1])), shape[-1])
+        out = np.empty(shape, np.uint8)
+        if spec["kind"] == "level":
+            self.kernels.level_chain(source.reshape(flat), args, out.reshape(flat))
+        elif spec["kind"] == "float":
+            self.kernels.float_chain(source.reshape(flat), args, out.reshape(flat))
+        else:
+            reuse = spec.get("in_place") and source.flags.writeable and source.flags.c_contiguous
+            x_new = source if reuse else np.empty(shape, np.float32)  # the kernel reads each sample before it writes it
+            levels = env[spec["q"]].reshape(flat)
+            self.kernels.residual_chain(source.reshape(flat), levels, args, x_new.reshape(flat), out.reshape(flat))
+            env[spec["x_new"]] = x_new
+        env[spec["out"]] = out
+
+    def _branch_sum(self, spec: dict[str, Any], env: dict[str, np.ndarray]) -> None:
+        c, name = self.constants, spec["name"]
+        streams = [env[x] for x in spec["x"]]
+        shape = streams[0].shape
+        flat = (int(np.prod(shape[:-1])), shape[-1])
+        first = streams[0]
+        out = (
+            first if spec.get("in_place") and first.flags.writeable and first.flags.c_contiguous else np.empty(shape, np.float32)
+        )
+        self.kernels.branch_sum([env[q].reshape(flat) for q in spec["q"]], [x.reshape(flat) for x in streams],
+                                [c[f"{name}.scale{j}"] for j in range(3)], [c[f"{name}.zero{j}"] for j in range(3)],
+                                spec["divisor"], out.reshape(flat))  # fmt: skip
+        env[spec["out"]] = out
+
+
+class FusedSpeaker:
+    """Whole decoding of a fused artifact: its front graph (windows/front), then the fused generator, in place of
+    model.onnx. `outputs`: the front's outputs, the generator's four inputs then the durations."""
+
+    def __init__(
+        self, front: Path | bytes, folder: Path, outputs: tuple[str, ...], settings: SessionSettings | None = None
+    ) -> None:
+        settings = settings or SessionSettings()
+        self.front = make_session(front, settings, spinning="in_run", shared_arena=True)
+        self.front_inputs = [i.name for i in self.front.get_inputs()]
+        self.outputs = list(outputs)
+        self.generator = FusedGenerator(folder, settings)
+
+    def speak(self, feeds: dict[str, np.ndarray], run_options: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """(audio, durations) as model.onnx gives them for the same feeds."""
+        made = self.front.run(self.outputs, {k: feeds[k] for k in self.front_inputs}, run_options)
+        audio = self.generator.run(dict(zip(self.outputs[:4], made[:4], strict=True)), run_options)
+        return np.asarray(audio, dtype=np.float32).reshape(-1), np.asarray(made[4]).reshape(-1)
+
+    def end_profiling(self) -> list[Path]:
+        return [Path(s.end_profiling()) for s in (self.front, *self.generator.sessions.values())]

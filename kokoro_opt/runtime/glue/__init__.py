@@ -1,0 +1,203 @@
+"""The generator's chains between INT8 convolutions as native kernels (chains.c), built on the machine that runs them.
+
+ONNX Runtime has no operator that normalizes, applies Snake and quantizes in one pass, and a native custom
+operator needs its C API header, which no package index ships. So the fused generator (runtime/fused.py) runs
+the convolutions in ONNX Runtime and these chains between them, called through ctypes. The library is compiled
+on first use with the machine's C compiler (`CC`, else cc, gcc or clang) for this CPU, and kept in the user's
+cache keyed by the source, the flags and the compiler, so an edited kernel or another machine builds anew.
+Without a compiler `load_kernels` raises a UserError naming the fix, and artifacts fall back to ONNX Runtime
+alone (`kernels_problem`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+
+from kokoro_opt.errors import UserError
+
+SOURCE = Path(__file__).with_name("chains.c")
+CACHE_ENV = "KOKORO_OPT_CACHE"
+# -ffp-contract=off: no fused multiply-adds, so every machine computes the same floats (chains.c)
+FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared")
+# tried first: the library is built where it runs; then without, for compilers that know neither
+TUNED = ("-march=native", "-fopenmp-simd")
+SPLIT_MIN = 1 << 20  # channels x samples below which one thread does the whole chain (a hand-off costs ~50 us)
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: KOKORO_OPT_CACHE, else the user's cache folder."""
+    if named := os.environ.get(CACHE_ENV):
+        return Path(named)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kokoro-opt" / "kernels"
+
+
+def compiler() -> str | None:
+    named = os.environ.get("CC", "").split()
+    candidates = [named[0]] if named else ["cc", "gcc", "clang"]
+    return next((found for name in candidates if (found := shutil.which(name))), None)
+
+
+def _build(cc: str, flags: tuple[str, ...], target: Path) -> subprocess.CompletedProcess[str]:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        result = subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
+        if result.returncode == 0:
+            os.replace(built, target)  # atomic: another process may be building the same library
+    return result
+
+
+@cache
+def library_path() -> Path:
+    """The compiled library, built on first use (UserError without a working C compiler)."""
+    cc = compiler()
+    if cc is None:
+        raise UserError(
+            "the fused generator needs a C compiler to build its kernels and none was found (cc, gcc, clang)",
+            "install one (apt install gcc, xcode-select --install), set CC, or build without the `fuse` stage",
+        )
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    errors = ""
+    for flags in ((*FLAGS, *TUNED), FLAGS):
+        key = hashlib.sha256("\0".join((SOURCE.read_text(), *flags, version, platform.machine())).encode()).hexdigest()
+        target = cache_dir() / f"chains-{key[:16]}{'.dll' if os.name == 'nt' else '.so'}"
+        if target.exists():
+            return target
+        result = _build(cc, flags, target)
+        if result.returncode == 0:
+            return target
+        errors = result.stderr.strip().splitlines()[-1:] or [f"exit {result.returncode}"]
+    raise UserError(f"{cc} could not build the fused generator's kernels: {errors[0]}", "set CC to a working C compiler")
+
+
+def kernels_problem() -> str | None:
+    """Why the kernels cannot run here, or None."""
+    try:
+        Kernels.load()
+    except (UserError, OSError) as exc:
+        return str(exc)
+    return None
+
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class _Affine(ctypes.Structure):
+    """chains.c's Affine: a chain's per-channel constants and the utterance's norm scale and bias."""
+
+    _fields_ = [(name, _P) for name in ("scale", "bias", "gain", "shift", "qscale", "qzero")] + [
+        (name, _F) for name in ("eps", "c1", "a", "b")
+    ]
+
+
+class _Branches(ctypes.Structure):
+    """chains.c's Branches: a stage's three branches, summed and divided (Kernels.branch_sum)."""
+
+    _fields_ = [("q", _P * 3), ("x", _P * 3), ("scale", _P * 3), ("zero", _P * 3), ("divisor", _F)]
+
+
+_SIGNATURES = {
+    "level_chain": [_P, _I, _I, _I, _P, _P, _P, _P],
+    "float_chain": [_P, _I, _I, _I, _P, _P],
+    "residual_chain": [_P, _P, _I, _I, _I, _P, _P, _P, _P, _P],
+    "branch_sum": [_P, _I, _I, _I, _P],
+}
+
+
+def _address(array: np.ndarray) -> int:
+    assert array.flags.c_contiguous, "kernels read C-contiguous arrays"
+    return array.__array_interface__["data"][0]
+
+
+class Kernels:
+    """The compiled chains, each run over channel ranges on `parts` threads (ctypes releases the GIL)."""
+
+    def __init__(self, library: ctypes.CDLL, parts: int) -> None:
+        self.library = library
+        for name, arguments in _SIGNATURES.items():
+            function = getattr(library, name)
+            function.argtypes, function.restype = arguments, None
+        self.parts = max(1, parts)
+        self._pool = ThreadPoolExecutor(self.parts - 1, thread_name_prefix="kokoro-chains") if self.parts > 1 else None
+
+    @classmethod
+    @cache
+    def load(cls, parts: int = 2) -> Kernels:
+        return cls(ctypes.CDLL(str(library_path())), parts)
+
+    def _over_channels(self, name: str, channels: int, size: int, before: list, after: list) -> None:
+        function = getattr(self.library, name)
+        if self._pool is None or size < SPLIT_MIN:
+            function(*before, 0, channels, *after)
+            return
+        bounds = np.linspace(0, channels, self.parts + 1).astype(int)
+        futures = [self._pool.submit(function, *before, int(lo), int(hi), *after) for lo, hi in pairwise(bounds[1:])]
+        function(*before, 0, int(bounds[1]), *after)
+        for future in futures:
+            future.result()
+
+    def level_chain(self, q: np.ndarray, chain: ChainArgs, out: np.ndarray) -> None:
+        channels, samples = q.shape
+        self._over_channels("level_chain", channels, q.size, [_address(q), samples], chain.level_args(out))
+
+    def float_chain(self, x: np.ndarray, chain: ChainArgs, out: np.ndarray) -> None:
+        channels, samples = x.shape
+        self._over_channels("float_chain", channels, x.size, [_address(x), samples], chain.float_args(out))
+
+    def residual_chain(self, prev: np.ndarray, q: np.ndarray, chain: ChainArgs, x_new: np.ndarray, out: np.ndarray) -> None:
+        channels, samples = prev.shape
+        before = [_address(prev), _address(q), samples]
+        self._over_channels("residual_chain", channels, prev.size, before, chain.residual_args(x_new, out))
+
+    def branch_sum(self, levels: list[np.ndarray], streams: list[np.ndarray], scales: list[np.ndarray],
+                   zeros: list[np.ndarray], divisor: float, out: np.ndarray) -> None:  # fmt: skip
+        """out = mean of (levels[j] - zeros[j]) * scales[j] + streams[j]; `out` may be one of `streams`."""
+        channels, samples = out.shape
+        held = [np.ascontiguousarray(np.broadcast_to(v, (channels,)), dtype=np.float32) for v in (*scales, *zeros)]
+        branches = _Branches((_P * 3)(*map(_address, levels)), (_P * 3)(*map(_address, streams)),
+                             (_P * 3)(*map(_address, held[:3])), (_P * 3)(*map(_address, held[3:])), divisor)  # fmt: skip
+        self._over_channels("branch_sum", channels, out.size, [ctypes.byref(branches), samples], [_address(out)])
+
+
+class ChainArgs:
+    """One chain's arguments for one utterance: its norm's scale and bias (AdaIN folded in), the gain and shift
+    applied after a norm three branches share, its quantization constants; holds every array it passes by
+    address until the call returns."""
+
+    def __init__(
+        self,
+        norm_scale: np.ndarray,
+        norm_bias: np.ndarray,
+        eps: float,
+        poly: tuple[float, float, float],
+        qscale: np.ndarray,
+        qzero: np.ndarray,
+        post: tuple[np.ndarray, np.ndarray] | None = None,
+        levels: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        channels = norm_scale.size
+        self.arrays = [np.ascontiguousarray(np.broadcast_to(v, (channels,)), dtype=np.float32) for v in (
+            norm_scale, norm_bias, *(post or (1.0, 0.0)), qscale, qzero, *(levels or (1.0, 0.0)))]  # fmt: skip
+        self.affine = _Affine(*(_address(v) for v in self.arrays[:6]), float(eps), *poly)
+        self.scale, self.zero = self.arrays[6:]
+
+    def level_args(self, out: np.ndarray) -> list:
+        return [_address(self.scale), _address(self.zero), ctypes.byref(self.affine), _address(out)]
+
+    def float_args(self, out: np.ndarray) -> list:
+        return [ctypes.byref(self.affine), _address(out)]
+
+    def residual_args(self, x_new: np.ndarray, out: np.ndarray) -> list:
+        return [_address(self.scale), _address(self.zero), _address(x_new), ctypes.byref(self.affine), _address(out)]

@@ -1,0 +1,170 @@
+"""The fused generator (the `fuse` stage, kokoro_opt/runtime/fused.py, kokoro_opt/runtime/glue): every chain between
+INT8 convolutions computes what ONNX Runtime's chain computes, up to its own rounding; synthesis and windowed
+finishes run through it; without a C compiler the artifact speaks through model.onnx. Quality on the real
+weights: tests/test_real_windows.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from kokoro_opt.runtime.fused import FUSED_DIR, FusedGenerator
+from kokoro_opt.runtime.synth import Synthesizer
+from kokoro_opt.runtime.windowed import FRONT_OUTPUTS, WINDOWS_DIR, WindowedDecoder
+from kokoro_opt.voices import style_for
+from tests.test_passes import TOKENS, build_with
+from tests.test_windows import WINDOWS
+
+pytestmark = pytest.mark.slow  # several builds: not in make test-fast
+
+INT8 = [
+    {"kind": "simplify"},
+    {"kind": "snake", "polynomial_degree": 2},
+    {"kind": "quantize", "mode": "static", "calibration_sentences": 2, "exclude_nodes": ["/decoder/generator/conv_post/Conv"]},
+    WINDOWS,
+]
+FUSE = {"kind": "fuse", "check_sentences": 2, "check_phrases": 1}
+
+
+@pytest.fixture(scope="module")
+def fused_artifact(tiny_recipe, artifacts_root):
+    return build_with(tiny_recipe, artifacts_root, "t-fused", [*INT8, FUSE]).artifact
+
+
+def generator_feeds(artifact, tokens: list[int], voice: str = "tiny_0") -> dict[str, np.ndarray]:
+    decoder = WindowedDecoder.of_artifact(Synthesizer(artifact, load=False))
+    front = decoder.front(tokens, style_for(decoder.synth.packs[voice], len(tokens)))
+    return dict(zip(FRONT_OUTPUTS[:4], (front.features, front.f0, front.phase, front.decoder_style), strict=True))
+
+
+def exact_chain(spec: dict, source: np.ndarray, value) -> np.ndarray:
+    """A chain in float64 with exact statistics: the truth both ONNX Runtime and the kernels round."""
+    y = (source - source.mean(1, keepdims=True)) / np.sqrt(source.var(1, keepdims=True) + spec["eps"])
+    y = y * value(spec["norm_scale"])[:, None] + value(spec["norm_bias"])[:, None]
+    if spec.get("post_gain"):
+        y = y * value(spec["post_gain"])[:, None] + value(spec["post_shift"])[:, None]
+    _, a, b = spec["poly"]
+    r = y - np.round(y)
+    u = y + (a * r * r + b) * r * r
+    name = spec["name"]
+    return np.clip(np.round(u / value(f"{name}.qscale")[:, None]) + value(f"{name}.qzero")[:, None], 0, 255)
+
+
+def chain_errors(artifact, token_lists: list[list[int]], voice: str = "tiny_0") -> dict[str, dict[str, tuple[float, int]]]:
+    """Each chain fed ONNX Runtime's own inputs (checked alone, not with its elders' rounding), its output and
+    ONNX Runtime's against `exact_chain`: {chain: {"fused" | "onnxruntime": (share of levels off, most off)}},
+    over channels whose input is not constant (there a norm divides float rounding by sqrt(eps)). A stage's branch
+    sum has no rounding of its own: it must be ONNX Runtime's, bit for bit."""
+    fused = FusedGenerator(artifact.path / FUSED_DIR)
+    chains = [c for step in fused.plan["steps"] for c in step.get("chains", ())]
+    model = onnx.load(str(artifact.path / WINDOWS_DIR / "whole_generator.onnx"))
+    graph_inputs = {i.name for i in model.graph.input}
+    made = [n for c in chains for n in (c["out"], c.get("x_new")) if n]
+    watched = dict.fromkeys(n for n in [*(r for c in chains for r in c["reads"]), *made] if n not in fused.constants)
+    for name in (n for n in watched if n not in graph_inputs):
+        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    found: dict[str, dict[str, tuple[float, int]]] = {}
+    for tokens in token_lists:
+        feeds = generator_feeds(artifact, tokens, voice)
+        reference = {**feeds, **dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))}
+
+        def value(name: str, reference: dict = reference) -> np.ndarray:
+            return np.asarray(reference[name] if name in reference else fused.constants[name], np.float64).reshape(-1)
+
+        for chain in chains:
+            env = dict(reference)
+            fused._chain(chain, env)
+            if chain["kind"] == "sum":
+                np.testing.assert_array_equal(env[chain["out"]], reference[chain["out"]])
+                found[chain["name"]] = {"fused": (0.0, 0)}
+                continue
+            if chain.get("x_new"):  # the residual add the chain computes is ONNX Runtime's, bit for bit
+                np.testing.assert_array_equal(env[chain["x_new"]], reference[chain["x_new"]])
+            source = reference[chain.get("x_new") or chain["x"]][0].astype(np.float64)
+            if chain["kind"] == "level":
+                source = (source - value(f"{chain['name']}.zero")[:, None]) * value(f"{chain['name']}.scale")[:, None]
+            truth = exact_chain(chain, source, value)
+            varied = source.std(axis=1) > 1e-6 * (1 + np.abs(source).max(axis=1))
+            for who, made in (("fused", env[chain["out"]]), ("onnxruntime", reference[chain["out"]])):
+                off = np.abs(made[0].astype(np.float64) - truth)[varied]
+                share, most = found.setdefault(chain["name"], {}).get(who, (0.0, 0))
+                if off.size:
+                    found[chain["name"]][who] = (max(share, float(np.mean(off > 0))), max(most, int(off.max())))
+    return found
+
+
+def test_each_chain_computes_its_exact_value(fused_artifact) -> None:
+    """Each chain's levels are the float64 truth's but for a rounding tie now and then; ONNX Runtime's float sums
+    are no closer (on the real weights it is the one off, by up to 15 levels on 5% of a channel:
+    docs/measurements/2026-12-05-fused-generator.md)."""
+    found = chain_errors(fused_artifact, [TOKENS[:4], TOKENS * 3])
+    kinds = {c["kind"] for step in FusedGenerator(fused_artifact.path / FUSED_DIR).plan["steps"] for c in step.get("chains", ())}
+    assert kinds == {"level", "float", "residual"}, kinds  # the three kinds of chain Kokoro's generator has
+    fused = [errors["fused"] for errors in found.values() if "fused" in errors]
+    assert len(fused) >= 20 and all(share <= 1e-3 and most <= 1 for share, most in fused), found
+
+
+def test_the_fused_generator_makes_the_whole_generators_audio(fused_artifact) -> None:
+    fused = FusedGenerator(fused_artifact.path / FUSED_DIR)
+    whole = ort.InferenceSession(
+        str(fused_artifact.path / WINDOWS_DIR / "whole_generator.onnx"), providers=["CPUExecutionProvider"]
+    )
+    for tokens in (TOKENS[:3], TOKENS, TOKENS * 4):
+        feeds = generator_feeds(fused_artifact, tokens)
+        expected = whole.run(None, feeds)[0]
+        made = fused.run(feeds)
+        assert made.shape == expected.shape and np.all(np.isfinite(made))
+        assert np.corrcoef(made.reshape(-1), expected.reshape(-1))[0, 1] > 0.99
+    assert all(not set(step["release"]) & set(fused.plan["outputs"]) for step in fused.plan["steps"])
+
+
+def test_synthesis_and_windowed_finishes_run_through_it(fused_artifact, tmp_path) -> None:
+    assert fused_artifact.capabilities.fused and fused_artifact.capabilities.windowed
+    record = fused_artifact.build.stages[-1]
+    assert record["stage"] == "fuse" and record["chains"]["level"] > 0 and record["segments"] > 2
+    synth = Synthesizer(fused_artifact)
+    assert synth.fused is not None and synth._session is None  # model.onnx is never loaded
+    result = synth.run_tokens(TOKENS, "tiny_0")
+    (tmp_path / "model.onnx").symlink_to(fused_artifact.model_file)
+    plain = Synthesizer(fused_artifact, model_file=tmp_path / "model.onnx")
+    assert plain.fused is None  # a graph file of one's own (a candidate) runs in its session
+    reference = plain.run_tokens(TOKENS, "tiny_0")
+    np.testing.assert_array_equal(result.durations, reference.durations)
+    assert result.audio.shape == reference.audio.shape
+    assert np.corrcoef(result.audio, reference.audio)[0, 1] > 0.99
+    decoder = WindowedDecoder.of_artifact(synth)
+    assert decoder.fused is synth.fused.generator and decoder.whole_session is None  # shared, no second generator
+    front = decoder.front(TOKENS, style_for(synth.packs["tiny_0"], len(TOKENS)))
+    assert decoder.whole_audio(front).size == front.steps * 300
+
+
+def test_without_a_c_compiler_it_speaks_through_model_onnx(fused_artifact, tmp_path) -> None:
+    script = (
+        "import logging, sys; logging.basicConfig(level=logging.WARNING)\n"
+        "from kokoro_opt.runtime.glue import kernels_problem\n"
+        "from kokoro_opt.runtime.synth import Synthesizer\n"
+        f"synth = Synthesizer({str(fused_artifact.path)!r})\n"
+        "print(kernels_problem()); assert synth.fused is None\n"
+        "print(synth.run_tokens([50, 83, 54, 156], 'tiny_0').audio.size)\n"
+    )
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "KOKORO_OPT_CACHE": str(tmp_path / "kernels")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    problem, samples = done.stdout.strip().splitlines()[-2:]
+    assert "needs a C compiler" in problem and "set CC" in problem
+    assert int(samples) > 0
+    assert "runs model.onnx: the fused generator needs a C compiler" in done.stderr
+
+
+def test_the_stage_needs_the_windows_stage(tiny_recipe, artifacts_root) -> None:
+    from kokoro_opt.errors import UserError
+
+    with pytest.raises(UserError, match="after the windows stage"):
+        build_with(tiny_recipe, artifacts_root, "t-fuse-alone", [*INT8[:3], FUSE])
