@@ -37,10 +37,9 @@ SPLIT_MIN = 1 << 20  # channels x samples below which one thread does the whole 
 
 
 def cache_dir() -> Path:
-    """Where built kernels are kept: KOKORO_OPT_CACHE, else the user's cache folder."""
-    if named := os.environ.get(CACHE_ENV):
-        return Path(named)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kokoro-opt" / "kernels"
+    """Where built kernels are kept: `kernels/` in the user's kokoro-opt cache (KOKORO_OPT_CACHE overrides it, as
+    for the rebuilt weights)."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kokoro-opt") / "kernels"
 
 
 def compiler() -> str | None:
