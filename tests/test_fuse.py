@@ -168,3 +168,19 @@ def test_the_stage_needs_the_windows_stage(tiny_recipe, artifacts_root) -> None:
 
     with pytest.raises(UserError, match="after the windows stage"):
         build_with(tiny_recipe, artifacts_root, "t-fuse-alone", [*INT8[:3], FUSE])
+
+
+def test_a_plan_naming_a_file_outside_its_folder_is_refused(fused_artifact, tmp_path) -> None:
+    """The plan comes with the artifact (fetched ones too): it may name its own segments only."""
+    import json
+    import shutil
+
+    from kokoro_opt.errors import UserError
+
+    folder = tmp_path / FUSED_DIR
+    shutil.copytree(fused_artifact.path / FUSED_DIR, folder)
+    plan = json.loads((folder / "plan.json").read_text())
+    next(step for step in plan["steps"] if "segment" in step)["segment"] = "../../model.onnx"
+    (folder / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(UserError, match="not a segment of"):
+        FusedGenerator(folder)

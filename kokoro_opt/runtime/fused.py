@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.glue import ChainArgs, Kernels
 from kokoro_opt.runtime.session import SessionSettings, make_session
 
 FUSED_DIR = "fused"
+SEGMENT_NAME = re.compile(r"segment_\d{2,3}\.onnx")
 PLAN_FILE = "plan.json"
 CONSTANTS_FILE = "constants.npz"
 
@@ -35,11 +38,13 @@ class FusedGenerator:
         threads = settings.resolved().intra_op_num_threads  # 0: every core, as ONNX Runtime takes them
         self.kernels = Kernels.load(threads if threads > 0 else min(os.cpu_count() or 2, 4))
         self.chain_seconds = 0.0  # time in the native chains: a profile's row beside ONNX Runtime's operators
-        self.sessions = {
-            step["segment"]: make_session(folder / step["segment"], settings, spinning=spinning, shared_arena=True)
-            for step in self.plan["steps"]
-            if "segment" in step
-        }
+        segments = [step["segment"] for step in self.plan["steps"] if "segment" in step]
+        for name in segments:  # the plan comes with the artifact: it names files of its own folder only
+            if not SEGMENT_NAME.fullmatch(str(name)) or not (folder / name).is_file():
+                raise UserError(
+                    f"{folder / PLAN_FILE} names {name!r}, not a segment of {folder}", "rebuild or fetch the artifact again"
+                )
+        self.sessions = {name: make_session(folder / name, settings, spinning=spinning, shared_arena=True) for name in segments}
 
     def run(self, feeds: dict[str, np.ndarray], run_options: Any = None) -> np.ndarray:
         env = dict(feeds)
@@ -70,6 +75,8 @@ class FusedGenerator:
                          tuple(spec["poly"]), c[f"{name}.qscale"], c[f"{name}.qzero"], post, levels)  # fmt: skip
         source = env[spec["x"]]
         shape = source.shape
+        if source.ndim != 3 or (spec["kind"] == "residual" and env[spec["q"]].shape != shape):
+            raise ValueError(f"{name}: inputs of shapes {source.shape} and {env[spec.get('q', spec['x'])].shape}")
         flat = (int(np.prod(shape[:-1])), shape[-1])
         out = np.empty(shape, np.uint8)
         if spec["kind"] == "level":
@@ -88,6 +95,8 @@ class FusedGenerator:
         c, name = self.constants, spec["name"]
         streams = [env[x] for x in spec["x"]]
         shape = streams[0].shape
+        if len(streams) != 3 or any(v.shape != shape for v in [*streams, *(env[q] for q in spec["q"])]):
+            raise ValueError(f"{name}: branches of different shapes")
         flat = (int(np.prod(shape[:-1])), shape[-1])
         first = streams[0]
         out = (
