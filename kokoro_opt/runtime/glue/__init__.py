@@ -5,7 +5,7 @@ operator needs its C API header, which no package index ships. So the fused gene
 the convolutions in ONNX Runtime and these chains between them, called through ctypes. The library is compiled
 on first use with the machine's C compiler (`CC`, else cc, gcc or clang) for this CPU, and kept in the user's
 cache keyed by the source, the flags and the compiler, so an edited kernel or another machine builds anew.
-Without a compiler `load_kernels` raises a UserError naming the fix, and artifacts fall back to ONNX Runtime
+Without a compiler `library_path` raises a UserError naming the fix, and artifacts fall back to ONNX Runtime
 alone (`kernels_problem`).
 """
 
