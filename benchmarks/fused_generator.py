@@ -31,7 +31,7 @@ def main() -> None:
     from kokoro_opt.runtime.fused import FUSED_DIR, FusedGenerator
     from kokoro_opt.runtime.session import make_session
     from kokoro_opt.runtime.synth import Synthesizer
-    from kokoro_opt.runtime.windowed import FRONT_OUTPUTS, WindowedDecoder
+    from kokoro_opt.runtime.windowed import WindowedDecoder
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.tables import print_table
     from kokoro_opt.text import utterance_tokens
@@ -55,7 +55,7 @@ def main() -> None:
     for text in TEXTS:
         tokens = utterance_tokens(text, synth.vocab)
         front = decoder.front(tokens, style_for(pack, len(tokens)))
-        feeds = dict(zip(FRONT_OUTPUTS[:4], (front.features, front.f0, front.phase, front.decoder_style), strict=True))
+        feeds = front.generator_feeds()
         reference, made = whole.run(None, feeds)[0].reshape(-1), fused.run(feeds).reshape(-1)
         times: dict[str, list[float]] = {"whole": [], "fused": []}
         fused.chain_seconds = 0.0

@@ -16,7 +16,7 @@ import pytest
 
 from kokoro_opt.runtime.fused import FUSED_DIR, FusedGenerator
 from kokoro_opt.runtime.synth import Synthesizer
-from kokoro_opt.runtime.windowed import FRONT_OUTPUTS, WINDOWS_DIR, WindowedDecoder
+from kokoro_opt.runtime.windowed import WINDOWS_DIR, WindowedDecoder
 from kokoro_opt.voices import style_for
 from tests.test_passes import TOKENS, build_with
 from tests.test_windows import WINDOWS
@@ -40,7 +40,7 @@ def fused_artifact(tiny_recipe, artifacts_root):
 def generator_feeds(artifact, tokens: list[int], voice: str = "tiny_0") -> dict[str, np.ndarray]:
     decoder = WindowedDecoder.of_artifact(Synthesizer(artifact, load=False))
     front = decoder.front(tokens, style_for(decoder.synth.packs[voice], len(tokens)))
-    return dict(zip(FRONT_OUTPUTS[:4], (front.features, front.f0, front.phase, front.decoder_style), strict=True))
+    return front.generator_feeds()
 
 
 def exact_chain(spec: dict, source: np.ndarray, value) -> np.ndarray:

@@ -31,7 +31,7 @@ from kokoro_opt.passes.compress import CARRIED
 from kokoro_opt.passes.speech_gate import gate_utterances, judge, score, summarise
 from kokoro_opt.recipe import FuseStage, SpeechGate
 from kokoro_opt.runtime.fused import CONSTANTS_FILE, FUSED_DIR, PLAN_FILE, FusedGenerator
-from kokoro_opt.runtime.windowed import FRONT_OUTPUTS, WINDOWS_DIR, WindowGraphs
+from kokoro_opt.runtime.windowed import WINDOWS_DIR, WindowedDecoder, WindowGraphs
 
 
 def write_fused(whole_generator: Path, folder: Path) -> dict[str, Any]:
@@ -58,24 +58,16 @@ def write_fused(whole_generator: Path, folder: Path) -> dict[str, Any]:
 
 def measure(source: Artifact, fused: FusedGenerator, cfg: FuseStage) -> dict[str, Any]:
     """Fused vs whole generator on the gate's utterances, over the same front."""
-    from kokoro_opt.runtime.feeds import model_feeds
-    from kokoro_opt.runtime.session import make_session
     from kokoro_opt.runtime.synth import Synthesizer
     from kokoro_opt.voices import style_for
 
     synth = Synthesizer(source, load=False)
-    graphs = WindowGraphs.of_folder(source.path / WINDOWS_DIR)
-    front = make_session(graphs.front, synth.settings)
-    whole = make_session(graphs.whole_generator, synth.settings)
-    front_inputs = [i.name for i in front.get_inputs()]
+    decoder = WindowedDecoder(synth, WindowGraphs.of_folder(source.path / WINDOWS_DIR))  # the source is not fused
     rows = []
     for utterance, tokens in gate_utterances(cfg, synth.voices, synth.vocab):
-        pack = synth.packs[utterance.voice]
-        feeds = model_feeds(tokens, style_for(pack, len(tokens)), 1.0, names=front_inputs)
-        made = front.run(list(FRONT_OUTPUTS[:4]), feeds)
-        generator_feeds = dict(zip(FRONT_OUTPUTS[:4], made, strict=True))
-        reference = np.asarray(whole.run(None, generator_feeds)[0]).reshape(-1)
-        speech = np.asarray(fused.run(generator_feeds)).reshape(-1)
+        front = decoder.front(tokens, style_for(synth.packs[utterance.voice], len(tokens)))
+        reference = decoder.whole_audio(front)
+        speech = np.asarray(fused.run(front.generator_feeds())).reshape(-1) / synth.audio_gain
         rows.append(score(utterance, reference, speech, synth.sample_rate, tokens=len(tokens)))
     return summarise(rows)
 

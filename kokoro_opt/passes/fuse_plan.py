@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from kokoro_opt.onnx_graph import PatternIndex
+
 SNAKE_OPS = ("Add", "Sub", "Sub", "Mul", "Mul", "Add", "Mul", "Add", "QuantizeLinear")
 
 
@@ -36,50 +38,45 @@ class ChainNodes:
         return [self.spec["out"], *([self.spec["x_new"]] if self.spec.get("x_new") else [])]
 
 
-class _Graph:
-    def __init__(self, graph: Any) -> None:
-        from onnx import numpy_helper
+class _Chains(PatternIndex):
+    """The graph index with what the chain matcher asks of it."""
 
-        self.graph = graph
-        self.inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-        self.producer = {o: n for n in graph.node for o in n.output}
-        self.consumers: dict[str, list[Any]] = defaultdict(list)
-        for n in graph.node:
-            for name in dict.fromkeys(n.input):
-                self.consumers[name].append(n)
-
-    def only(self, name: str, op: str | None = None) -> Any:
-        nodes = self.consumers[name]
-        if len(nodes) != 1 or (op and nodes[0].op_type != op):
+    def only(self, name: str) -> Any:
+        """The one node reading `name` (a node reading it twice, `r * r`, counts once)."""
+        readers = {id(n): n for n in self.consumers.get(name, [])}
+        if len(readers) != 1:
             raise LookupError(name)
-        return nodes[0]
+        return next(iter(readers.values()))
 
-    def const(self, node: Any) -> np.ndarray:
-        return next(self.inits[i] for i in node.input if i in self.inits)
+    def first_const(self, node: Any) -> np.ndarray:
+        return next(self.const[i] for i in node.input if i in self.const)
+
+    def vector(self, name: str) -> np.ndarray:
+        return self.const[name].astype(np.float32).reshape(-1)
 
     def single_dq(self, name: str) -> Any | None:
         """The DequantizeLinear of constant scale and zero point that makes `name` and is its only reader."""
         p = self.producer.get(name)
-        if p is None or p.op_type != "DequantizeLinear" or len(self.consumers[name]) != 1:
+        if p is None or p.op_type != "DequantizeLinear" or len(self.consumers.get(name, [])) != 1:
             return None
-        return p if all(i in self.inits for i in p.input[1:]) else None
+        return p if all(i in self.const for i in p.input[1:]) else None
 
 
 def _scalar(value: np.ndarray) -> float:
     return float(np.asarray(value).reshape(-1)[0])
 
 
-def find_chains(graph: Any) -> list[ChainNodes]:
-    g = _Graph(graph)
+def find_chains(model: Any) -> list[ChainNodes]:
+    g = _Chains(model)
     chains = []
-    for shifted in graph.node:
-        if not (shifted.op_type == "Add" and shifted.name.endswith("y_shifted") and shifted.input[1] in g.inits):
+    for shifted in g.graph.node:
+        if not (shifted.op_type == "Add" and shifted.name.endswith("y_shifted") and shifted.input[1] in g.const):
             continue
         y = shifted.input[0]
         rounded = g.only(shifted.output[0])
-        rest = next(c for c in g.consumers[y] if c.op_type == "Sub")
+        rest = next(c for c in g.consumers[y] if c.op_type == "Sub")  # y is read by the shift, this and the sum
         square = g.only(rest.output[0])
-        scaled = next(c for c in g.consumers[square.output[0]] if any(i in g.inits for i in c.input))
+        scaled = next(c for c in g.consumers[square.output[0]] if any(i in g.const for i in c.input))
         horner = g.only(scaled.output[0])
         sin2 = g.only(horner.output[0])
         added = g.only(sin2.output[0])
@@ -87,7 +84,7 @@ def find_chains(graph: Any) -> list[ChainNodes]:
         snake = [shifted, rounded, rest, square, scaled, horner, sin2, added, quantize]
         if tuple(n.op_type for n in snake) != SNAKE_OPS:
             continue
-        spec: dict[str, Any] = {"poly": [_scalar(g.const(shifted)), _scalar(g.const(scaled)), _scalar(g.const(horner))]}
+        spec: dict[str, Any] = {"poly": [_scalar(g.first_const(n)) for n in (shifted, scaled, horner)]}
         nodes = list(snake)
         made = g.producer[y]
         if made.op_type == "InstanceNormalization":
@@ -99,12 +96,11 @@ def find_chains(graph: Any) -> list[ChainNodes]:
             nodes += [made, gain]
         eps = next((a.f for a in norm.attribute if a.name == "epsilon"), 1e-5)
         name = f"chain_{len(chains):02d}"
-        constants = {f"{name}.qscale": g.inits[quantize.input[1]].astype(np.float32).reshape(-1),
-                     f"{name}.qzero": g.inits[quantize.input[2]].astype(np.float32).reshape(-1)}  # fmt: skip
+        constants = {f"{name}.qscale": g.vector(quantize.input[1]), f"{name}.qzero": g.vector(quantize.input[2])}
         spec.update(name=name, norm=norm.name, eps=eps, norm_scale=norm.input[1], norm_bias=norm.input[2], out=quantize.output[0])
         for key in ("norm_scale", "norm_bias"):
-            if spec[key] in g.inits:
-                constants[spec[key]] = g.inits[spec[key]].astype(np.float32).reshape(-1)
+            if spec[key] in g.const:
+                constants[spec[key]] = g.vector(spec[key])
         x = norm.input[0]
         kind, source = "float", g.producer.get(x)
         if (dq := g.single_dq(x)) is not None:
@@ -119,8 +115,7 @@ def find_chains(graph: Any) -> list[ChainNodes]:
                     nodes += [source, dq]
                     break
         if kind != "float":
-            constants[f"{name}.scale"] = g.inits[dq.input[1]].astype(np.float32).reshape(-1)
-            constants[f"{name}.zero"] = g.inits[dq.input[2]].astype(np.float32).reshape(-1)
+            constants[f"{name}.scale"], constants[f"{name}.zero"] = g.vector(dq.input[1]), g.vector(dq.input[2])
         nodes.append(norm)
         spec.update(kind=kind, x=x)
         reads = ("x", "q", "norm_scale", "norm_bias", "post_gain", "post_shift")
@@ -129,24 +124,24 @@ def find_chains(graph: Any) -> list[ChainNodes]:
     return chains + find_branch_sums(g, len(chains))
 
 
-def find_branch_sums(g: _Graph, first: int) -> list[ChainNodes]:
+def find_branch_sums(g: _Chains, first: int) -> list[ChainNodes]:
     """A stage's output: the mean of its three branches' last residual adds, ((r0 + r1) + r2) / 3, each
     r = DequantizeLinear(a convolution's levels) + the branch's residual stream; summed in one pass."""
     sums = []
     for div in g.graph.node:
-        if div.op_type != "Div" or div.input[1] not in g.inits or g.inits[div.input[1]].size != 1:
+        if div.op_type != "Div" or div.input[1] not in g.const or g.const[div.input[1]].size != 1:
             continue
         outer = g.producer.get(div.input[0])
         inner = g.producer.get(outer.input[0]) if outer is not None and outer.op_type == "Add" else None
-        if inner is None or inner.op_type != "Add" or len(g.consumers[outer.output[0]]) != 1:
+        if inner is None or inner.op_type != "Add" or len(g.consumers.get(outer.output[0], [])) != 1:
             continue
         branches = [g.producer.get(r) for r in (*inner.input, outer.input[1])]
-        if len(g.consumers[inner.output[0]]) != 1 or any(b is None or b.op_type != "Add" for b in branches):
+        if len(g.consumers.get(inner.output[0], [])) != 1 or any(b is None or b.op_type != "Add" for b in branches):
             continue
         parts = []
         for branch in branches:
             dq = next((d for i in branch.input if (d := g.single_dq(i)) is not None), None)
-            if dq is None or len(g.consumers[branch.output[0]]) != 1:
+            if dq is None or len(g.consumers.get(branch.output[0], [])) != 1:
                 break
             parts.append((dq, next(i for i in branch.input if i != dq.output[0]), branch))
         if len(parts) != 3:
@@ -154,10 +149,9 @@ def find_branch_sums(g: _Graph, first: int) -> list[ChainNodes]:
         name = f"chain_{first + len(sums):02d}"
         constants = {}
         for j, (dq, _, _) in enumerate(parts):
-            constants[f"{name}.scale{j}"] = g.inits[dq.input[1]].astype(np.float32).reshape(-1)
-            constants[f"{name}.zero{j}"] = g.inits[dq.input[2]].astype(np.float32).reshape(-1)
+            constants[f"{name}.scale{j}"], constants[f"{name}.zero{j}"] = g.vector(dq.input[1]), g.vector(dq.input[2])
         spec = {"name": name, "kind": "sum", "q": [dq.input[0] for dq, _, _ in parts], "x": [x for _, x, _ in parts],
-                "divisor": float(g.inits[div.input[1]].reshape(-1)[0]), "out": div.output[0]}  # fmt: skip
+                "divisor": _scalar(g.const[div.input[1]]), "out": div.output[0]}  # fmt: skip
         spec["reads"] = [*spec["q"], *spec["x"]]
         nodes = [div, outer, inner, *(n for dq, _, branch in parts for n in (dq, branch))]
         sums.append(ChainNodes(spec, constants, nodes))
@@ -182,7 +176,7 @@ def cut(model: Any) -> tuple[list[Any], dict[str, Any], dict[str, np.ndarray]]:
 
     model = shape_inference.infer_shapes(model)
     graph = model.graph
-    chains = find_chains(graph)
+    chains = find_chains(model)
     if not chains:
         raise ValueError("no norm-Snake-quantize chains in the generator (is it the int8 generator of the snake stage?)")
     replaced = {id(n) for c in chains for n in c.nodes}
@@ -243,13 +237,13 @@ def cut(model: Any) -> tuple[list[Any], dict[str, Any], dict[str, np.ndarray]]:
     segments, steps = [], []
     for d, group in enumerate(groups):
         steps.append({"chains": [c.spec for c in chains if chain_depth[c.spec["name"]] == d]})
-        body_constant, stack = [], [i for n in group for i in n.input if i in constant_maker]
+        needed, stack = set(), [i for n in group for i in n.input if i in constant_maker]  # ids of constant makers
         while stack:
             maker = constant_maker[stack.pop()]
-            if maker not in body_constant:
-                body_constant.append(maker)
+            if id(maker) not in needed:
+                needed.add(id(maker))
                 stack += [i for i in maker.input if i in constant_maker]
-        body = [n for n in nodes if id(n) in {id(m) for m in body_constant}] + group
+        body = [n for n in nodes if id(n) in needed] + group
         made = {o for n in body for o in n.output}
         ins = list(dict.fromkeys(i for n in body for i in n.input if i and i not in made and i not in inits))
         outs = [o for n in group for o in n.output if o in outputs or o in chain_reads or readers[o] - {d}]

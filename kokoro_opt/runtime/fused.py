@@ -84,8 +84,7 @@ class FusedGenerator:
         elif spec["kind"] == "float":
             self.kernels.float_chain(source.reshape(flat), args, out.reshape(flat))
         else:
-            reuse = spec.get("in_place") and source.flags.writeable and source.flags.c_contiguous
-            x_new = source if reuse else np.empty(shape, np.float32)  # the kernel reads each sample before it writes it
+            x_new = _overwritable(spec, source)
             levels = env[spec["q"]].reshape(flat)
             self.kernels.residual_chain(source.reshape(flat), levels, args, x_new.reshape(flat), out.reshape(flat))
             env[spec["x_new"]] = x_new
@@ -98,14 +97,19 @@ class FusedGenerator:
         if len(streams) != 3 or any(v.shape != shape for v in [*streams, *(env[q] for q in spec["q"])]):
             raise ValueError(f"{name}: branches of different shapes")
         flat = (int(np.prod(shape[:-1])), shape[-1])
-        first = streams[0]
-        out = (
-            first if spec.get("in_place") and first.flags.writeable and first.flags.c_contiguous else np.empty(shape, np.float32)
-        )
+        out = _overwritable(spec, streams[0])
         self.kernels.branch_sum([env[q].reshape(flat) for q in spec["q"]], [x.reshape(flat) for x in streams],
                                 [c[f"{name}.scale{j}"] for j in range(3)], [c[f"{name}.zero{j}"] for j in range(3)],
                                 spec["divisor"], out.reshape(flat))  # fmt: skip
         env[spec["out"]] = out
+
+
+def _overwritable(spec: dict[str, Any], stream: np.ndarray) -> np.ndarray:
+    """Where a residual stream's sum goes: over the stream itself when nothing else reads it (the plan's `in_place`;
+    the kernels read each sample before they write it), else a new array."""
+    if spec.get("in_place") and stream.flags.writeable and stream.flags.c_contiguous:
+        return stream
+    return np.empty(stream.shape, np.float32)
 
 
 class FusedSpeaker:

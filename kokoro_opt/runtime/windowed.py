@@ -108,6 +108,10 @@ class FrontOutput:
     def steps(self) -> int:
         return int(self.features.shape[2])
 
+    def generator_feeds(self) -> dict[str, np.ndarray]:
+        """The whole generator's feeds (whole_generator, the fused generator): the front's first four outputs."""
+        return dict(zip(FRONT_OUTPUTS[:4], (self.features, self.f0, self.phase, self.decoder_style), strict=True))
+
     def phase_from(self, lo: int, hi: int) -> np.ndarray:
         """Steps [lo, hi) of the running phase, less whole turns per harmonic: the sines are the same, and
         the window interpolates small numbers instead of ones that grow with the utterance (1e5 rad by 10 s)."""
@@ -336,7 +340,7 @@ class WindowedDecoder:
         """The utterance's audio from one run of the whole generator on `front`, normalized with its own
         statistics: the model's audio, bit for bit, in an artifact whose graphs carry its shapes; or the fused
         generator's, the same within float noise (passes/fuse.py)."""
-        feeds = dict(zip(FRONT_OUTPUTS[:4], (front.features, front.f0, front.phase, front.decoder_style), strict=True))
+        feeds = front.generator_feeds()
         if self.fused is not None:
             audio = self.fused.run(feeds, run_options)
         elif self.whole_session is not None:
