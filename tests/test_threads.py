@@ -63,3 +63,12 @@ def test_tunes_record_of_the_defaults_names_the_threads_they_ran_with(monkeypatc
     monkeypatch.setenv("KOKORO_OPT_THREADS", "3")
     record = Comparison("abc", rounds=1, defaults_ttfa=[0.2], tuned_ttfa=[0.1]).to_json()
     assert record["defaults"]["session"]["intra_op_num_threads"] == 3
+
+
+def test_a_whole_graph_session_spins_within_its_runs_only(tiny_artifact: Artifact) -> None:
+    """A pool left spinning after a run takes the cores from whatever runs next: another artifact in an
+    interleaved evaluation measured 13% slower right after the fp32 export's run (docs/evaluation.md)."""
+    from kokoro_opt.runtime.synth import Synthesizer
+
+    options = Synthesizer(tiny_artifact).session.get_session_options()
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
