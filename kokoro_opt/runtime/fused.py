@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.runtime.glue import ChainArgs, Kernels
+from kokoro_opt.runtime.glue import ChainArgs, Kernels, per_channel
 from kokoro_opt.runtime.session import SessionSettings, make_session
 
 FUSED_DIR = "fused"
@@ -35,6 +35,7 @@ class FusedGenerator:
         self.plan = json.loads((folder / PLAN_FILE).read_text())
         with np.load(folder / CONSTANTS_FILE) as stored:
             self.constants = {k: stored[k] for k in stored.files}
+        self._held: dict[tuple[str, int], np.ndarray] = {}  # constants as the kernels read them (_constant)
         threads = settings.resolved().intra_op_num_threads  # 0: every core, as ONNX Runtime takes them
         self.kernels = Kernels.load(threads if threads > 0 else min(os.cpu_count() or 2, 4))
         self.chain_seconds = 0.0  # time in the native chains: a profile's row beside ONNX Runtime's operators
@@ -62,17 +63,28 @@ class FusedGenerator:
         return env[self.plan["outputs"][0]]
 
     def _value(self, env: dict[str, np.ndarray], name: str) -> np.ndarray:
-        return (env[name] if name in env else self.constants[name]).reshape(-1)
+        return env[name].reshape(-1) if name in env else self._constant(name, 0)
+
+    def _constant(self, name: str, channels: int) -> np.ndarray:
+        """A constant as the kernels read it (`channels` float32s; 0: as stored), made once per length."""
+        key = (name, channels)
+        if key not in self._held:
+            value = self.constants[name]
+            self._held[key] = per_channel(value, channels) if channels else value.reshape(-1)
+        return self._held[key]
 
     def _chain(self, spec: dict[str, Any], env: dict[str, np.ndarray]) -> None:
-        c, name = self.constants, spec["name"]
+        name = spec["name"]
         if spec["kind"] == "sum":
             self._branch_sum(spec, env)
             return
+        scale = self._value(env, spec["norm_scale"])
+        kept = ("qscale", "qzero") if spec["kind"] == "float" else ("qscale", "qzero", "scale", "zero")
+        held = {key: self._constant(f"{name}.{key}", scale.size) for key in kept}
         post = (self._value(env, spec["post_gain"]), self._value(env, spec["post_shift"])) if spec.get("post_gain") else None
-        levels = (c[f"{name}.scale"], c[f"{name}.zero"]) if spec["kind"] != "float" else None
-        args = ChainArgs(self._value(env, spec["norm_scale"]), self._value(env, spec["norm_bias"]), spec["eps"],
-                         tuple(spec["poly"]), c[f"{name}.qscale"], c[f"{name}.qzero"], post, levels)  # fmt: skip
+        levels = (held["scale"], held["zero"]) if spec["kind"] != "float" else None
+        args = ChainArgs(scale, self._value(env, spec["norm_bias"]), spec["eps"], tuple(spec["poly"]), held["qscale"],
+                         held["qzero"], post, levels)  # fmt: skip
         source = env[spec["x"]]
         shape = source.shape
         if source.ndim != 3 or (spec["kind"] == "residual" and env[spec["q"]].shape != shape):
@@ -91,15 +103,17 @@ class FusedGenerator:
         env[spec["out"]] = out
 
     def _branch_sum(self, spec: dict[str, Any], env: dict[str, np.ndarray]) -> None:
-        c, name = self.constants, spec["name"]
+        name = spec["name"]
         streams = [env[x] for x in spec["x"]]
         shape = streams[0].shape
         if len(streams) != 3 or any(v.shape != shape for v in [*streams, *(env[q] for q in spec["q"])]):
             raise ValueError(f"{name}: branches of different shapes")
         flat = (int(np.prod(shape[:-1])), shape[-1])
         out = _overwritable(spec, streams[0])
+        channels = flat[0]
         self.kernels.branch_sum([env[q].reshape(flat) for q in spec["q"]], [x.reshape(flat) for x in streams],
-                                [c[f"{name}.scale{j}"] for j in range(3)], [c[f"{name}.zero{j}"] for j in range(3)],
+                                [self._constant(f"{name}.scale{j}", channels) for j in range(3)],
+                                [self._constant(f"{name}.zero{j}", channels) for j in range(3)],
                                 spec["divisor"], out.reshape(flat))  # fmt: skip
         env[spec["out"]] = out
 

@@ -33,7 +33,7 @@ CACHE_ENV = "KOKORO_OPT_CACHE"
 FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared")
 # tried first: the library is built where it runs; then without, for compilers that know neither
 TUNED = ("-march=native", "-fopenmp-simd")
-SPLIT_MIN = 1 << 20  # channels x samples below which one thread does the whole chain (a hand-off costs ~50 us)
+SPLIT_MIN = 1 << 18  # channels x samples below which one thread does the whole chain (a hand-off costs ~50 us)
 
 
 def cache_dir() -> Path:
@@ -115,6 +115,15 @@ _SIGNATURES = {
 }
 
 
+def per_channel(value: np.ndarray | float, channels: int) -> np.ndarray:
+    """`value` as `channels` contiguous float32s: itself when it already is (a chain's per-channel constant,
+    a norm's scale), else a per-tensor constant repeated (~4 us: callers keep the ones they pass every run)."""
+    array = np.asarray(value, dtype=np.float32).reshape(-1)
+    if array.size == channels and array.flags.c_contiguous:
+        return array
+    return np.ascontiguousarray(np.broadcast_to(array, (channels,)))
+
+
 def _address(array: np.ndarray) -> int:
     assert array.flags.c_contiguous, "kernels read C-contiguous arrays"
     return array.__array_interface__["data"][0]
@@ -141,9 +150,9 @@ class Kernels:
         if self._pool is None or size < SPLIT_MIN:
             function(*before, 0, channels, *after)
             return
-        bounds = np.linspace(0, channels, self.parts + 1).astype(int)
-        futures = [self._pool.submit(function, *before, int(lo), int(hi), *after) for lo, hi in pairwise(bounds[1:])]
-        function(*before, 0, int(bounds[1]), *after)
+        bounds = [channels * k // self.parts for k in range(self.parts + 1)]
+        futures = [self._pool.submit(function, *before, lo, hi, *after) for lo, hi in pairwise(bounds[1:])]
+        function(*before, 0, bounds[1], *after)
         for future in futures:
             future.result()
 
@@ -164,7 +173,7 @@ class Kernels:
                    zeros: list[np.ndarray], divisor: float, out: np.ndarray) -> None:  # fmt: skip
         """out = mean of (levels[j] - zeros[j]) * scales[j] + streams[j]; `out` may be one of `streams`."""
         channels, samples = out.shape
-        held = [np.ascontiguousarray(np.broadcast_to(v, (channels,)), dtype=np.float32) for v in (*scales, *zeros)]
+        held = [per_channel(v, channels) for v in (*scales, *zeros)]
         branches = _Branches((_P * 3)(*map(_address, levels)), (_P * 3)(*map(_address, streams)),
                              (_P * 3)(*map(_address, held[:3])), (_P * 3)(*map(_address, held[3:])), divisor)  # fmt: skip
         self._over_channels("branch_sum", channels, out.size, [ctypes.byref(branches), samples], [_address(out)])
@@ -187,7 +196,7 @@ class ChainArgs:
         levels: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         channels = norm_scale.size
-        self.arrays = [np.ascontiguousarray(np.broadcast_to(v, (channels,)), dtype=np.float32) for v in (
+        self.arrays = [per_channel(v, channels) for v in (
             norm_scale, norm_bias, *(post or (1.0, 0.0)), qscale, qzero, *(levels or (1.0, 0.0)))]  # fmt: skip
         self.affine = _Affine(*(_address(v) for v in self.arrays[:6]), float(eps), *poly)
         self.scale, self.zero = self.arrays[6:]
