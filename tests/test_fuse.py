@@ -184,3 +184,11 @@ def test_a_plan_naming_a_file_outside_its_folder_is_refused(fused_artifact, tmp_
     (folder / "plan.json").write_text(json.dumps(plan))
     with pytest.raises(UserError, match="not a segment of"):
         FusedGenerator(folder)
+
+
+def test_a_generator_without_int8_chains_is_refused_with_the_fix(tiny_recipe, artifacts_root) -> None:
+    """Snake without the quantize stage leaves float chains only: nothing for the kernels, and one clear error."""
+    from kokoro_opt.errors import UserError
+
+    with pytest.raises(UserError, match=r"cannot cut whole_generator\.onnx: no norm-Snake-quantize chains.*quantize"):
+        build_with(tiny_recipe, artifacts_root, "t-fuse-float", [INT8[0], INT8[1], WINDOWS, FUSE])
