@@ -66,7 +66,7 @@ class FusedGenerator:
         return env[name].reshape(-1) if name in env else self._constant(name, 0)
 
     def _constant(self, name: str, channels: int) -> np.ndarray:
-        """A constant as the kernels read it (`channels` float32s; 0: as stored), made once per length."""
+        """A constant as the kernels read it (`channels` float32s; 0: as stored), made on first use and kept."""
         key = (name, channels)
         if key not in self._held:
             value = self.constants[name]
