@@ -140,23 +140,32 @@ class Synthesizer(Speaker):
         """None frees the whole graph's weights (a windowed server runs the split graphs instead)."""
         self._session = session
 
+    @cached_property
+    def fused_folder(self) -> Path | None:
+        """The artifact's fused/ folder when whole-generator runs can go through it here: the fused capability,
+        this artifact's own graph, and kernels that build on this machine (else None: model.onnx or the whole
+        generator graph, and the reason is logged once)."""
+        if not (self.artifact.capabilities.fused and self.model_file == self.artifact.model_file):
+            return None
+        from kokoro_opt.runtime.fused import FUSED_DIR
+        from kokoro_opt.runtime.glue import kernels_problem
+
+        if (problem := kernels_problem()) is not None:
+            logging.getLogger(__name__).warning("%s runs model.onnx: %s", self.artifact.name, problem)
+            return None
+        return self.artifact.path / FUSED_DIR
+
     @property
     def fused(self) -> Any:
-        """The FusedSpeaker whole decoding runs through, or None (no fused capability, another graph, or no
-        kernels here: then model.onnx, and the reason is logged once)."""
+        """The FusedSpeaker whole decoding runs through, or None (`fused_folder`)."""
         if self._fused is None:
             self._fused = False
-            folder = self.artifact.path
-            if self.artifact.capabilities.fused and self.model_file == self.artifact.model_file:
-                from kokoro_opt.runtime.fused import FUSED_DIR, FusedSpeaker
-                from kokoro_opt.runtime.glue import kernels_problem
+            if (folder := self.fused_folder) is not None:
+                from kokoro_opt.runtime.fused import FusedSpeaker
                 from kokoro_opt.runtime.windowed import FRONT_OUTPUTS, WINDOWS_DIR, WindowGraphs
 
-                if (problem := kernels_problem()) is None:
-                    front = WindowGraphs.of_folder(folder / WINDOWS_DIR).front
-                    self._fused = FusedSpeaker(front, folder / FUSED_DIR, FRONT_OUTPUTS, self.settings)
-                else:
-                    logging.getLogger(__name__).warning("%s runs model.onnx: %s", self.artifact.name, problem)
+                front = WindowGraphs.of_folder(self.artifact.path / WINDOWS_DIR).front
+                self._fused = FusedSpeaker(front, folder, FRONT_OUTPUTS, self.settings)
         return self._fused or None
 
     @property

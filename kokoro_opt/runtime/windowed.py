@@ -262,7 +262,7 @@ class WindowedDecoder:
         cls.check(synth.artifact)
         folder = synth.artifact.path / WINDOWS_DIR
         settings = WindowSettings.of(synth.artifact.kokoro["windows"])
-        return cls(synth, WindowGraphs.of_folder(folder), load_statistics(folder), settings, runs_at_once, fused_folder(synth))
+        return cls(synth, WindowGraphs.of_folder(folder), load_statistics(folder), settings, runs_at_once, synth.fused_folder)
 
     def front(self, token_ids: list[int], style: np.ndarray, speed: float = 1.0, run_options: Any = None) -> FrontOutput:
         feeds = model_feeds(token_ids, style, speed, names=self._front_inputs)
@@ -364,16 +364,6 @@ class WindowedDecoder:
         while not job.done:
             parts.append(self.finish(job) if job.finish else self.next_window(job))
         return np.concatenate(parts), job
-
-
-def fused_folder(synth: Any) -> Path | None:
-    """The artifact's fused/ folder when whole-generator runs can go through it here (Synthesizer.fused)."""
-    from kokoro_opt.runtime.fused import FUSED_DIR
-    from kokoro_opt.runtime.glue import kernels_problem
-
-    if not synth.artifact.capabilities.fused or kernels_problem() is not None:
-        return None
-    return synth.artifact.path / FUSED_DIR
 
 
 def _advance(job: WindowedJob, end: int, began: float, audio: np.ndarray) -> np.ndarray:
