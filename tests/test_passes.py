@@ -11,6 +11,7 @@ from kokoro_opt.build import build
 from kokoro_opt.passes.sensitivity import Quality, block_of, part_of, select_blocks
 from kokoro_opt.recipe import QuantizeStage, parse_recipe
 from kokoro_opt.runtime.synth import Synthesizer
+from kokoro_opt.store import Store
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
 
@@ -40,7 +41,11 @@ def test_simplify_with_onnxsim_then_ort_basic(tiny_recipe, artifacts_root, tiny_
     np.testing.assert_allclose(runs(result.artifact), runs(tiny_artifact), atol=1e-3)
 
 
-def test_dynamic_and_static_quantization_write_integer_ops(tiny_recipe, artifacts_root) -> None:
+def test_dynamic_and_static_quantization_write_integer_ops(tiny_recipe, artifacts_root, tiny_artifact) -> None:
+    # The quantizers read the cached export and never write beside it: ORT's scratch file there was a
+    # race between two builds quantizing the same export at once.
+    export = Store(artifacts_root).stage_path("export", tiny_artifact.path.name)
+    export_written = export.stat().st_mtime_ns
     dynamic = build_with(tiny_recipe, artifacts_root, "t-dyn", [{"kind": "quantize", "mode": "dynamic"}])
     assert "ConvInteger" in ops(dynamic.artifact.build.stages[-1])
     static = build_with(
@@ -58,6 +63,7 @@ def test_dynamic_and_static_quantization_write_integer_ops(tiny_recipe, artifact
     )
     counts = ops(static.artifact.build.stages[-1])
     assert counts["QuantizeLinear"] > 0 and counts["DequantizeLinear"] > 0
+    assert export.stat().st_mtime_ns == export_written
     assert (static.artifact.path / "calibration.json").is_file()
     runs(static.artifact)
 

@@ -10,8 +10,12 @@ makes the same bytes on every machine and skips the calibration passes.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -134,6 +138,22 @@ def quantizable_nodes(model_path: Path, op_types: list[str]) -> list[str]:
     return [n.name for n in model.graph.node if n.op_type in op_types]
 
 
+@contextlib.contextmanager
+def private_input(source: Path, target: Path) -> Iterator[Path]:
+    """`source` linked into a scratch folder beside `target`, for ORT's quantizers.
+
+    They write `<model>-inferred.onnx` beside their input and delete it after loading. Beside a
+    cached stage's model, two builds reading that stage at once race on the one file (and the cache
+    folder is not theirs to write)."""
+    with tempfile.TemporaryDirectory(prefix=".quantize-input-", dir=target.parent) as scratch:
+        private = Path(scratch) / source.name
+        try:
+            os.link(source, private)
+        except OSError:  # another filesystem
+            shutil.copyfile(source, private)
+        yield private
+
+
 def quantize_static_qdq(
     source: Path,
     target: Path,
@@ -149,23 +169,24 @@ def quantize_static_qdq(
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     activation = QuantType.QUInt8 if cfg.activation_type == "uint8" else QuantType.QInt8
-    quantize_static(
-        str(source),
-        str(target),
-        FeedReader(feeds) if feeds is not None else None,
-        quant_format=QuantFormat.QDQ,
-        op_types_to_quantize=list(cfg.op_types),
-        per_channel=cfg.per_channel,
-        activation_type=activation,
-        weight_type=QuantType.QInt8,
-        nodes_to_quantize=nodes_to_quantize,
-        nodes_to_exclude=list(cfg.exclude_nodes) or None,
-        calibrate_method=getattr(CalibrationMethod, cfg.calibrate_method),
-        calibration_cache_path=str(clipped_calibration(calibration, clips or {})),
-        # One feed per collect: utterances differ in length, so the histogram calibrators (Entropy,
-        # Percentile) cannot stack them, and MinMax keeps far less in memory.
-        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True, "CalibStridedMinMax": 1},
-    )
+    with private_input(source, target) as model_input:
+        quantize_static(
+            str(model_input),
+            str(target),
+            FeedReader(feeds) if feeds is not None else None,
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=list(cfg.op_types),
+            per_channel=cfg.per_channel,
+            activation_type=activation,
+            weight_type=QuantType.QInt8,
+            nodes_to_quantize=nodes_to_quantize,
+            nodes_to_exclude=list(cfg.exclude_nodes) or None,
+            calibrate_method=getattr(CalibrationMethod, cfg.calibrate_method),
+            calibration_cache_path=str(clipped_calibration(calibration, clips or {})),
+            # One feed per collect: utterances differ in length, so the histogram calibrators (Entropy,
+            # Percentile) cannot stack them, and MinMax keeps far less in memory.
+            extra_options={"ActivationSymmetric": False, "WeightSymmetric": True, "CalibStridedMinMax": 1},
+        )
     _finish_qdq(target, calibration.output_ranges if cfg.equalize_outputs else None)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.passes.common import graph_summary
-from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, calibrate, quantize_static_qdq
+from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, calibrate, private_input, quantize_static_qdq
 from kokoro_opt.passes.sensitivity import SENSITIVITY_CORPUS, run_mixed
 from kokoro_opt.recipe import QuantizeStage
 
@@ -28,13 +28,14 @@ def run_quantize(source: Artifact, cfg: QuantizeStage, out: Path, decisions: dic
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         # kokoro-onnx's recipe: per-tensor uint8 weights for Conv/MatMul/LSTM/Gather, ranges at run time.
-        quantize_dynamic(
-            str(source.model_file),
-            str(out / "model.onnx"),
-            weight_type=QuantType.QUInt8,
-            per_channel=False,
-            nodes_to_exclude=list(cfg.exclude_nodes) or None,
-        )
+        with private_input(source.model_file, out / "model.onnx") as model_input:
+            quantize_dynamic(
+                str(model_input),
+                str(out / "model.onnx"),
+                weight_type=QuantType.QUInt8,
+                per_channel=False,
+                nodes_to_exclude=list(cfg.exclude_nodes) or None,
+            )
     elif cfg.mode == "static":
         quantize_static_qdq(source.model_file, out / "model.onnx", cfg, calibrate(source, cfg, out, seconds=timings), None)
     else:
