@@ -344,6 +344,27 @@ def test_capacity_is_the_largest_count_every_listener_was_kept_fed_at() -> None:
     # a machine where one listener alone waits 0.65 s: more listeners are held to twice that, not to 0.5 s
     assert sustained([run(1, p95=0.65), run(2, p95=1.2), run(4, p95=1.4)]) == (2, 1.3)
     assert sustained([run(1, p95=1.6)]) == (0, 1.5)  # never over 1.5 s: that slow a machine sustains none
+    # the counts between the last sustained and the first not are measured too: 6 held, 8 did not, 7 held
+    assert sustained([run(1), run(2), run(4), run(6), run(8, p95=0.6), run(7)]) == (7, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("carries", "probed"),
+    [
+        (7, [1, 2, 4, 6, 8, 7]),
+        (5, [1, 2, 4, 6, 5]),
+        (0, [1]),
+        (16, [1, 2, 4, 6, 8, 10, 12, 16]),
+        (13, [1, 2, 4, 6, 8, 10, 12, 16, 13, 14]),
+    ],
+)
+def test_a_capacity_probe_narrows_down_between_its_steps(carries: int, probed: list[int]) -> None:
+    from kokoro_opt.serve.capacity import next_count
+
+    results: dict[int, bool] = {}
+    while (clients := next_count(results)) is not None:
+        results[clients] = clients <= carries
+    assert list(results) == probed
 
 
 def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, tmp_path: Path) -> None:

@@ -324,20 +324,21 @@ def record_capacity(scenarios: list[Scenario], served: dict[str, Any], artifacts
 def probe_capacity(
     url: str, requests: int, text: str, voice: str, response_format: str, api_key: str | None, sample_rate: int = 24_000
 ) -> list[Scenario]:
-    """Streams started together, 1, 2, 4, ... clients (capacity.COUNTS), up to the first count not sustained in
-    capacity.RUNS_PER_COUNT runs."""
+    """Streams started together, in the client counts capacity.next_count picks (1, 2, 4, ... up to the first not
+    sustained in capacity.RUNS_PER_COUNT runs, then the counts between)."""
     payload = {"model": "tts-1", "input": text, "voice": voice, "response_format": response_format}
 
     async def run_all() -> list[Scenario]:
         await run_scenario(url, "stream", 1, 1, payload, sample_rate, api_key)  # caches warm; not counted
         found: list[Scenario] = []
-        for clients in measured.COUNTS:
+        results: dict[int, bool] = {}
+        while (clients := measured.next_count(results)) is not None:
+            results[clients] = False
             for _ in range(measured.RUNS_PER_COUNT):
                 found.append(await run_scenario(url, "stream", clients, requests, payload, sample_rate, api_key))
                 if measured.sustains(found[-1].summary(), measured.ttfa_limit(found[0].summary())):
+                    results[clients] = True
                     break
-            else:
-                break
         return found
 
     return asyncio.run(run_all())
@@ -358,7 +359,7 @@ def run(
     capacity: bool = False,
 ) -> tuple[list[Scenario], dict[str, Any]]:
     """Bench the server at `url`, or start one with `serve_args` for the duration; then each of
-    `phrases` alone. With `capacity`, the client counts are capacity.COUNTS, up to the first not sustained.
+    `phrases` alone. With `capacity`, the client counts are those capacity.next_count picks.
     Returns the scenarios and the served model's entry (id, mode, workers)."""
     with contextlib.ExitStack() as stack:
         if url is None:

@@ -1,7 +1,8 @@
 """How many simultaneous real-time streams a machine sustains, and the queue limit `serve` takes from it.
 
-`bench-serve --capacity` streams the paragraph to 1, 2, 4, 6, ... clients started together and stops at the
-first count the server does not sustain: every request admitted and complete, no listener's playback
+`bench-serve --capacity` streams the paragraph to 1, 2, 4, 6, ... clients started together up to the first count
+the server does not sustain, then to each count between the last one sustained and that one (6 sustained and 8
+not: 7). A count is sustained with every request admitted and complete, no listener's playback
 catching up with its bytes (0 underruns) and the last listener's first audio within 0.5 s (TTFA p95), or
 within twice one listener's alone on a machine where one listener alone waits longer (never over 1.5 s).
 A count that misses once is run again and counts if that run sustains it: one slow minute (four streams
@@ -43,6 +44,25 @@ def sustains(summary: dict[str, Any], limit: float = TTFA_P95_LIMIT) -> bool:
     """Whether one streaming scenario (bench.Scenario.summary) kept every listener fed, first audio within `limit`."""
     complete = summary["ok"] == summary["requests"] and not summary["rejected_429"] and not summary["errors"]
     return complete and summary["underruns"] == 0 and summary["ttfa_p95"] <= limit
+
+
+def next_count(results: dict[int, bool]) -> int | None:
+    """The client count a probe runs next, given each count's result so far (True: sustained); None: done.
+    The coarse steps (`COUNTS`) find the first count not sustained, then the counts below it are tried upwards
+    from the last sustained one, so a machine that carries 7 records 7, not 6."""
+    below = 0
+    for clients in COUNTS:
+        if clients not in results:
+            return clients
+        if not results[clients]:
+            for between in range(below + 1, clients):
+                if between not in results:
+                    return between
+                if not results[between]:
+                    return None
+            return None
+        below = clients
+    return None
 
 
 def sustained(summaries: list[dict[str, Any]]) -> tuple[int, float]:
