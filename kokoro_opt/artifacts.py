@@ -182,5 +182,18 @@ def open_artifact(path: str | Path) -> Artifact:
         if builds:
             folder = builds[-1]
     if not (folder / MANIFEST).is_file():
-        raise UserError(f"no artifact at {path}", "build one first: kokoro-opt build recipes/fp32.yaml")
+        raise not_an_artifact(path)
     return Artifact(folder, read_manifest(folder))
+
+
+def not_an_artifact(path: str | Path) -> UserError:
+    """What a path given as an artifact is instead, and what to pass."""
+    folder, wanted = Path(path), "pass artifacts/<recipe>/<id> or artifacts/<recipe>"
+    if folder.suffix in (".yaml", ".yml") and folder.is_file():
+        return UserError(f"{path} is a recipe, not an artifact", f"build it first: kokoro-opt build {path}")
+    if not folder.exists():
+        return UserError(f"no such folder: {path}", f"{wanted}, or build one: kokoro-opt build recipes/int8-mixed.yaml")
+    return UserError(
+        f"{path} is not an artifact folder (no {MANIFEST}, and no build of a recipe in it)",
+        f"{wanted}, or build one: kokoro-opt build recipes/int8-mixed.yaml",
+    )

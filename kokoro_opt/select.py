@@ -117,10 +117,13 @@ def _best_evaluated(root: Path, tracking_uri: str | None, machine_id: str) -> di
     )
 
 
-def resolve_artifact(spec: str, root: Path = Path("artifacts"), tracking_uri: str | None = None) -> Selection:
-    """`best`, a folder, or an artifact id (prefix) -> what to serve, and why; UserError if it cannot run here."""
+def resolve_artifact(
+    spec: str, root: Path = Path("artifacts"), tracking_uri: str | None = None, runs_here: bool = True
+) -> Selection:
+    """`best`, a folder, or an artifact id (prefix) -> what to serve, and why; UserError if it cannot run here
+    (`runs_here=False`: found, whether or not, for what only reads its files)."""
     selection = _resolve(spec, root, tracking_uri)
-    problem = runtime_problem(selection.artifact)
+    problem = runtime_problem(selection.artifact) if runs_here else None
     if problem is not None:
         raise problem
     return selection
@@ -144,9 +147,14 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def _looks_like_path(spec: str) -> bool:
+    """An id is one name (letters, digits, '.', '_', '-'); a slash or a recipe's suffix means a path was meant."""
+    return "/" in spec or "\\" in spec or spec.endswith((".yaml", ".yml"))
+
+
 def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
     if spec != "best":
-        if Path(spec).exists():
+        if Path(spec).exists() or _looks_like_path(spec):
             return Selection(open_artifact(spec), reason=f"given as a path: {spec}")
         return Selection(artifact_by_id(spec, root, tracking_uri), reason=f"given as an id: {spec}")
     notes: list[str] = []

@@ -137,9 +137,14 @@ def test_say(artifact: Artifact, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("artifact", KINDS, indirect=True)
 def test_voices(artifact: Artifact) -> None:
+    from kokoro_opt.voices import openai_voice_map
+
     done = cli("voices", "--artifact", str(artifact.path))
     assert done.exit_code == 0, done.output
-    assert done.stdout.split() == sorted(artifact.voice_packs())
+    lines = done.stdout.splitlines()
+    assert [line for line in lines if " -> " not in line] == sorted(artifact.voice_packs())
+    aliases = dict(line.split(" -> ") for line in lines if " -> " in line)  # then what OpenAI's names stand for
+    assert aliases == openai_voice_map(list(artifact.voice_packs()))
 
 
 @pytest.fixture(scope="module")

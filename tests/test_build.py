@@ -157,4 +157,21 @@ def test_say_writes_a_24khz_wav_and_rejects_a_bad_voice(tiny_artifact, tmp_path:
     audio, rate = sf.read(out)
     assert rate == 24000 and len(audio) > 2400
     result = run_cli("say", "Hello.", "--artifact", str(tiny_artifact.path), "--voice", "nobody", "-o", str(out))
-    assert result.returncode == 2 and "unknown voice 'nobody'" in result.stderr
+    assert result.returncode == 2 and "unknown voice 'nobody'" in result.stderr and "or an OpenAI name: alloy" in result.stderr
+    # OpenAI's names speak as the server speaks them
+    result = run_cli("say", "Hello.", "--artifact", str(tiny_artifact.path), "--voice", "alloy", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_artifact_path_that_is_not_one_says_what_it_is(tiny_artifact, tmp_path: Path) -> None:
+    recipe = Path(__file__).parent.parent / "recipes" / "tiny.yaml"
+    cases = {
+        str(tmp_path / "missing" / "x"): "no such folder",  # a path, not taken for an id
+        str(recipe): "is a recipe, not an artifact — build it first: kokoro-opt build",
+        str(tmp_path): "is not an artifact folder",
+    }
+    for spec, message in cases.items():
+        for command in (["say", "Hi.", "-o", str(tmp_path / "x.wav")], ["voices"]):
+            result = run_cli(*command, "--artifact", spec)
+            assert result.returncode == 2 and message in result.stderr, (command, spec, result.stderr)
+    assert not (tmp_path / "x.wav").exists()

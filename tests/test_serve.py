@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from kokoro_opt.serve.openai_compat import OPENAI_VOICES
+from kokoro_opt.voices import OPENAI_VOICES
 from tests.serve_helpers import held_after_first_job, metric
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast

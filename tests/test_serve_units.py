@@ -24,9 +24,10 @@ from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.encoders import make_encoder, supported_formats
 from kokoro_opt.serve.engine import Engine, frames_bound
 from kokoro_opt.serve.join import END_KEEP, LEAD_KEEP, PAUSES, Joiner, boundary, edge_silence
-from kokoro_opt.serve.openai_compat import OPENAI_VOICES, openai_voice_map, voice_entries
+from kokoro_opt.serve.openai_compat import voice_entries
 from kokoro_opt.serve.plan import CostModel, make_pieces, queue_seconds, take_job, window_steps
 from kokoro_opt.text import chunk_text
+from kokoro_opt.voices import OPENAI_VOICES, openai_voice_map
 
 SR = 24_000
 
@@ -319,7 +320,6 @@ def test_bench_refuses_compressed_formats() -> None:
 
 def test_the_docs_voice_table_is_the_servers() -> None:
     """docs/serving.md's table of OpenAI voice names is the mapping the server applies, row for row."""
-    from kokoro_opt.serve.openai_compat import OPENAI_VOICES
 
     doc = (Path(__file__).parent.parent / "docs" / "serving.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| ([a-z]+) \| (j[fm]_[a-z]+) \|$", doc, flags=re.M))

@@ -18,10 +18,14 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err = Console(stderr=True)
+# soft_wrap: a message is one line however narrow the terminal (or 80 columns in a log), so a suggested command
+# or a path copies whole; tables still fit the width
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 ArtifactsRoot = Annotated[Path, typer.Option("--artifacts", help="where artifacts are stored")]
+# What every command that runs one artifact takes (select.resolve_artifact reads it)
+ARTIFACT_HELP = "'best' (what serve picks), an artifact folder, a recipe's folder (its newest build), or an artifact id"
 
 TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking URI (default: SQLite in experiments/)")]
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from kokoro_opt.cli.app import ArtifactsRoot, app, console, err, say_line, user_errors
+from kokoro_opt.cli.app import ARTIFACT_HELP, ArtifactsRoot, app, console, err, say_line, user_errors
 from kokoro_opt.tables import print_table
 
 
@@ -92,11 +92,12 @@ def fetch(
 @user_errors
 def say(
     text: Annotated[str, typer.Argument(help="English text to speak")],
-    artifact: Annotated[Path, typer.Option(help="artifact folder, or a recipe's folder (its newest build)")] = Path(
-        "artifacts/fp32"
-    ),
+    artifact: Annotated[str, typer.Option(help=ARTIFACT_HELP)] = "best",
+    artifacts: ArtifactsRoot = Path("artifacts"),
     output: Annotated[Path, typer.Option("-o", "--output", help="WAV file to write")] = Path("out.wav"),
-    voice: Annotated[str, typer.Option(help="voice name or blend like jf_alpha(2)+jm_kumo(1)")] = "jf_alpha",
+    voice: Annotated[
+        str, typer.Option(help="voice name, an OpenAI name (alloy, ...), or a blend like jf_alpha(2)+jm_kumo(1)")
+    ] = "jf_alpha",
     speed: Annotated[float, typer.Option(help="0.25 to 4.0")] = 1.0,
 ) -> None:
     """Speak text with an artifact and write a 24 kHz WAV."""
@@ -104,11 +105,14 @@ def say(
 
     from kokoro_opt.audio import write_wav
     from kokoro_opt.runtime import synthesize
+    from kokoro_opt.select import resolve_artifact
 
+    chosen = resolve_artifact(artifact, artifacts).artifact
+    err.print(f"speaking with {chosen.name} {chosen.id} ({chosen.path})", highlight=False)
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("speaking", total=None)
         result = synthesize(
-            artifact,
+            chosen,
             text,
             voice=voice,
             speed=speed,
@@ -120,9 +124,15 @@ def say(
 
 @app.command()
 @user_errors
-def voices(artifact: Annotated[Path, typer.Option(help="artifact folder")] = Path("artifacts/fp32")) -> None:
-    """List the voices an artifact carries."""
-    from kokoro_opt.artifacts import open_artifact
+def voices(
+    artifact: Annotated[str, typer.Option(help=ARTIFACT_HELP)] = "best", artifacts: ArtifactsRoot = Path("artifacts")
+) -> None:
+    """List the voices an artifact carries, then the OpenAI names and the voice each stands for."""
+    from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.voices import openai_voice_map
 
-    for name in sorted(open_artifact(artifact).voice_packs()):
+    packs = resolve_artifact(artifact, artifacts, runs_here=False).artifact.voice_packs()
+    for name in sorted(packs):
         console.print(name)
+    for name, target in openai_voice_map(list(packs)).items():
+        console.print(f"{name} -> {target}", highlight=False)

@@ -10,7 +10,10 @@ import typer
 from kokoro_opt.cli.app import ArtifactsRoot, TrackingUri, app, console, err, say_line, user_errors
 from kokoro_opt.tables import print_table
 
-Runs = Annotated[int | None, typer.Option(help="timed runs per utterance (default: the recipe's evaluate.runs)")]
+Runs = Annotated[
+    int | None,
+    typer.Option(help="timed runs per utterance (default: the recipe's evaluate.runs; compare: the first artifact's recipe's)"),
+]
 Warmup = Annotated[int | None, typer.Option(help="warm-up runs per model before timing")]
 Threads = Annotated[int | None, typer.Option(help="ORT intra-op threads (and torch threads for the eager peer)")]
 Sentences = Annotated[int | None, typer.Option(help="how many corpus sentences to score")]

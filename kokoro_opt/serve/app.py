@@ -28,14 +28,10 @@ from kokoro_opt.serve import openapi
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.metrics import Metrics
-from kokoro_opt.serve.openai_compat import (
-    OPENAI_VOICES,
-    ApiError,
-    validation_message,
-    voice_entries,
-)
+from kokoro_opt.serve.openai_compat import ApiError, validation_message, voice_entries
 from kokoro_opt.serve.service import RETRY_SECONDS, Service, keys_match
 from kokoro_opt.serve.speech import SpeechHandler
+from kokoro_opt.voices import OPENAI_VOICES
 
 log = logging.getLogger("kokoro_opt.serve")
 _BEARER = HTTPBearer(auto_error=False, description="the server's --api-key")

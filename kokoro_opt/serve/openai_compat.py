@@ -9,45 +9,8 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# OpenAI voices -> the five Kokoro voices real artifacts carry, matched on the voice's gender (Kokoro's
-# names say it: jf_ = Japanese female, jm_ = male); jm_kumo is the only male voice, so it takes every male one.
-OPENAI_VOICES: dict[str, str] = {
-    "alloy": "jf_alpha",
-    "ash": "jm_kumo",
-    "ballad": "jm_kumo",
-    "coral": "jf_gongitsune",
-    "echo": "jm_kumo",
-    "fable": "jm_kumo",
-    "onyx": "jm_kumo",
-    "nova": "jf_nezumi",
-    "sage": "jf_tebukuro",
-    "shimmer": "jf_alpha",
-    "verse": "jm_kumo",
-}
-_OPENAI_MALE = {"ash", "ballad", "echo", "fable", "onyx", "verse"}
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")
 DEFAULT_VOICE = "alloy"
-
-
-def openai_voice_map(voices: list[str]) -> dict[str, str]:
-    """The table above where the artifact has the voice; otherwise a deterministic fallback.
-
-    Fallback: same gender by Kokoro's naming (second letter f/m) when the artifact has any, else all
-    voices; OpenAI names of a gender take that pool's voices in sorted order, round robin.
-    """
-    available = sorted(voices)
-    mapping: dict[str, str] = {}
-    counters = {True: 0, False: 0}
-    for name in OPENAI_VOICES:
-        preferred = OPENAI_VOICES[name]
-        if preferred in available:
-            mapping[name] = preferred
-            continue
-        male = name in _OPENAI_MALE
-        pool = [v for v in available if len(v) > 2 and v[2] == "_" and v[1] == ("m" if male else "f")] or available
-        mapping[name] = pool[counters[male] % len(pool)]
-        counters[male] += 1
-    return mapping
 
 
 _LANGUAGES = {"a": "American English", "b": "British English", "j": "Japanese", "z": "Mandarin", "e": "Spanish",

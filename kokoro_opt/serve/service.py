@@ -16,8 +16,8 @@ from kokoro_opt.serve.cache import AudioCache, CacheKey
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.metrics import Metrics
-from kokoro_opt.serve.openai_compat import OPENAI_MODELS, ApiError, SpeechRequest, openai_voice_map
-from kokoro_opt.voices import blend_voice
+from kokoro_opt.serve.openai_compat import OPENAI_MODELS, ApiError, SpeechRequest
+from kokoro_opt.voices import blend_voice, openai_voice_map
 
 log = logging.getLogger("kokoro_opt.serve")
 RETRY_SECONDS = "2"  # while warming up or shutting down: a restart or a warm-up takes seconds
