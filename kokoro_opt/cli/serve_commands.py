@@ -91,7 +91,7 @@ def serve(
 @user_errors
 def bench_serve(
     url: Annotated[str | None, typer.Option(help="a running server, e.g. http://127.0.0.1:8880 (default: start one)")] = None,
-    artifact: Annotated[str, typer.Option(help="artifact to serve when starting a server")] = "best",
+    artifact: Annotated[str, typer.Option(help="the artifact a started server serves: " + ARTIFACT_HELP)] = "best",
     artifacts: ArtifactsRoot = Path("artifacts"),
     clients: Annotated[str, typer.Option(help="concurrent streaming clients per scenario, comma separated")] = "1,4",
     requests: Annotated[int, typer.Option(help="requests per client")] = 3,
