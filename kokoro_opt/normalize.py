@@ -47,6 +47,8 @@ _UNICODE = str.maketrans(
     "\u200b\ufeff\u00ad",
 )
 
+_CONTROLS = {c: " " for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}  # C0, DEL, C1
+
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"  # 1,234.5 | 1234.5 | 12
 # A number followed by a suffix starts where a digit run starts: without it, a long run of digits is
 # tried from each of its digits (4,000 digits took 3 s to normalize).
@@ -238,8 +240,9 @@ def _plain_number(m: re.Match[str]) -> str:
 
 
 def clean_unicode(text: str) -> str:
-    """Unicode quotes, dashes and spaces -> the few symbols Kokoro's vocab has."""
-    text = unicodedata.normalize("NFC", text).translate(_UNICODE)
+    """Unicode quotes, dashes and spaces -> the few symbols Kokoro's vocab has; control characters -> spaces
+    (espeak reads NUL as the end of the text: "hello\x00world" would say "hello")."""
+    text = unicodedata.normalize("NFC", text.translate(_CONTROLS)).translate(_UNICODE)
     text = re.sub(r"(?<=\d)\s*\u2013\s*(?=\d)", " to ", text)  # 1990–1995
     text = text.replace("\u2013", "\u2014")
     text = re.sub(r"\s+-{1,2}\s+|--", " \u2014 ", text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -62,11 +63,15 @@ def parse_blend(spec: str) -> list[tuple[str, float]]:
         if not match:
             raise UserError(f"cannot read voice '{spec}'", "write a name or a blend like jf_alpha(2)+jm_kumo(1)")
         weight = float(match.group(2)) if match.group(2) else 1.0
+        if not math.isfinite(weight):  # 309 digits and more
+            raise UserError(f"voice '{spec}' has a weight too large for a number", "weights are relative: jf_alpha(2)+jm_kumo(1)")
         terms.append((match.group(1), weight))
-    total = sum(w for _, w in terms)
-    if total <= 0:
+    largest = max(w for _, w in terms)
+    if largest <= 0:
         raise UserError(f"voice blend '{spec}' has zero total weight", "give at least one voice a positive weight")
-    return [(name, w / total) for name, w in terms]
+    scaled = [(name, w / largest) for name, w in terms]  # first to at most 1: a sum of large weights would overflow
+    total = sum(w for _, w in scaled)
+    return [(name, w / total) for name, w in scaled]
 
 
 def blend_voice(spec: str, packs: dict[str, np.ndarray], aliases: dict[str, str] | None = None) -> np.ndarray:

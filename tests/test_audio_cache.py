@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kokoro_opt.serve.cache import AudioCache, CacheKey
+from kokoro_opt.serve.cache import AudioCache, CacheKey, entry_bytes
 from tests.serve_helpers import metric
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
@@ -18,20 +18,29 @@ def key(text: str, fmt: str = "pcm") -> CacheKey:
 
 
 def test_the_store_keeps_recent_bodies_within_its_bytes() -> None:
-    cache = AudioCache(max_bytes=1600)  # bodies of up to 100 bytes are kept
+    one = entry_bytes(key("a"), b"a" * 100)  # a body, and the text of its key
+    cache = AudioCache(max_bytes=16 * one)  # entries of up to `one` bytes are kept
     for text in "abcdefghijklmnop":
         cache.put(key(text), text.encode() * 100)
-    assert len(cache) == 16 and cache.size == 1600
+    assert len(cache) == 16 and cache.size == 16 * one
     assert cache.get(key("a")) == b"a" * 100  # used: now the most recent
     cache.put(key("q"), b"q" * 100)
     assert cache.get(key("b")) is None and cache.get(key("a")) is not None  # the least recently used went
-    assert cache.size == 1600
+    assert cache.size == 16 * one
     cache.put(key("a"), b"A" * 50)  # a new body for a key replaces the old one
-    assert cache.get(key("a")) == b"A" * 50 and cache.size == 1550
+    assert cache.get(key("a")) == b"A" * 50 and cache.size == 16 * one - 50
     cache.put(key("long"), b"x" * 101)  # larger than a sixteenth: not kept
     cache.put(key("empty"), b"")
     assert cache.get(key("long")) is None and cache.get(key("empty")) is None
     assert cache.get(key("a", fmt="wav")) is None  # another format is another response
+
+
+def test_long_keys_count_against_the_store_s_bytes() -> None:
+    """A key is the request's text: 4,096 characters outside the BMP hold 16 KB in Python beside a small body."""
+    cache = AudioCache(max_bytes=1 << 20)
+    for i in range(1000):
+        cache.put(key(chr(0xF0000 + i) + "\U000f0000" * 4095), b"x" * 10)
+    assert cache.size <= 1 << 20 and len(cache) < 70
 
 
 @pytest.fixture(scope="module")

@@ -160,6 +160,10 @@ def test_voices_blends_and_openai_names(url: str) -> None:
     a = speech(url, input="Hi.", voice="tiny_0", response_format="pcm", stream=False).content
     b = speech(url, input="Hi.", voice="tiny_1", response_format="pcm", stream=False).content
     assert a != b
+    # weights are relative, however large: two of 1e308 (whose sum overflows a float) blend like 1 and 1
+    even = speech(url, input="Hi.", voice="tiny_0+tiny_1", response_format="pcm", stream=False).content
+    huge = "tiny_0(1" + "0" * 308 + ")+tiny_1(1" + "0" * 308 + ")"
+    assert speech(url, input="Hi.", voice=huge, response_format="pcm", stream=False).content == even
 
 
 @pytest.mark.parametrize(
@@ -175,7 +179,8 @@ def test_voices_blends_and_openai_names(url: str) -> None:
         ({"input": "Hi.", "response_format": "wma"}, 400, "response_format"),
         ({"input": "Hi.", "stream_format": "video"}, 400, "stream_format"),
         ({"input": "x " * 3000}, 400, "input"),
-        ({"input": "a" * 1_000_000}, 413, "input"),
+        ({"input": "a" * 1_000_000}, 413, None),  # the body's size: before any field is read
+        ({"input": "Hi.", "voice": "tiny_0(" + "9" * 400 + ")"}, 400, "voice"),  # a weight float() makes inf of
         ({"input": "1234567890" * 400}, 413, "input"),  # 4,000 characters, 21,000 phoneme tokens
         ({"input": "Hi.", "speed": "2"}, 400, "speed"),  # types are strict, as the OpenAPI document says
         ({"input": "Hi.", "stream": "yes"}, 400, "stream"),
@@ -214,6 +219,22 @@ def test_nothing_to_voice_is_a_short_silence(url: str) -> None:
     assert '"speech.audio.done"' in events
 
 
+def test_a_body_nested_past_json_s_recursion_is_a_400(url: str) -> None:
+    for body in ('{"input": ' + "[" * 3000 + "]" * 3000 + "}", '{"input": "Hi.", "x": ' + '{"a": ' * 3000 + "1" + "}" * 3001):
+        response = httpx.post(f"{url}/v1/audio/speech", content=body.encode(), timeout=60)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "invalid_json" and "nests too deeply" in response.json()["error"]["message"]
+    assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200
+
+
+def test_control_characters_are_spaces_not_the_end_of_the_text(url: str) -> None:
+    """espeak stops at NUL: "hello<NUL>world" was spoken as "hello"."""
+    spaced = speech(url, input="Hello world, again.", response_format="pcm", stream=False)
+    for control in ("\x00", "\x07", "\x1b", "\x7f", "\x85"):
+        response = speech(url, input=f"Hello{control}world, again.", response_format="pcm", stream=False)
+        assert response.status_code == 200 and len(response.content) == len(spaced.content), repr(control)
+
+
 def test_malformed_json_and_unknown_route(url: str) -> None:
     response = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "hi"', headers={"content-type": "application/json"})
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
@@ -221,6 +242,10 @@ def test_malformed_json_and_unknown_route(url: str) -> None:
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
     response = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "Hi \\ud800"}')  # JSON carries a lone surrogate
     assert response.status_code == 400 and response.json()["error"]["param"] == "input"
+    for literal in (b"NaN", b"Infinity"):  # Python's JSON reads them; no speed is either
+        response = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "Hi.", "speed": ' + literal + b"}")
+        assert response.status_code == 400 and response.json()["error"]["param"] == "speed"
+        assert "finite" in response.json()["error"]["message"], response.text
     response = httpx.get(f"{url}/v1/nothing")
     assert response.status_code == 404 and "error" in response.json()
     assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200

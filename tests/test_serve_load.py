@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -152,6 +154,7 @@ def test_auth_and_timeout(tiny_artifact) -> None:
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             r = httpx.post(f"{base}/v1/audio/speech", json=body(SHORT), headers=headers)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            assert r.headers["www-authenticate"] == "Bearer"  # the scheme to use (RFC 6750)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="s3cret")
         with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input="Hi.") as response:
             assert len(response.read()) > 100
@@ -176,6 +179,36 @@ def test_auth_and_timeout(tiny_artifact) -> None:
     with running(resolve_artifact(str(tiny_artifact.path)), public) as base:
         assert httpx.get(f"{base}/metrics").status_code == 200  # --public-metrics: for a scraper without the key
         assert httpx.get(f"{base}/v1/models").status_code == 401
+
+
+def test_a_stalled_or_abandoned_upload_holds_nothing(tiny_artifact) -> None:
+    """Headers and part of a body, then silence: 408 after --body-timeout. Then closed mid-body: no traceback in
+    the log. Neither leaves a request open, and the server goes on serving."""
+    config = ServeConfig(body_timeout=0.5, warmup=False, first_chunk_tokens=20, chunk_tokens=120, audio_cache_mb=0)
+    failures: list[logging.LogRecord] = []
+    watcher = logging.Handler(logging.ERROR)
+    watcher.emit = failures.append  # type: ignore[method-assign]
+    logging.getLogger("uvicorn.error").addHandler(watcher)
+    try:
+        with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
+            address = (httpx.URL(base).host, httpx.URL(base).port)
+            head = b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+            with socket.create_connection(address, timeout=60) as stalled:
+                stalled.sendall(head + b'{"input": ')
+                answer = ""
+                while "request_timeout" not in answer and (part := stalled.recv(65536)):  # the head, then the body
+                    answer += part.decode()
+            assert answer.startswith("HTTP/1.1 408") and "request_timeout" in answer, answer
+            with socket.create_connection(address, timeout=60) as gone:
+                gone.sendall(head + b'{"input": ')
+            deadline = time.monotonic() + 60  # the server notices the close in its own time
+            while metric(base, "kokoro_open_requests") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert metric(base, "kokoro_open_requests") == 0
+            assert httpx.post(f"{base}/v1/audio/speech", json=body("Hi."), timeout=60).status_code == 200
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(watcher)
+    assert not failures, [r.getMessage() for r in failures]
 
 
 def test_keys_are_compared_whole() -> None:

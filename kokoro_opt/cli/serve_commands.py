@@ -23,6 +23,9 @@ def serve(
         int | None, typer.Option(help="admitted requests at once; more get 429 (default: bench-serve --capacity's, else 4)")
     ] = None,
     timeout: Annotated[float, typer.Option(help="seconds a request may take in total")] = 300.0,
+    body_timeout: Annotated[
+        float, typer.Option(help="seconds a request's body may take to arrive (a stalled upload gets 408)")
+    ] = 30.0,
     max_input_chars: Annotated[int, typer.Option(help="longest input text")] = 4096,
     max_input_tokens: Annotated[
         int,
@@ -67,6 +70,7 @@ def serve(
         api_key=api_key,
         max_queue=max_queue,
         request_timeout=timeout,
+        body_timeout=body_timeout,
         max_input_chars=max_input_chars,
         max_input_tokens=max_input_tokens,
         drain_timeout=drain_timeout,

@@ -46,7 +46,12 @@ class _KeyCheck:
 
     async def __call__(self, credentials: BearerKey) -> None:
         if credentials is None or not keys_match(credentials.credentials.strip(), self.key):
-            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key")
+            raise ApiError(
+                401,
+                "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},  # RFC 6750: the scheme a client should use
+            )
 
 
 def _auth(config: ServeConfig) -> list[Any]:

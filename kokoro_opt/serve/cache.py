@@ -14,6 +14,7 @@ it is not kept, so long paragraphs do not push out phrases.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -27,6 +28,11 @@ class CacheKey:
     speed: float
     response_format: str
     streaming: bool
+
+
+def entry_bytes(key: CacheKey, body: bytes) -> int:
+    """What an entry holds in memory: its body, and its key's text (up to 4 bytes a character in Python)."""
+    return len(body) + sys.getsizeof(key.text) + sys.getsizeof(key.voice)
 
 
 class AudioCache:
@@ -47,14 +53,14 @@ class AudioCache:
         return body
 
     def put(self, key: CacheKey, body: bytes) -> None:
-        if not body or len(body) > self.entry_limit:
+        if not body or entry_bytes(key, body) > self.entry_limit:
             return
         old = self._bodies.pop(key, None)
-        self._size += len(body) - (len(old) if old is not None else 0)
+        self._size += entry_bytes(key, body) - (entry_bytes(key, old) if old is not None else 0)
         self._bodies[key] = body
         while self._size > self.max_bytes:
-            _, evicted = self._bodies.popitem(last=False)
-            self._size -= len(evicted)
+            evicted_key, evicted = self._bodies.popitem(last=False)
+            self._size -= entry_bytes(evicted_key, evicted)
 
     def __len__(self) -> int:
         return len(self._bodies)

@@ -27,6 +27,7 @@ class ServeConfig:
     workers: int = 1  # streams worked for at once: 1, or 2 windowed (engine.py)
     max_queue: int = DEFAULT_QUEUE  # admitted requests (chunking, waiting or streaming); more get 429 (capacity.py)
     request_timeout: float = 300.0
+    body_timeout: float = 30.0  # seconds a request's body may take to arrive, before any queue slot is taken
     max_input_chars: int = 4096  # OpenAI's limit
     # The work a request may ask for: phoneme tokens after normalization, weighted by 1/speed below 1
     # (slower speech decodes more frames per token). A 4096-character paragraph of prose is ~4,700.
@@ -60,8 +61,10 @@ class ServeConfig:
             )
         if self.first_window_steps is not None and not 4 <= self.first_window_steps <= 400:
             raise UserError(f"first_window_steps must be 4 to 400, not {self.first_window_steps}", "use e.g. 12 (0.15 s)")
-        if self.crossfade_ms < 0 or self.request_timeout <= 0 or self.audio_cache_mb < 0 or self.drain_timeout < 0:
-            raise UserError("crossfade_ms, audio_cache_mb and drain_timeout must be >= 0 and request_timeout > 0")
+        if self.crossfade_ms < 0 or self.audio_cache_mb < 0 or self.drain_timeout < 0:
+            raise UserError("crossfade_ms, audio_cache_mb and drain_timeout must be >= 0")
+        if not (self.request_timeout > 0 and self.body_timeout > 0):
+            raise UserError("request_timeout and body_timeout must be > 0 seconds")
 
     @property
     def pieces(self) -> int:

@@ -56,7 +56,7 @@ class SpeechRequest(BaseModel):
         'an object `{"id": "..."}` also works',
     )
     response_format: str = Field(default="mp3", description="Audio format; upper case is accepted too")
-    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    speed: float = Field(default=1.0, ge=0.25, le=4.0, allow_inf_nan=False)
     stream_format: Literal["audio", "sse"] = Field(
         default="audio", description="`audio`: the encoded bytes; `sse`: `speech.audio.delta` events, then `speech.audio.done`"
     )

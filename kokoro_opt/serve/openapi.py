@@ -74,6 +74,7 @@ _ERRORS: dict[int, tuple[str, bool]] = {  # status -> (when, carries Retry-After
     400: ("Invalid request: the message names the field and what is wrong", False),
     401: ("Missing or wrong API key (send `Authorization: Bearer <key>`)", False),
     404: ("No such model", False),
+    408: ("The request body did not arrive within the server's --body-timeout", False),
     413: (
         "Too large: the body is over the byte limit, or the input makes more phoneme tokens after normalization "
         "than the server's --max-input-tokens (the message names both numbers)",
@@ -142,14 +143,15 @@ def speech_responses() -> dict[int | str, dict[str, Any]]:
         "its last chunk), or whole with its length (`stream: false`); with `stream_format: sse`, "
         "`speech.audio.delta` events then `speech.audio.done` (missing when the stream was cut)"
     )
-    return {200: {"description": description, "content": {**audio, **events}}, **errors(400, 413, 429, 500, 503, 504)}
+    return {200: {"description": description, "content": {**audio, **events}}, **errors(400, 408, 413, 429, 500, 503, 504)}
 
 
 def voice_pattern(names: Iterable[str]) -> str:
     """The voices the server accepts, as a regular expression: a name, or a blend of names with positive
-    weights, `a(2)+b(0.5)+c` (voices.parse_blend; a blend whose weights are all zero is refused)."""
+    weights, `a(2)+b(0.5)+c` (voices.parse_blend; a blend whose weights are all zero is refused, and a weight of
+    309 digits or more is no float)."""
     name = "(?:" + "|".join(re.escape(n) for n in sorted(set(names), key=lambda n: (-len(n), n))) + ")"
-    positive = r"(?:[0-9]*[1-9][0-9]*(?:\.[0-9]+)?|[0-9]*\.[0-9]*[1-9][0-9]*)"
+    positive = r"(?:0*[1-9][0-9]{0,299}(?:\.[0-9]+)?|0*\.[0-9]*[1-9][0-9]*)"
     term = rf" *{name} *(?:\( *{positive} *\) *)?"
     return rf"^{term}(?:\+{term})*$"
 

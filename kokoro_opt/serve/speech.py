@@ -19,6 +19,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from kokoro_opt.errors import UserError
@@ -56,21 +57,30 @@ class AudioStreamResponse(StreamingResponse):
             self._on_close()
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
+async def read_json(request: Request, limit: int, seconds: float) -> dict[str, Any]:
+    """The body as a JSON object, read within `seconds` (a stalled upload would hold its connection open)."""
     body = bytearray()
     too_big = False
-    async for part in request.stream():
-        if not too_big:
-            body += part
-            too_big = len(body) > limit
-        if too_big and len(body) + len(part) > _DRAIN_LIMIT:
-            break
+    try:
+        async with asyncio.timeout(seconds):
+            async for part in request.stream():
+                if not too_big:
+                    body += part
+                    too_big = len(body) > limit
+                if too_big and len(body) + len(part) > _DRAIN_LIMIT:
+                    break
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {seconds:g} s", code="request_timeout") from None
+    except ClientDisconnect:  # gone before its body was complete: nobody reads the answer
+        raise ApiError(400, "the client closed the connection before its body was complete", code="client_closed") from None
     if too_big:
-        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large", param="input")
+        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"could not parse the JSON body: {exc}", code="invalid_json") from None
+    except RecursionError:  # json's decoder recurses once per level
+        raise ApiError(400, "the JSON body nests too deeply: send a flat object", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the JSON body must be an object", code="invalid_json")
     return data
@@ -153,7 +163,8 @@ class SpeechHandler:
 
     async def respond(self) -> Response:
         service = self.service
-        self.req = req = parse(await read_json(self.request, service.config.max_body_bytes), service.config)
+        config = service.config
+        self.req = req = parse(await read_json(self.request, config.max_body_bytes, config.body_timeout), config)
         service.require_ready()
         pack = service.pack(req.voice)
         directives = self.request.headers.get("cache-control", "").lower()
