@@ -47,7 +47,8 @@ _UNICODE = str.maketrans(
     "\u200b\ufeff\u00ad",
 )
 
-_CONTROLS = {c: " " for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}  # C0, DEL, C1
+# C0, DEL and C1 but line ends: a blank line ends a heading (text.py)
+_CONTROLS = {c: " " for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in "\n\r"}
 
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"  # 1,234.5 | 1234.5 | 12
 # A number followed by a suffix starts where a digit run starts: without it, a long run of digits is
