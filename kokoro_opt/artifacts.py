@@ -14,7 +14,7 @@ import json
 import os
 import platform
 import shutil
-import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -82,18 +82,20 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
 Fill = Callable[[Path], tuple[dict[str, Any], dict[str, Any]]]
 
 
-def build_folder(final: Path, fill: Fill) -> Path:
+def build_folder(final: Path, fill: Fill, root: Path | None = None) -> Path:
     """Run `fill(tmp)` in a temporary folder, write the manifest and build record it returns, rename into place.
 
     `fill` returns (manifest fields, build record); the manifest's `files` are hashed here. A folder with a
     manifest is complete by construction; anything else (a killed build's temporary folder) is never read
-    and gets cleaned up by the next build of that folder.
+    and gets cleaned up by the next build of that folder. The lock and the temporary folder go under `root`
+    (default: a store's, two levels up from <root>/<recipe>/<id>).
     """
     if (final / MANIFEST).is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     slot = f"{final.parent.name}-{final.name}"  # unique in the store: <recipe>-<id>, _cache-<kind>-<key>
-    locks, temporary = final.parent.parent / LOCKS, final.parent.parent / TEMPORARY
+    root = root if root is not None else final.parent.parent
+    locks, temporary = root / LOCKS, root / TEMPORARY
     locks.mkdir(exist_ok=True)
     temporary.mkdir(exist_ok=True)
     with _exclusive(locks / slot):
@@ -101,7 +103,8 @@ def build_folder(final: Path, fill: Fill) -> Path:
             return final
         for stale in temporary.glob(f"{slot}-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{slot}-", dir=temporary))
+        tmp = temporary / f"{slot}-{uuid.uuid4().hex[:12]}"
+        tmp.mkdir()  # not mkdtemp: its 0700 would make the store unreadable to anyone else (a serving account)
         try:
             fields, record = fill(tmp)
             manifest = Manifest.model_validate({**fields, "files": file_hashes(tmp)})

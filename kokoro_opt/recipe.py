@@ -313,6 +313,9 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _stage_order(self) -> Recipe:
         kinds = [stage.kind for stage in self.stages]
+        for final in ("ort", "coreml"):  # their model is no ONNX file: no stage can read it
+            if final in kinds[:-1]:
+                raise ValueError(f"stage '{final}' must be the last stage: the stages after it read an ONNX model it converted")
         after_snake = kinds[kinds.index("snake") :] if "snake" in kinds else []
         if "smooth" in after_snake:
             raise ValueError("stage 'smooth' must come before stage 'snake': it rescales the Snake that snake rewrites")
@@ -348,12 +351,16 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
 
 def read_yaml_mapping(path: Path, kind: str, example: str) -> dict[str, Any]:
     """A YAML file that must hold a mapping; every problem is one UserError naming the file."""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a {kind} file", f"pass a .yaml file, e.g. {example}")
     if not path.is_file():
         raise UserError(f"{kind} file not found: {path}", f"pass an existing .yaml file, e.g. {example}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise UserError(f"{path} is not valid YAML: {exc}".replace("\n", " "), "fix the YAML syntax") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (byte {exc.start})", "save it as UTF-8") from None
     if not isinstance(data, dict):
         raise UserError(f"{path} must be a YAML mapping of {kind} fields", f"see {example} for the layout")
     return data
@@ -366,7 +373,12 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     parent = data.pop("extends", None)
     extra_stages = data.pop("append_stages", None)
     if parent is not None:
-        data = _deep_merge(_read_yaml((path.parent / str(parent)).resolve(), (*seen, path.resolve())), data)
+        parent_path = (path.parent / str(parent)).resolve()
+        if not parent_path.is_file():
+            raise UserError(f"{path}: extends {parent}, which is not a file ({parent_path})", "fix the extends: path")
+        inherited = _read_yaml(parent_path, (*seen, path.resolve()))
+        inherited.pop("name", None)  # another recipe: its own name (default: its file's), its own artifacts folder
+        data = _deep_merge(inherited, data)
     if extra_stages is not None:
         if not isinstance(extra_stages, list):
             raise UserError(f"{path}: field 'append_stages' must be a list of stages", "write it like 'stages'")

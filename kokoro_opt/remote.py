@@ -97,8 +97,12 @@ def _regular_files(folder: Path, origin: str) -> None:
                 raise UserError(f"{origin}: {name} is a symbolic link", "an artifact holds plain files only")
 
 
-def verify_folder(folder: Path, manifest: Manifest, origin: str) -> None:
-    """Every file the manifest lists, with its sha256, and nothing else; UserError naming the first problem."""
+REBUILD = "the folder was changed or damaged: build it again (kokoro-opt build <its recipe>)"
+
+
+def verify_folder(folder: Path, manifest: Manifest, origin: str, hint: str | None = None) -> None:
+    """Every file the manifest lists, with its sha256, and nothing else; UserError naming the first problem.
+    `hint`: what to do about it (default: push it again, for a fetched copy)."""
     expected = manifest.files
     if not expected:
         raise UserError(f"{origin}: its manifest lists no file hashes", "push it again with this version of kokoro-opt")
@@ -106,7 +110,7 @@ def verify_folder(folder: Path, manifest: Manifest, origin: str) -> None:
         _check_relative(name, origin)
     _regular_files(folder, origin)
     found = file_hashes(folder)
-    hint = "the copy was changed or damaged: push it again from the machine that built it (kokoro-opt push)"
+    hint = hint or "the copy was changed or damaged: push it again from the machine that built it (kokoro-opt push)"
     for name, entry in sorted(expected.items()):
         if name not in found:
             raise UserError(f"{origin}: {name} is missing", hint)
@@ -144,12 +148,17 @@ FOLDER, LOCK = "artifact", "lock"
 
 
 def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path | None = None) -> str:
+    if not _placeable(_store_place(artifact.path), artifact.id):  # a copy elsewhere: no fetch could place it
+        raise UserError(
+            f"{artifact.path} is not where a store keeps artifact {artifact.id} (<recipe>/{artifact.id})",
+            f"push it from the store it was built in, e.g. artifacts/{artifact.name}/{artifact.id}",
+        )
     existing = _pushed_runs(client, artifact.id, place=_store_place(artifact.path))
     if existing:
         return str(existing[0].info.run_id)
     from kokoro_opt.machine import fingerprint
 
-    verify_folder(artifact.path, artifact.manifest, f"artifact {artifact.id}")  # never push a damaged folder
+    verify_folder(artifact.path, artifact.manifest, f"artifact {artifact.id}", REBUILD)  # never push a damaged folder
     tags = {
         KIND_TAG: PUSHED_KIND,
         "artifact_id": artifact.id,
@@ -184,12 +193,18 @@ def push_artifact(artifact: Artifact, tracking_uri: str | None = None, say: Say 
     return _push_folder(client, uri, artifact, say, lock)
 
 
+def _placeable(place: str, artifact_id: str) -> bool:
+    """`<folder>/<name>` named after the artifact (`<recipe>/<id>`, `_cache/<kind>-<id>`)."""
+    parts = place.split("/")
+    named = len(parts) == 2 and _is_name(parts[0].removeprefix("_")) and _is_name(parts[1])
+    return named and parts[1] in (artifact_id, f"{parts[1].rsplit('-', 1)[0]}-{artifact_id}")
+
+
 def _safe_place(root: Path, place: str, artifact_id: str, origin: str) -> Path:
-    """`<folder>/<name>` inside the store, named after the artifact (`<recipe>/<id>`, `_cache/<kind>-<id>`)."""
+    """The folder a fetched artifact goes to: its store place (`_placeable`) inside `root`."""
     parts = place.split("/")
     hint = "push it again with this version of kokoro-opt"
-    named = len(parts) == 2 and _is_name(parts[0].removeprefix("_")) and _is_name(parts[1])
-    if not named or parts[1] not in (artifact_id, f"{parts[1].rsplit('-', 1)[0]}-{artifact_id}"):
+    if not _placeable(place, artifact_id):
         raise UserError(f"{origin}: refusing its store place {place!r}", hint)
     final = root / parts[0] / parts[1]
     if not final.resolve().is_relative_to(root.resolve()):  # a symlinked folder in the store
@@ -291,6 +306,8 @@ def fetch_artifact(spec: str, root: Path, tracking_uri: str | None = None, say: 
         return None
     if len(ids) > 1:
         raise UserError(f"artifact id '{spec}' is ambiguous in {uri}: {', '.join(i[:12] for i in ids)}", "give more of the id")
+    # a push from an older version may name a place no fetch can use: another push of the id is taken first
+    runs.sort(key=lambda r: not _placeable(r.data.tags.get("store_place", ""), r.data.tags["artifact_id"]))
     artifact = _fetch_run(client, runs[0], root, say)
     chain = stage_chain(artifact)
     if chain and chain[0].kind == "export" and chain[0].key != artifact.id:

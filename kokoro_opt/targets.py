@@ -28,7 +28,7 @@ def evaluation_targets(
             from kokoro_opt.recipe import load_recipe
 
             found.append(build(load_recipe(target), root, console=console, lock=lock_path(Path(target))).artifact)
-        elif Path(target).exists():
+        elif Path(target).exists() or "/" in target:  # a path, even a missing one: not an id
             found.append(open_artifact(target))
         else:
             found.append(artifact_by_id(target, root, tracking_uri, say=say))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -129,8 +131,47 @@ def test_a_killed_build_leaves_nothing_and_resumes(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".tmp/*"))  # the killed build's temporary folder is gone
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kokoro_opt.cli", *args], capture_output=True, text=True, timeout=300)
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kokoro_opt.cli", *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_a_fresh_store_is_readable_by_others_and_the_weights_cache_keeps_to_itself(tmp_path: Path) -> None:
+    """Folders as the umask makes them (a serving account reads the store), and the weights cache's lock and
+    scratch inside KOKORO_OPT_CACHE, not beside it."""
+    env = {**os.environ, "KOKORO_OPT_CACHE": str(tmp_path / "cache")}
+    result = run_cli("build", str(ROOT / "recipes" / "tiny.yaml"), "--artifacts", str(tmp_path / "a"), "--no-evaluate", env=env)
+    assert result.returncode == 0, result.stderr
+    umask = os.umask(0)
+    os.umask(umask)
+    built = [p for p in (tmp_path / "a").rglob("*") if p.is_dir() and (p / "manifest.json").is_file()]
+    assert built and all(stat.S_IMODE(p.stat().st_mode) == 0o777 & ~umask for p in built)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "cache"]
+
+
+def test_cli_mistakes_outside_recipes_are_one_line_too(tiny_artifact, tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases = [
+        (["build", str(ROOT / "recipes" / "tiny.yaml"), "--artifacts", str(a_file)], "Not a directory"),
+        (["evaluate", str(tiny_artifact.path), "--runs", "0"], "--runs input should be greater than or equal to 1"),
+        (["tune", str(ROOT / "recipes" / "tiny.yaml")], "is a build recipe, not a tuning recipe"),
+        # nothing listens on port 9: at once, not after MLflow's minutes of retries
+        (["push", str(tiny_artifact.path), "--tracking-uri", "http://127.0.0.1:9"], "does not answer"),
+        (["fetch", "abcdef12", "--tracking-uri", "foo://bar", "--artifacts", str(tmp_path / "f")], "MLflow: "),
+    ]
+    for args, message in cases:
+        result = run_cli(*args)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+    damaged = tmp_path / "copy" / tiny_artifact.path.name
+    shutil.copytree(tiny_artifact.path, damaged)
+    (damaged / "model.onnx").write_bytes(b"not a model")
+    result = run_cli("evaluate", str(damaged), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
+    assert result.returncode == 2 and "model.onnx does not match its manifest" in result.stderr, result.stderr
+    assert "build it again" in result.stderr
+    renamed = tmp_path / "elsewhere" / "good"  # no fetch could place it: refused before anything is sent
+    shutil.copytree(tiny_artifact.path, renamed)
+    result = run_cli("push", str(renamed), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
+    assert result.returncode == 2 and "is not where a store keeps artifact" in result.stderr, result.stderr
 
 
 def test_cli_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:

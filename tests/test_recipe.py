@@ -63,6 +63,28 @@ def test_bad_yaml_and_self_extension(tmp_path: Path) -> None:
         load_recipe(write(tmp_path, "name: [x\n"))
     with pytest.raises(UserError, match="extends itself"):
         load_recipe(write(tmp_path, "extends: loop.yaml\nname: loop\n", "loop.yaml"))
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(UserError, match="is not UTF-8 text"):
+        load_recipe(latin1)
+    with pytest.raises(UserError, match="is a folder, not a recipe file"):
+        load_recipe(tmp_path)
+    with pytest.raises(UserError, match=r"orphan.yaml: extends nope.yaml, which is not a file"):
+        load_recipe(write(tmp_path, "extends: nope.yaml\n", "orphan.yaml"))
+
+
+def test_a_recipe_that_extends_another_is_named_after_its_own_file(tmp_path: Path) -> None:
+    """Not after its parent: its builds would land in the parent's folder and pass for the parent's."""
+    child = load_recipe(write(tmp_path, f"extends: {RECIPES / 'tiny.yaml'}\nappend_stages: [{{kind: simplify}}]\n", "child.yaml"))
+    assert child.name == "child"
+
+
+@pytest.mark.parametrize(
+    "stages", ["[{kind: ort}, {kind: simplify}]", "[{kind: ort}, {kind: ort}]", "[{kind: coreml}, {kind: simplify}]"]
+)
+def test_a_conversion_out_of_onnx_is_the_last_stage(tmp_path: Path, stages: str) -> None:
+    with pytest.raises(UserError, match="must be the last stage"):
+        load_recipe(write(tmp_path, f"name: x\nstages: {stages}\n"))
 
 
 def test_config_hash_ignores_name_and_description(tmp_path: Path) -> None:

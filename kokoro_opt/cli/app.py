@@ -30,17 +30,29 @@ ARTIFACT_HELP = "'best' (what serve picks), an artifact folder, a recipe's folde
 TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking URI (default: SQLite in experiments/)")]
 
 
+def _print_error(message: str, hint: str | None = None) -> None:
+    # escaped: messages carry paths and pip extras like kokoro-opt[coreml], which are not markup
+    err.print(f"[bold red]error:[/] {escape(message + (f' — {hint}' if hint else ''))}", highlight=False)
+
+
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Print UserError as one line and exit 2: no traceback for mistakes in input."""
+    """Print UserError as one line and exit 2: no traceback for mistakes in input. So too a path that is a file
+    where a folder belongs (or the reverse), and what MLflow refuses (a tracking URI it cannot use)."""
 
     @wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
         except UserError as exc:
-            # escaped: messages carry paths and pip extras like kokoro-opt[coreml], which are not markup
-            text = escape(exc.message + (f" — {exc.hint}" if exc.hint else ""))
-            err.print(f"[bold red]error:[/] {text}", highlight=False)
+            _print_error(exc.message, exc.hint)
+            raise typer.Exit(2) from None
+        except (NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as exc:
+            _print_error(f"{exc.strerror}: {exc.filename}", "check --artifacts, -o and KOKORO_OPT_CACHE")
+            raise typer.Exit(2) from None
+        except Exception as exc:
+            if not type(exc).__module__.startswith("mlflow."):
+                raise
+            _print_error(f"MLflow: {str(exc).splitlines()[0][:400]}", "check --tracking-uri or MLFLOW_TRACKING_URI")
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted: completed stages stay cached; rerun the same command to resume")

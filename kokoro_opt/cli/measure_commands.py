@@ -53,12 +53,15 @@ def evaluate(
     from kokoro_opt.evaluate.report import results_json
     from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
     from kokoro_opt.evaluate.settings import evaluate_config
+    from kokoro_opt.remote import REBUILD, verify_folder
     from kokoro_opt.targets import evaluation_targets
 
     overrides = {"runs": runs, "warmup": warmup, "threads": threads, "sentences": sentences, "phrases": phrases, "asr": asr}
     results: list[Any] = []
     for i, artifact in enumerate(evaluation_targets(targets, artifacts, tracking_uri, err, say_line)):
         config = evaluate_config(artifact.manifest, **overrides)
+        if artifact.manifest.files:  # built by this version: a damaged folder is not measured, nor found evaluated
+            verify_folder(artifact.path, artifact.manifest, f"artifact {artifact.id} at {artifact.path}", REBUILD)
         results += evaluate_artifacts(
             [artifact],
             config,

@@ -7,8 +7,16 @@ from typing import Any
 
 def evaluate_config(manifest: Any, **overrides: Any) -> Any:
     """The recipe's evaluate settings (from the artifact's manifest, if any), then the overrides that are set."""
+    from pydantic import ValidationError
+
+    from kokoro_opt.errors import UserError
     from kokoro_opt.recipe import EvaluateConfig
 
     stored = ((manifest.recipe if manifest is not None else None) or {}).get("evaluate", {})
-    base = EvaluateConfig(**{k: v for k, v in stored.items() if k in EvaluateConfig.model_fields})
-    return base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    base = {k: v for k, v in stored.items() if k in EvaluateConfig.model_fields}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return EvaluateConfig(**{**base, **given})  # validated: --runs 0 is refused, not run
+    except ValidationError as exc:
+        problems = "; ".join(f"--{'.'.join(map(str, e['loc']))} {e['msg'].lower()}" for e in exc.errors())
+        raise UserError(f"evaluation settings: {problems}", "see kokoro-opt evaluate --help") from None

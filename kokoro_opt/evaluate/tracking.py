@@ -17,10 +17,12 @@ import subprocess
 import tempfile
 import time
 from dataclasses import asdict
+from functools import cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.report import EvalResult, mel_png, ops_json, ops_png, precision_summary, results_json
 
 STORE = Path("experiments")
@@ -48,9 +50,30 @@ def existing_client(tracking_uri: str | None) -> tuple[str, Any] | None:
     return uri, _client(uri)
 
 
+@cache
+def _answers(uri: str) -> None:
+    """An http(s) tracking server that does not answer fails here at once, not after MLflow's retries (minutes).
+    Any HTTP answer will do: what it says is MLflow's to read."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    from urllib.error import HTTPError, URLError
+    from urllib.request import urlopen
+
+    try:
+        with urlopen(uri.rstrip("/") + "/health", timeout=10):
+            pass
+    except HTTPError:
+        return
+    except (URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"the MLflow tracking server at {uri} does not answer ({reason})",
+                        "start it, or fix --tracking-uri / MLFLOW_TRACKING_URI") from None  # fmt: skip
+
+
 def _client(uri: str) -> Any:
     from mlflow.tracking import MlflowClient
 
+    _answers(uri)
     for name in ("mlflow", "alembic"):  # schema migration chatter on a new store
         logging.getLogger(name).setLevel(logging.WARNING)
     db = _sqlite_path(uri)

@@ -202,5 +202,7 @@ def parse_tune_recipe(data: dict[str, object], origin: str = "tuning recipe") ->
 def load_tune_recipe(path: str | Path) -> TuneRecipe:
     path = Path(path)
     data = read_yaml_mapping(path, "tuning recipe", "recipes/tune-cpu.yaml")
+    if "stages" in data or "weights" in data or "export" in data:
+        raise UserError(f"{path} is a build recipe, not a tuning recipe", "kokoro-opt build it; tune e.g. recipes/tune-cpu.yaml")
     data.setdefault("name", path.stem)
     return parse_tune_recipe(data, str(path))

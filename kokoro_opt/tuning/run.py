@@ -118,6 +118,8 @@ def run_tuning(
     say = _say(console)
     if workers < 1:
         raise UserError("--workers must be at least 1")
+    if trials is not None and trials < 1:
+        raise UserError(f"--trials {trials}: a study needs at least 1 finished trial", "e.g. --trials 20 (a rerun resumes)")
     recipe = load_tune_recipe(recipe_path)
     url, name, total = storage or recipe.storage, study_name or recipe.study_name, trials or recipe.trials
     store = make_storage(url, recipe.workers)

