@@ -4,9 +4,10 @@
 
 Starts the server in this process on a free loopback port (as `serve --artifact` would serve the artifact) and
 the clients in another, one HTTP connection each, which send the default paragraph of `bench-serve` all at once,
-streaming. Prints the first units the engine ran (a job's front with its per-job part, a window, a finish),
-when each began and ended, and when each client's first audio arrived: where the last listener's first audio
-goes (docs/measurements/2026-11-29-capacity.md).
+streaming. Prints the first units the engine ran (a job's front with its per-job part, a window, a finish; the job each
+belongs to), when each began and ended, when each client's first audio arrived, and every moment a listener's
+playback caught up with its bytes (ran dry), with the units around it: where the last listener's first audio
+goes, and which unit came late (docs/measurements/2026-11-29-capacity.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,20 @@ import time
 from typing import Any
 
 STEP_SAMPLES = 300
+PCM_BYTES_PER_SECOND = 48_000  # 24 kHz, 16-bit mono
+
+
+def dry_spells(chunks: list[tuple[float, int]]) -> list[tuple[float, float, float]]:
+    """(when playback ran dry, seconds of audio played by then, how long it waited) for one stream's chunks
+    (arrival time, bytes), playback starting with the first chunk and pausing whenever it catches up."""
+    spells, waited, audio = [], 0.0, 0.0
+    for arrived, size in chunks:
+        played = arrived - chunks[0][0] - waited
+        if played > audio + 1e-3:
+            spells.append((chunks[0][0] + waited + audio, audio, played - audio))
+            waited += played - audio
+        audio += size / PCM_BYTES_PER_SECOND
+    return spells
 
 
 def main() -> None:
@@ -51,9 +66,12 @@ def main() -> None:
 
         setattr(WindowedDecoder, name, wrapper)
 
-    traced("start", lambda tokens, job: f"{len(tokens)} tokens, {job.front.steps} steps")
-    traced("next_window", lambda job, audio: f"{len(audio) // STEP_SAMPLES} steps, to step {job.cursor}")
-    traced("finish", lambda job, audio: f"{len(audio) // STEP_SAMPLES} steps")
+    def job(made: Any) -> str:
+        return f"job {id(made) % 10_000:04d}"
+
+    traced("start", lambda tokens, made: f"{job(made)}: {len(tokens)} tokens, {made.front.steps} steps")
+    traced("next_window", lambda made, audio: f"{job(made)}: {len(audio) // STEP_SAMPLES} steps, to step {made.cursor}")
+    traced("finish", lambda made, audio: f"{job(made)}: {len(audio) // STEP_SAMPLES} steps")
 
     selection = resolve_artifact(args.artifact)
     config = ServeConfig.for_selection(selection, max_queue=max(args.clients, 1))
@@ -66,7 +84,7 @@ def main() -> None:
         units.clear()
         began[0] = time.monotonic()
         go.set()
-        first_audio = heard.get(timeout=600)
+        arrivals = heard.get(timeout=600)
         listeners.join()
 
     table = Table(title=f"{args.clients} listeners at once, {config.mode_name} ({describe(fingerprint())})")
@@ -76,12 +94,24 @@ def main() -> None:
         table.add_row(f"{start * 1e3:.1f}", f"{end * 1e3:.1f}", name, what)
     console = Console()
     print_table(console, table)
-    console.print("first audio per listener, ms: " + ", ".join(f"{(t - began[0]) * 1e3:.0f}" for t in sorted(first_audio)))
+    first = sorted(chunks[0][0] for chunks in arrivals if chunks)
+    console.print("first audio per listener, ms: " + ", ".join(f"{(t - began[0]) * 1e3:.0f}" for t in first))
+    spells = sorted(
+        (when - began[0], who, audio, wait) for who, chunks in enumerate(arrivals) for when, audio, wait in dry_spells(chunks)
+    )
+    console.print(f"ran dry: {len(spells)} time(s)" + ("" if spells else " (every listener was fed)"))
+    for when, who, audio, wait in spells:
+        console.print(
+            f"  listener {who} at {when * 1e3:.0f} ms, {audio:.2f} s into its audio, waited {wait * 1e3:.0f} ms; units then:"
+        )
+        for start, end, name, what in sorted(units):
+            if end >= when - 0.3 and start <= when + wait:
+                console.print(f"    {start * 1e3:8.1f} {end * 1e3:8.1f}  {name:<11} {what}", highlight=False)
 
 
 def _listeners(url: str, count: int, ready: Any, go: Any, heard: Any) -> None:
     """`count` streaming clients in their own process (in the server's, their threads would take its cores): each
-    sends the paragraph when `go` is set; puts every client's first-audio time (time.monotonic) on `heard`."""
+    sends the paragraph when `go` is set; puts every client's chunks (time.monotonic, bytes) on `heard`."""
     import httpx
 
     from kokoro_opt.serve.bench import PARAGRAPH
@@ -90,24 +120,21 @@ def _listeners(url: str, count: int, ready: Any, go: Any, heard: Any) -> None:
     for client in clients:
         client.get("/health")
     body = {"model": "tts-1", "input": PARAGRAPH, "voice": "alloy", "response_format": "pcm", "stream": True}
-    first: list[float] = []
+    chunks: list[list[tuple[float, int]]] = [[] for _ in clients]
 
-    def listen(client: Any) -> None:
+    def listen(who: int, client: Any) -> None:
         go.wait()
         with client.stream("POST", "/v1/audio/speech", json=body, headers={"Cache-Control": "no-cache"}) as reply:
-            heard_yet = False
-            for _ in reply.iter_raw():
-                if not heard_yet:
-                    first.append(time.monotonic())
-                    heard_yet = True
+            for part in reply.iter_raw():
+                chunks[who].append((time.monotonic(), len(part)))
 
-    threads = [threading.Thread(target=listen, args=(client,)) for client in clients]
+    threads = [threading.Thread(target=listen, args=(who, client)) for who, client in enumerate(clients)]
     for thread in threads:
         thread.start()
     ready.wait()
     for thread in threads:
         thread.join()
-    heard.put(first)
+    heard.put(chunks)
 
 
 if __name__ == "__main__":

@@ -190,9 +190,13 @@ class WindowedJobs:
     def others_seconds(self, stream: Any, now: float) -> float:
         """Seconds a unit for `stream` may take so that every other heard listener, served after it in deadline
         order with a first window each, still hears audio in time (`plan.queue_seconds`)."""
-        engine = self.engine
+        engine, settings = self.engine, self.decoder.settings
         slacks = [s.deadline() - now for s in engine.streams if s.streaming and s.first_out is not None and s is not stream]
-        return queue_seconds(slacks, engine.window_cost.predict(self.decoder.settings.first_steps), SAFETY)
+        # each priced at the smallest window a heard listener gets, not a first window: six listeners after a
+        # burst each got 40 steps where 12 were priced, and the last of them ran dry (capacity log)
+        return queue_seconds(
+            slacks, engine.window_cost.predict(smallest_heard_window(settings.first_steps, settings.steps)), SAFETY
+        )
 
     def time_job(self, tokens: list[int], pack: np.ndarray) -> tuple[float, dict[int, float]]:
         """A job's front (and per-job part: it cannot be interleaved), and each window's seconds by its steps; a
