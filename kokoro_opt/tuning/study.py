@@ -328,9 +328,17 @@ def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = N
             on_trial(study, trial)
 
     objective = Objective(recipe, resolved, cache, worker_id(args.index), budget=args.trials)
+    waiting_said = False
     while finished(study) < args.trials and failures < MAX_CONSECUTIVE_FAILURES:
         optuna.storages.fail_stale_trials(study)  # a killed worker's trial gives its place back
         if claimed(study, recipe.workers.stale_after_seconds) >= args.trials:
+            if not waiting_said:  # else a resumed study looks stuck for up to stale_after_seconds
+                say(
+                    "every place of the budget is held by a running trial: waiting for it to finish, or for its "
+                    f"heartbeat to go stale if its worker was killed (workers.stale_after_seconds: "
+                    f"{recipe.workers.stale_after_seconds} s)"
+                )
+                waiting_said = True
             time.sleep(min(1.0, recipe.workers.heartbeat_seconds / 2))
             continue
         study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=[after])
