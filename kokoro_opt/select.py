@@ -147,14 +147,15 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def _looks_like_path(spec: str) -> bool:
-    """An id is one name (letters, digits, '.', '_', '-'); a slash or a recipe's suffix means a path was meant."""
-    return "/" in spec or "\\" in spec or spec.endswith((".yaml", ".yml"))
+def names_a_path(spec: str) -> bool:
+    """Whether an artifact given on the command line is a path (an existing one, or one with a slash or a recipe's
+    suffix: a typo, not an id) rather than an id, which is one name (letters, digits, '.', '_', '-')."""
+    return Path(spec).exists() or "/" in spec or "\\" in spec or spec.endswith((".yaml", ".yml"))
 
 
 def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
     if spec != "best":
-        if Path(spec).exists() or _looks_like_path(spec):
+        if names_a_path(spec):
             return Selection(open_artifact(spec), reason=f"given as a path: {spec}")
         return Selection(artifact_by_id(spec, root, tracking_uri), reason=f"given as an id: {spec}")
     notes: list[str] = []

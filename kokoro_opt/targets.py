@@ -15,7 +15,7 @@ def evaluation_targets(
     """Artifacts for each target: `all` (every one under `root`), a recipe (built; cheap when every stage
     is cached), an artifact folder, or an artifact id (here, or pushed from another machine)."""
     from kokoro_opt.artifacts import open_artifact
-    from kokoro_opt.select import artifact_by_id
+    from kokoro_opt.select import artifact_by_id, names_a_path
     from kokoro_opt.store import Store
 
     found = []
@@ -28,7 +28,7 @@ def evaluation_targets(
             from kokoro_opt.recipe import load_recipe
 
             found.append(build(load_recipe(target), root, console=console, lock=lock_path(Path(target))).artifact)
-        elif Path(target).exists() or "/" in target:  # a path, even a missing one: not an id
+        elif names_a_path(target):
             found.append(open_artifact(target))
         else:
             found.append(artifact_by_id(target, root, tracking_uri, say=say))

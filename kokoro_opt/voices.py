@@ -77,10 +77,11 @@ def parse_blend(spec: str) -> list[tuple[str, float]]:
 def blend_voice(spec: str, packs: dict[str, np.ndarray], aliases: dict[str, str] | None = None) -> np.ndarray:
     """The (510, 1, 256) pack for a voice name or blend; unknown names list the known ones. OpenAI's voice
     names (alloy, ...) stand for the voices `aliases` maps them to, by default `openai_voice_map`'s."""
-    aliases = openai_voice_map(list(packs)) if aliases is None else aliases
     mixed = None
     for name, weight in parse_blend(spec):
-        name = name if name in packs else aliases.get(name, name)
+        if name not in packs:  # the map only for a name the packs lack: blend_voice runs for every utterance
+            aliases = openai_voice_map(list(packs)) if aliases is None else aliases
+            name = aliases.get(name, name)
         if name not in packs:
             openai = f"; or an OpenAI name: {', '.join(aliases)}" if aliases else ""
             raise UserError(f"unknown voice '{name}'", f"choose from: {', '.join(sorted(packs))}{openai}")

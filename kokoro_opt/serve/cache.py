@@ -53,10 +53,11 @@ class AudioCache:
         return body
 
     def put(self, key: CacheKey, body: bytes) -> None:
-        if not body or entry_bytes(key, body) > self.entry_limit:
+        size = entry_bytes(key, body)
+        if not body or size > self.entry_limit:
             return
         old = self._bodies.pop(key, None)
-        self._size += entry_bytes(key, body) - (entry_bytes(key, old) if old is not None else 0)
+        self._size += size - (entry_bytes(key, old) if old is not None else 0)
         self._bodies[key] = body
         while self._size > self.max_bytes:
             evicted_key, evicted = self._bodies.popitem(last=False)
