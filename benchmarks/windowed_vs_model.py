@@ -35,7 +35,7 @@ def main() -> None:
         table.add_column(column, justify="left" if column in ("artifact", "scored") else "right")
     for path in args.artifacts:
         artifact = open_artifact(path)
-        cfg = WindowsStage(**artifact.build.stages[-1]["config"])
+        cfg = WindowsStage(**artifact.build.stage("windows")["config"])
         synth = Synthesizer(artifact)
         decoder = WindowedDecoder.of_artifact(synth)
         served, finished = [], []

@@ -54,10 +54,7 @@ def main() -> None:
     from kokoro_opt.runtime.windowed import WindowedDecoder
 
     artifact = open_artifact(args.artifact)
-    record = artifact.build.stages[-1]
-    if record["stage"] != "windows":
-        raise SystemExit(f"{artifact.path} was not built with the windows stage")
-    cfg = WindowsStage(**record["config"])
+    cfg = WindowsStage(**artifact.build.stage("windows")["config"])
     table = Table(title=f"windows gate, {artifact.name} {artifact.id} ({describe(fingerprint())})")
     for column in ("run", *GATE_COLUMNS):
         table.add_column(column, justify="right" if column != "run" else "left")

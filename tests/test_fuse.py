@@ -143,6 +143,14 @@ def test_synthesis_and_windowed_finishes_run_through_it(fused_artifact, tmp_path
     assert decoder.fused is synth.fused.generator and decoder.whole_session is None  # shared, no second generator
     front = decoder.front(TOKENS, style_for(synth.packs["tiny_0"], len(TOKENS)))
     assert decoder.whole_audio(front).size == front.steps * 300
+    # a short job heard windowed finishes through the fused generator: the rest is the whole decoding's audio
+    job = decoder.start(TOKENS, synth.packs["tiny_0"])
+    assert job.finish
+    first = decoder.next_window(job)
+    rest = decoder.finish(job)
+    assert job.done and job.whole is not None
+    np.testing.assert_array_equal(rest, job.whole[job.speech[1] * 300 - rest.size : job.speech[1] * 300])
+    assert first.size + rest.size == (job.speech[1] - job.speech[0]) * 300
 
 
 def test_without_a_c_compiler_it_speaks_through_model_onnx(fused_artifact, tmp_path) -> None:

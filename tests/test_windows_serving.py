@@ -13,12 +13,13 @@ import pytest
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.serve.join import PAUSES, Joiner
-from tests import test_windows
+from tests import test_fuse, test_windows
 
 pytestmark = pytest.mark.slow  # servers and several builds: not in make test-fast
 
 # the same tiny artifacts as test_windows.py's (built once: the store caches them by key)
 plain, windowed = test_windows.plain, test_windows.windowed
+fused_artifact = test_fuse.fused_artifact  # the flagship's kind: finishes run through the fused generator
 
 
 @pytest.mark.parametrize("cuts", [(7000, 15000, 21000), (7000, 29500, 33000)], ids=["speech-to-the-end", "silent-last-parts"])
@@ -201,10 +202,12 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
     assert out["60% sent, the last window its bridge"]  # a short phrase's bridge: the finish it was made for
 
 
-def test_the_server_finishes_short_jobs_with_the_whole_generator(windowed) -> None:
+@pytest.mark.parametrize("kind", ["windowed", "fused_artifact"])
+def test_the_server_finishes_short_jobs_with_the_whole_generator(kind: str, request: pytest.FixtureRequest) -> None:
     """A request nobody hears before it ends: each short job is one whole-generator run, no window. A listener:
     a finish, when it comes, follows a first window (which run comes then is the scheduler's, by the load:
-    tests/test_serve_units.py). Both carry the audio through."""
+    tests/test_serve_units.py). Both carry the audio through. The same with a fused generator, which runs
+    every finish in place of the whole_generator graph."""
     import asyncio
 
     from kokoro_opt.select import resolve_artifact
@@ -213,10 +216,12 @@ def test_the_server_finishes_short_jobs_with_the_whole_generator(windowed) -> No
     from kokoro_opt.serve.engine import Engine
     from kokoro_opt.serve.modes import FINISH_RATIO
 
-    engine = Engine(resolve_artifact(str(windowed.path)), ServeConfig(first_chunk_tokens=20, chunk_tokens=120, windowed=True))
+    artifact = request.getfixturevalue(kind)
+    engine = Engine(resolve_artifact(str(artifact.path)), ServeConfig(first_chunk_tokens=20, chunk_tokens=120, windowed=True))
     engine.start()
     try:
         assert engine.ready.wait(120) and engine.synth is not None, engine.error
+        assert (engine.mode.decoder.fused is not None) == (kind == "fused_artifact")
         finished: list[int] = []  # windows each job had sent before its finish
         finish = engine.windows.finish
 

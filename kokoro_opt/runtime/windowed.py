@@ -246,6 +246,12 @@ class WindowedDecoder:
         self._window_inputs = {i.name for i in self.generator_session.get_inputs()}
         self._front_inputs = [i.name for i in self.front_session.get_inputs()]
 
+    @property
+    def decodes_whole(self) -> bool:
+        """Whether a job can finish with one whole-generator run (`whole_audio`): through the fused generator or
+        the whole_generator graph."""
+        return self.fused is not None or self.whole_session is not None
+
     @staticmethod
     def check(artifact: Any) -> None:
         """Refuse an artifact without the `windows` stage's graphs and statistics, naming the fix."""
@@ -315,7 +321,7 @@ class WindowedDecoder:
         s = self.settings
         start, end = speech_steps(front.durations, token_ids, self.synth.symbols, s.lead_frames, s.trail_frames)
         job = WindowedJob(front, None, (start, end), cursor=start)
-        job.finish = self.whole_session is not None and front.steps <= s.finish_steps
+        job.finish = self.decodes_whole and front.steps <= s.finish_steps
         if windows or not job.finish:
             job.stats = self.statistics.for_job(front, pack, self.synth.packs)
             job.constants = self.job_constants(front, job.stats, run_options)
