@@ -24,10 +24,16 @@ from typing import Any
 
 
 def served_units(
-    engine: Any, tokens: list[int], pack: Any, others: list[list[int]] | None = None, listeners: int = 1
+    engine: Any,
+    tokens: list[int],
+    pack: Any,
+    others: list[list[int]] | None = None,
+    listeners: int = 1,
+    chunks: list[tuple[float, int]] | None = None,
 ) -> list[tuple[str, int, int | None]]:
     """The units (kind, steps, context) the engine's worker decoded for one streamed request of `tokens`,
-    beside `listeners - 1` streams of the pieces `others` started with it and restarted until it ends."""
+    beside `listeners - 1` streams of the pieces `others` started with it and restarted until it ends;
+    `chunks` collects when each of the request's pcm chunks arrived and its bytes."""
     from kokoro_opt.serve.encoders import make_encoder
 
     decoder, units, ours = engine.mode.decoder, [], set()
@@ -51,10 +57,12 @@ def served_units(
             units.append(("finish", job.speech[1] - job.cursor, None))
         return finish(decoder, job, run_options)
 
-    async def drain(stream: Any) -> None:
+    async def drain(stream: Any, arrivals: list[tuple[float, int]] | None = None) -> None:
         while (item := await stream.queue.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
+            if arrivals is not None and item:
+                arrivals.append((time.monotonic(), len(item)))
 
     def submit(pieces: list[list[int]]) -> Any:
         return engine.submit(pieces, pack, 1.0, make_encoder("pcm", engine.sample_rate, True), True)
@@ -67,7 +75,7 @@ def served_units(
     async def listen() -> None:
         playing: list[Any] = []
         background = [asyncio.create_task(load(playing)) for _ in range(listeners - 1)]
-        await drain(submit([tokens]))
+        await drain(submit([tokens]), chunks)
         for task in background:
             task.cancel()
         for stream in playing:
@@ -88,6 +96,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import numpy as np
+    from burst_units import dry_spells  # this folder's: a listener's playback, paused whenever it catches up
     from rich.console import Console
     from rich.table import Table
 
@@ -99,7 +108,7 @@ def main() -> None:
     from kokoro_opt.runtime.windowed import STEP_SAMPLES
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.serve import ServeConfig
-    from kokoro_opt.serve.bench import PARAGRAPH
+    from kokoro_opt.serve.bench import PARAGRAPH, UNDERRUN_TOLERANCE
     from kokoro_opt.serve.engine import Engine
 
     engine = Engine(resolve_artifact(str(args.artifact)), ServeConfig(windowed=True, max_queue=max(4, args.listeners)))
@@ -109,10 +118,12 @@ def main() -> None:
     synth, decoder = engine.synth, engine.mode.decoder
     cfg = WindowsStage(**synth.artifact.build.stage("windows")["config"])
     paragraph = engine.plan(PARAGRAPH)
-    plans = []
+    plans, waits = [], []
     for utterance, tokens in gate_utterances(cfg, synth.voices, synth.vocab):
-        units = served_units(engine, tokens, synth.packs[utterance.voice], paragraph, args.listeners)
+        chunks: list[tuple[float, int]] = []
+        units = served_units(engine, tokens, synth.packs[utterance.voice], paragraph, args.listeners, chunks)
         plans.append((utterance, tokens, units))
+        waits.append(sum(waited for _, _, waited in dry_spells(chunks) if waited > UNDERRUN_TOLERANCE))
         time.sleep(0.2)  # each utterance's listeners alone
     engine.stop()
 
@@ -134,7 +145,7 @@ def main() -> None:
     threads = default_threads() or "every core"
     who = "a lone listener" if args.listeners == 1 else f"one of {args.listeners} listeners"
     table = Table(title=f"served to {who} vs whole decoding ({describe(fingerprint())}, ORT threads: {threads})")
-    for column in ("artifact", "bridges: phrases", "sentences", "finished whole", *GATE_COLUMNS):
+    for column in ("artifact", "bridges: phrases", "sentences", "finished whole", "ran dry", *GATE_COLUMNS):
         table.add_column(column, justify="left" if column == "artifact" else "right")
     artifact = synth.artifact
     table.add_row(
@@ -142,6 +153,7 @@ def main() -> None:
         spread(bridges[True]),
         spread(bridges[False]),
         f"{finished} of {len(plans)}",
+        f"{sum(w > 0 for w in waits)} ({1000 * max(waits):.0f} ms)",
         *gate_cells(summarise(rows)),
     )
     Console().print(table)
