@@ -326,3 +326,40 @@ def test_more_workers_need_windowed_serving(plain) -> None:
         with pytest.raises(UserError, match="workers must be 1 to 2"):
             ServeConfig(workers=count, windowed=True)
     assert ServeConfig(workers=2, windowed=True).workers == 2
+
+
+def test_serve_warns_when_this_machine_bridges_a_phrase_longer_than_its_first_window(caplog) -> None:
+    """What the warm-up measured (a window's and a finish's cost) says how long a lone listener's phrase is bridged
+    before its finish. Bridges longer than the first window put served phrases below the windows gate on a slower
+    machine (docs/measurements/2026-12-05-intel-xeon.md), so serve says so and names --no-windowed."""
+    import logging
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from kokoro_opt.runtime.windowed import WindowSettings
+    from kokoro_opt.select import Selection
+    from kokoro_opt.serve import ServeConfig
+    from kokoro_opt.serve.engine import Engine
+    from kokoro_opt.serve.modes import PHRASE_STEPS, WindowedJobs
+    from kokoro_opt.serve.plan import lone_bridge_steps
+
+    cost = lambda steps: 0.001 * steps  # noqa: E731
+    assert lone_bridge_steps(0.08, 12, 0.0125, cost, 80) == 0  # 0.7 x 150 ms of audio covers the finish
+    bridges = [lone_bridge_steps(finish, 12, 0.0125, cost, 80) for finish in (0.11, 0.15, 0.2)]
+    assert 0 < bridges[0] < bridges[1] < bridges[2] <= 80
+
+    def mode(seconds_per_step: float, decodes_whole: bool = True) -> WindowedJobs:
+        engine = Engine(cast(Selection, None), ServeConfig())
+        engine.window_cost.calibrate((12, 12 * seconds_per_step), (80, 80 * seconds_per_step))
+        made = WindowedJobs(engine, cast(Any, SimpleNamespace(settings=WindowSettings(), decodes_whole=decodes_whole)))
+        made.warm_finish = (PHRASE_STEPS, PHRASE_STEPS * seconds_per_step)  # a finish costs what windows of its steps do
+        return made
+
+    caplog.set_level(logging.WARNING, logger="kokoro_opt.serve")
+    fast, slow = mode(0.0008), mode(0.0016)
+    assert fast.phrase_bridge_steps() <= 12 < slow.phrase_bridge_steps()
+    assert mode(0.0016, decodes_whole=False).phrase_bridge_steps() == 0  # no finish: nothing to bridge to
+    fast.say_phrase_bridge()
+    assert not caplog.records
+    slow.say_phrase_bridge()
+    assert "-step bridge after its 12-step first window" in caplog.text and "--no-windowed" in caplog.text

@@ -205,6 +205,8 @@ class Engine:
             1000 * self.cost.fixed,
             1000 * self.cost.per_token,
         )
+        if isinstance(self.mode, WindowedJobs):
+            self.mode.say_phrase_bridge()
 
     # ---- requests (called from the event loop) ------------------------------------------------------
 

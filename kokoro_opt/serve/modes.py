@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
-from kokoro_opt.serve.plan import bridge_steps, queue_seconds, smallest_heard_window, window_steps
+from kokoro_opt.serve.plan import bridge_steps, lone_bridge_steps, queue_seconds, smallest_heard_window, window_steps
 
 log = logging.getLogger("kokoro_opt.serve")
 
@@ -22,6 +22,9 @@ SAFETY = 0.7  # a job may use this share of the tightest listener's buffered aud
 # A finish (the whole generator over a job) per step against a window's (the window cost model) before any
 # finish was timed: whole generator 0.65-0.85 ms per step, windows ~0.55 (AMD EPYC); then what finishes take
 FINISH_RATIO = 1.5
+# A short phrase's steps, edge silence included ("Checkbox checked.": 150): what the warm-up prices a lone
+# listener's bridge for (`phrase_bridge_steps`)
+PHRASE_STEPS = 120
 # A finish decodes its whole job again: a job that went on in usual windows past its first window and bridge
 # finishes only while no more than this share of it was sent (under load such late finishes, 120-230 ms for the
 # last 38-116 steps, left other streams short)
@@ -71,11 +74,15 @@ class WindowedJobs:
     def finish_seconds(self, job: WindowedJob) -> float:
         """What `job`'s finish is priced at: the window cost of its steps, scaled by what finishes took (from the
         first price on, the finish timed at warm-up: the window cost model is fitted by then)."""
+        return self.finish_seconds_of(job.front.steps)
+
+    def finish_seconds_of(self, steps: int) -> float:
+        """What a finish of `steps` generator steps is priced at (`finish_seconds`)."""
         window_cost = self.engine.window_cost
         if self.warm_finish is not None:
-            steps, seconds = self.warm_finish
-            self.finish_ratio, self.warm_finish = seconds / max(window_cost.predict(steps), 1e-6), None
-        return self.finish_ratio * window_cost.predict(job.front.steps)
+            timed, seconds = self.warm_finish
+            self.finish_ratio, self.warm_finish = seconds / max(window_cost.predict(timed), 1e-6), None
+        return self.finish_ratio * window_cost.predict(steps)
 
     def window_steps(self, stream: Any) -> int:
         """`plan.window_steps` for this stream, with the other listeners priced by the cost models (call it
@@ -180,6 +187,35 @@ class WindowedJobs:
             most=settings.steps,
             safety=SAFETY,
         )
+
+    def phrase_bridge_steps(self) -> int:
+        """The bridge a lone listener's short phrase (`PHRASE_STEPS`) gets on this machine, by the cost models
+        (call it after warm-up)."""
+        engine, settings = self.engine, self.decoder.settings
+        if not self.decoder.decodes_whole or settings.finish_steps < PHRASE_STEPS:
+            return 0
+        return lone_bridge_steps(
+            self.finish_seconds_of(PHRASE_STEPS),
+            settings.first_steps,
+            STEP_SAMPLES / engine.sample_rate,
+            lambda steps: engine.window_cost.predict(steps + settings.bridge_extra_steps),
+            most=settings.steps,
+            safety=SAFETY,
+        )
+
+    def say_phrase_bridge(self) -> None:
+        """Warn when this machine is too slow for a lone listener's phrase to finish whole soon after its first
+        window (call it after warm-up): bridges of 9-33 steps put served phrases below the windows gate, 3-16 kept
+        them within it (docs/measurements/2026-12-05-intel-xeon.md)."""
+        first = self.decoder.settings.first_steps
+        if (bridge := self.phrase_bridge_steps()) > first:
+            log.warning(
+                "on this machine a short phrase's finish needs a %d-step bridge after its %d-step first window: that "
+                "much more of each phrase is decoded with predicted statistics, below the windows gate's quality; "
+                "--no-windowed serves every job whole",
+                bridge,
+                first,
+            )
 
     def fit_seconds(self, stream: Any) -> float:
         """Seconds this stream's next unit may take: every other heard listener, served after it in deadline
