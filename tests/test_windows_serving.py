@@ -341,19 +341,19 @@ def test_serve_warns_when_this_machine_bridges_a_phrase_longer_than_its_first_wi
     from kokoro_opt.serve import ServeConfig
     from kokoro_opt.serve.engine import Engine
     from kokoro_opt.serve.modes import PHRASE_STEPS, WindowedJobs
-    from kokoro_opt.serve.plan import lone_bridge_steps
 
-    cost = lambda steps: 0.001 * steps  # noqa: E731
-    assert lone_bridge_steps(0.08, 12, 0.0125, cost, 80) == 0  # 0.7 x 150 ms of audio covers the finish
-    bridges = [lone_bridge_steps(finish, 12, 0.0125, cost, 80) for finish in (0.11, 0.15, 0.2)]
-    assert 0 < bridges[0] < bridges[1] < bridges[2] <= 80
-
-    def mode(seconds_per_step: float, decodes_whole: bool = True) -> WindowedJobs:
+    def mode(seconds_per_step: float, decodes_whole: bool = True, finish_per_step: float | None = None) -> WindowedJobs:
         engine = Engine(cast(Selection, None), ServeConfig())
         engine.window_cost.calibrate((12, 12 * seconds_per_step), (80, 80 * seconds_per_step))
         made = WindowedJobs(engine, cast(Any, SimpleNamespace(settings=WindowSettings(), decodes_whole=decodes_whole)))
-        made.warm_finish = (PHRASE_STEPS, PHRASE_STEPS * seconds_per_step)  # a finish costs what windows of its steps do
+        # a finish costs what windows of its steps do, unless told otherwise
+        made.warm_finish = (PHRASE_STEPS, PHRASE_STEPS * (finish_per_step or seconds_per_step))
         return made
+
+    # windows at 1 ms a step; a phrase's finish of 0.08 s fits in 0.7 x the first window's 150 ms of audio
+    assert mode(0.001, finish_per_step=0.08 / PHRASE_STEPS).phrase_bridge_steps() == 0
+    bridges = [mode(0.001, finish_per_step=finish / PHRASE_STEPS).phrase_bridge_steps() for finish in (0.11, 0.15, 0.2)]
+    assert 0 < bridges[0] < bridges[1] < bridges[2] <= 80
 
     caplog.set_level(logging.WARNING, logger="kokoro_opt.serve")
     fast, slow = mode(0.0008), mode(0.0016)

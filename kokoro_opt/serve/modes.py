@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
-from kokoro_opt.serve.plan import bridge_steps, lone_bridge_steps, queue_seconds, smallest_heard_window, window_steps
+from kokoro_opt.serve.plan import bridge_steps, queue_seconds, smallest_heard_window, window_steps
 
 log = logging.getLogger("kokoro_opt.serve")
 
@@ -178,25 +178,23 @@ class WindowedJobs:
         (`plan.bridge_steps`). Decoded with wider context: its seams then cost nothing measurable, where a
         first window grown to last while the finish runs made the first sound ~10 ms later
         (docs/measurements/2026-12-05-front-shapes.md)."""
-        engine, settings = self.engine, self.decoder.settings
-        return bridge_steps(
-            self.finish_seconds(job),
-            stream.deadline() - time.monotonic(),
-            STEP_SAMPLES / engine.sample_rate,
-            lambda steps: engine.window_cost.predict(steps + settings.bridge_extra_steps),
-            most=settings.steps,
-            safety=SAFETY,
-        )
+        return self._bridge(self.finish_seconds(job), stream.deadline() - time.monotonic())
 
     def phrase_bridge_steps(self) -> int:
         """The bridge a lone listener's short phrase (`PHRASE_STEPS`) gets on this machine, by the cost models
-        (call it after warm-up)."""
-        engine, settings = self.engine, self.decoder.settings
+        (call it after warm-up): 0 when its finish fits right after the first window (`finishes`)."""
+        settings = self.decoder.settings
         if not self.decoder.decodes_whole or settings.finish_steps < PHRASE_STEPS:
             return 0
-        return lone_bridge_steps(
-            self.finish_seconds_of(PHRASE_STEPS),
-            settings.first_steps,
+        finish, first_audio = self.finish_seconds_of(PHRASE_STEPS), settings.first_steps * STEP_SAMPLES / self.engine.sample_rate
+        return 0 if finish <= SAFETY * first_audio else self._bridge(finish, first_audio)
+
+    def _bridge(self, finish_seconds: float, buffered_seconds: float) -> int:
+        """`plan.bridge_steps` with this machine's window costs (a bridge's wider context counted as steps)."""
+        engine, settings = self.engine, self.decoder.settings
+        return bridge_steps(
+            finish_seconds,
+            buffered_seconds,
             STEP_SAMPLES / engine.sample_rate,
             lambda steps: engine.window_cost.predict(steps + settings.bridge_extra_steps),
             most=settings.steps,

@@ -97,22 +97,6 @@ def bridge_steps(
     return most
 
 
-def lone_bridge_steps(
-    finish_seconds: float,
-    first_steps: int,
-    step_seconds: float,
-    cost: Callable[[int], float],
-    most: int,
-    safety: float = 0.7,
-) -> int:
-    """Steps a lone listener's short job decodes between its first window and its finish (0: the finish follows
-    the first window at once), as `WindowedJobs` chooses them: what a machine's speed costs its phrases, since those
-    steps are decoded with predicted statistics."""
-    if finish_seconds <= safety * first_steps * step_seconds:
-        return 0
-    return bridge_steps(finish_seconds, first_steps * step_seconds, step_seconds, cost, most, safety)
-
-
 def smallest_heard_window(first: int, steps: int) -> int:
     """The fewest steps a listener already hearing audio gets in one window (see `window_steps`)."""
     return max(first, steps // 2)
