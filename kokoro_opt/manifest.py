@@ -151,11 +151,15 @@ class BuildRecord(BaseModel):
     stages: list[dict[str, Any]] = Field(default_factory=list)
     steps: list[dict[str, Any]] = Field(default_factory=list)
 
+    def find(self, kind: str) -> dict[str, Any] | None:
+        """The record of the chain's last stage of this kind; None when this record has none (a chain without
+        that stage, or an artifact fetched without its build record)."""
+        return next((record for record in reversed(self.stages) if record.get("stage") == kind), None)
+
     def stage(self, kind: str) -> dict[str, Any]:
         """The record of the chain's last stage of this kind; UserError when the chain has none."""
-        for record in reversed(self.stages):
-            if record.get("stage") == kind:
-                return record
+        if (record := self.find(kind)) is not None:
+            return record
         raise UserError(f"the artifact was not built with a {kind} stage", f"build a recipe with `- kind: {kind}`")
 
 

@@ -111,10 +111,15 @@ def _best_evaluated(root: Path, tracking_uri: str | None, machine_id: str) -> di
     return best_evaluated(
         tracking_uri,
         QUALITY_BUDGET_PESQ,
-        available=lambda artifact_id: _by_id(root, artifact_id) is not None,
+        available=lambda artifact_id: _runs_here(_by_id(root, artifact_id)),
         machine_id=machine_id,
         min_phrase_pesq=QUALITY_BUDGET_PHRASE_PESQ,
     )
+
+
+def _runs_here(artifact: Artifact | None) -> bool:
+    """On disk and runnable on this machine: a Core ML artifact another machine ranked first is not a pick off macOS."""
+    return artifact is not None and runtime_problem(artifact) is None
 
 
 def resolve_artifact(
@@ -167,7 +172,7 @@ def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
     if not every:
         raise UserError(f"no artifacts under {root}", "build one first: kokoro-opt build recipes/fp32.yaml")
     fp32 = [a for a in every if a.name == "fp32"]
-    runnable = [a for a in every if runtime_problem(a) is None]
+    runnable = [a for a in every if _runs_here(a)]
     chosen = (fp32 or runnable or every)[-1]
     reason = f"no tuning or evaluation records yet: newest {chosen.name} artifact"
     return Selection(chosen, reason="; ".join([reason, *notes]))

@@ -133,6 +133,10 @@ def test_bench_serve_passes_server_flags_only_to_a_server_it_starts() -> None:
     assert bench.serve_args(None, "best", Path("artifacts"), 4, [])[-1] == "4"
     with pytest.raises(UserError, match="windowed"):
         bench.serve_args("http://127.0.0.1:8880", "best", Path("artifacts"), 4, ["--windowed"])
+    tracking = bench.server_flags(False, None, 1, "http://mlflow:5000")  # 'best' as the started server resolves it
+    assert tracking == ["--tracking-uri", "http://mlflow:5000"]
+    with pytest.raises(UserError, match="tracking-uri"):
+        bench.serve_args("http://127.0.0.1:8880", "best", Path("artifacts"), 4, tracking)
 
 
 def test_a_server_with_capped_edges_speaks(capped) -> None:

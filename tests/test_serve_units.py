@@ -378,13 +378,19 @@ def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, t
     link_or_copy(tiny_artifact.path, root / "tiny" / tiny_artifact.id)
     selection = Selection(open_artifact(root / "tiny" / tiny_artifact.id))
     assert ServeConfig.for_selection(selection).max_queue == DEFAULT_QUEUE  # nothing measured yet
+    unmeasured = ServeConfig.for_selection(selection).admission(selection, False)
+    assert "nothing was measured for this artifact in whole mode" in unmeasured
     record_capacity(root, tiny_artifact.id, "windowed", 1, 9)  # another mode: not this one's
     assert ServeConfig.for_selection(selection).max_queue == DEFAULT_QUEUE
     record_capacity(root, tiny_artifact.id, "whole", 1, 3)
     record_capacity(root, tiny_artifact.id, "whole", 1, 7)  # measured again: replaces it
     assert measured_capacity(root, tiny_artifact.id, "whole", 1).streams == 7
     assert ServeConfig.for_selection(selection).max_queue == 7
+    assert "this machine sustains 7 simultaneous" in ServeConfig.for_selection(selection).admission(selection, False)
     assert ServeConfig.for_selection(selection, max_queue=2).max_queue == 2  # asked for: kept
+    assert ServeConfig.for_selection(selection, max_queue=2).admission(selection, True).endswith("(--max-queue)")
+    # edge capping is its own mode: what plain whole jobs sustain is not its count
+    assert measured_capacity(root, tiny_artifact.id, ServeConfig(cap_edges=True).mode_name, 1) is None
 
 
 def test_capacity_records_of_other_versions_are_read(tmp_path: Path) -> None:

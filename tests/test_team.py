@@ -196,6 +196,19 @@ def test_an_empty_root_serves_the_pushed_artifact_by_id(team: dict[str, Any], pu
     assert "every file matches its manifest" in again.stdout and "fetching" not in again.stderr  # already here
 
 
+def test_say_and_voices_fetch_a_pushed_artifact_by_id(team: dict[str, Any], pushed: dict[str, Any], tmp_path: Path) -> None:
+    """Every command that runs one artifact takes --tracking-uri, as docs/team.md says: a new machine speaks
+    with an artifact it has only the id of."""
+    artifact, root = pushed["artifact"], tmp_path / "laptop" / "artifacts"
+    out = tmp_path / "hello.wav"
+    common = ("--artifact", artifact.id, "--artifacts", str(root), "--tracking-uri", team["tracking"])
+    spoken = _cli("say", "Hello there.", *common, "--voice", "tiny_0", "-o", str(out), cwd=team["base"])
+    assert spoken.returncode == 0 and "fetching tiny" in spoken.stderr, spoken.stderr
+    assert out.read_bytes()[:4] == b"RIFF" and (root / "tiny" / artifact.id).is_dir()
+    listed = _cli("voices", *common, cwd=team["base"])
+    assert "tiny_0" in listed.stdout.split()
+
+
 def test_a_tampered_artifact_is_refused_and_leaves_nothing(team: dict[str, Any], pushed: dict[str, Any]) -> None:
     artifact = pushed["artifact"]
     [stored] = [p for p in team["store"].rglob("voices.npz") if (p.parent / "manifest.json").is_file()]

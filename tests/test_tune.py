@@ -51,6 +51,27 @@ def test_shipped_recipe_parses_and_errors_name_the_field() -> None:
             parse_tune_recipe({"name": "x", **data})
 
 
+def test_the_shipped_tuning_recipe_names_every_field_of_the_schema() -> None:
+    """docs/tuning.md sends readers to recipes/tune-cpu.yaml for the fields: a new field is named there too."""
+    import re
+
+    from pydantic import BaseModel
+
+    from kokoro_opt.tuning.config import TuneRecipe
+
+    text = (REPO / "recipes" / "tune-cpu.yaml").read_text(encoding="utf-8")
+
+    def fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str]]:
+        found = []
+        for name, info in model.model_fields.items():
+            found.append((prefix + name, name))
+            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+                found += fields(info.annotation, f"{prefix}{name}.")
+        return found
+
+    assert [path for path, name in fields(TuneRecipe) if not re.search(rf"\b{name}\b", text)] == []
+
+
 # ---- space and sampling (no model) --------------------------------------------------------------------
 
 

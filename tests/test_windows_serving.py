@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,6 +115,28 @@ def test_serve_streams_windowed_where_the_artifact_can_unless_told_not_to(window
     assert tuned.first_window_steps == 20 and "streaming windowed" in tuned.mode()
     with pytest.raises(UserError, match="first_window_steps must be 4 to 400"):
         ServeConfig(first_window_steps=2)
+    with pytest.raises(UserError, match="drop --first-window-steps"):  # whole jobs have no first window to size
+        ServeConfig.for_selection(streams, windowed=False, first_window_steps=20)
+    capped = ServeConfig(cap_edges=True)
+    assert (capped.mode_name, ServeConfig().mode_name) == ("whole-capped", "whole")  # each has its own capacity
+    assert mode_reason(streams.artifact, None, False, cap_edges=True).startswith(" (--cap-edges")
+
+
+def test_a_windowed_artifact_fetched_without_its_build_record_streams_windowed(windowed, tmp_path: Path) -> None:
+    """A push may leave build.json out (remote.py): the artifact's own files say it streams windowed, and the
+    start-up line says what it cannot quote."""
+    from kokoro_opt.artifacts import link_or_copy, open_artifact
+    from kokoro_opt.select import Selection
+    from kokoro_opt.serve import ServeConfig
+    from kokoro_opt.serve.config import mode_reason
+
+    folder = tmp_path / windowed.name / windowed.id
+    link_or_copy(windowed.path, folder)
+    (folder / "build.json").unlink()
+    fetched = open_artifact(folder)
+    assert fetched.build.stages == [] and ServeConfig.for_selection(Selection(fetched)).windowed
+    assert "no build record" in mode_reason(fetched, None, True)
+    assert mode_reason(fetched, None, False) == " (windowed on request, --windowed)"
 
 
 def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -> None:

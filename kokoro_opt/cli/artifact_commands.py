@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from kokoro_opt.cli.app import ARTIFACT_HELP, ArtifactsRoot, app, console, err, say_line, user_errors
+from kokoro_opt.cli.app import ARTIFACT_HELP, ArtifactsRoot, TrackingUri, app, console, err, say_line, user_errors
 from kokoro_opt.tables import print_table
 
 
@@ -99,6 +99,7 @@ def say(
         str, typer.Option(help="voice name, an OpenAI name (alloy, ...), or a blend like jf_alpha(2)+jm_kumo(1)")
     ] = "jf_alpha",
     speed: Annotated[float, typer.Option(help="0.25 to 4.0")] = 1.0,
+    tracking_uri: TrackingUri = None,
 ) -> None:
     """Speak text with an artifact and write a 24 kHz WAV."""
     from rich.progress import Progress
@@ -107,7 +108,7 @@ def say(
     from kokoro_opt.runtime import synthesize
     from kokoro_opt.select import resolve_artifact
 
-    chosen = resolve_artifact(artifact, artifacts).artifact
+    chosen = resolve_artifact(artifact, artifacts, tracking_uri).artifact
     err.print(f"speaking with {chosen.name} {chosen.id} ({chosen.path})", highlight=False)
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("speaking", total=None)
@@ -125,13 +126,15 @@ def say(
 @app.command()
 @user_errors
 def voices(
-    artifact: Annotated[str, typer.Option(help=ARTIFACT_HELP)] = "best", artifacts: ArtifactsRoot = Path("artifacts")
+    artifact: Annotated[str, typer.Option(help=ARTIFACT_HELP)] = "best",
+    artifacts: ArtifactsRoot = Path("artifacts"),
+    tracking_uri: TrackingUri = None,
 ) -> None:
     """List the voices an artifact carries, then the OpenAI names and the voice each stands for."""
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.voices import openai_voice_map
 
-    packs = resolve_artifact(artifact, artifacts, runs_here=False).artifact.voice_packs()
+    packs = resolve_artifact(artifact, artifacts, tracking_uri, runs_here=False).artifact.voice_packs()
     for name in sorted(packs):
         console.print(name)
     for name, target in openai_voice_map(list(packs)).items():

@@ -84,10 +84,8 @@ def serve(
         audio_cache_mb=audio_cache_mb,
         workers=workers,
     )
-    err.print(f"mode: {config.mode()}" + mode_reason(chosen, windowed, config.windowed))
-    err.print(
-        f"admits {config.max_queue} requests at once" + ("" if max_queue is not None else " (bench-serve --capacity sets it)")
-    )
+    err.print(f"mode: {config.mode()}" + mode_reason(chosen, windowed, config.windowed, config.cap_edges))
+    err.print(config.admission(selection, asked=max_queue is not None))
     serve_forever(selection, config, host, port)
 
 
@@ -103,7 +101,9 @@ def bench_serve(
     voice: Annotated[str, typer.Option(help="voice")] = "alloy",
     response_format: Annotated[str, typer.Option("--format", help="pcm or wav")] = "pcm",
     full: Annotated[bool, typer.Option(help="also measure non-streaming full responses (the TTFA baseline)")] = True,
-    max_queue: Annotated[int, typer.Option(help="queue limit of a started server")] = 4,
+    max_queue: Annotated[
+        int | None, typer.Option(help="queue limit of a started server (default: the largest --clients count)")
+    ] = None,
     api_key: Annotated[str | None, typer.Option(envvar="KOKORO_OPT_API_KEY", help="bearer token")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="also write every sample as JSON")] = None,
     phrases: Annotated[
@@ -114,6 +114,7 @@ def bench_serve(
         bool | None, typer.Option("--windowed/--no-windowed", help="start the server so (default: as serve decides)")
     ] = None,
     workers: Annotated[int, typer.Option(help="start the server with --workers")] = 1,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI a started server resolves 'best' with")] = None,
     capacity: Annotated[
         bool,
         typer.Option(
@@ -131,11 +132,14 @@ def bench_serve(
         from kokoro_opt.serve import ServeConfig
 
         ServeConfig(windowed=windowed is not False, workers=workers)  # the artifact decides the rest when it starts
-    args = bench.serve_args(url, artifact, artifacts, max_queue, bench.server_flags(cap_edges, windowed, workers), capacity)
+    counts = [int(c) for c in clients.split(",") if c.strip()]
+    flags = bench.server_flags(cap_edges, windowed, workers, tracking_uri)
+    queue = max_queue if max_queue is not None else max(counts, default=1)
+    args = bench.serve_args(url, artifact, artifacts, queue, flags, capacity)
     scenarios, served = bench.run(
         url,
         args,
-        [int(c) for c in clients.split(",") if c.strip()],
+        counts,
         requests,
         text or bench.PARAGRAPH,
         voice,

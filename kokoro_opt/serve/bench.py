@@ -296,10 +296,11 @@ def to_json(scenarios: list[Scenario]) -> list[dict[str, Any]]:
     return [{**x.summary(), "wall_s": x.wall, "samples": [asdict(s) for s in x.samples]} for x in scenarios]
 
 
-def server_flags(cap_edges: bool, windowed: bool | None, workers: int) -> list[str]:
+def server_flags(cap_edges: bool, windowed: bool | None, workers: int, tracking_uri: str | None = None) -> list[str]:
     """The `kokoro-opt serve` flags that set up the server a benchmark starts."""
     mode = [] if windowed is None else ["--windowed" if windowed else "--no-windowed"]
-    return ["--cap-edges"] * cap_edges + mode + ["--workers", str(workers)] * (workers != 1)
+    tracking = [] if tracking_uri is None else ["--tracking-uri", tracking_uri]
+    return ["--cap-edges"] * cap_edges + mode + ["--workers", str(workers)] * (workers != 1) + tracking
 
 
 def serve_args(

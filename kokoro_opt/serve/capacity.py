@@ -81,7 +81,7 @@ def sustained(summaries: list[dict[str, Any]]) -> tuple[int, float]:
 @dataclass(frozen=True)
 class Capacity:
     artifact_id: str
-    mode: str  # "windowed" | "whole"
+    mode: str  # ServeConfig.mode_name: "windowed" | "whole" | "whole-capped"
     workers: int
     streams: int
     machine: dict[str, Any]

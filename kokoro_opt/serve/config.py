@@ -7,7 +7,7 @@ from typing import Any
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
-from kokoro_opt.serve.capacity import DEFAULT_QUEUE, measured_capacity
+from kokoro_opt.serve.capacity import DEFAULT_QUEUE, Capacity, measured_capacity
 from kokoro_opt.store import store_of
 from kokoro_opt.text import CONTEXT_TOKENS
 
@@ -38,7 +38,6 @@ class ServeConfig:
     api_key: str | None = None
     public_metrics: bool = False  # with an api_key, /metrics needs it too unless this is set
     drain_timeout: float = 30.0  # on SIGTERM: seconds streams in flight may take to finish before the exit
-    default_voice: str | None = None  # None: the OpenAI default 'alloy', mapped
     warmup: bool = True
     audio_cache_mb: float = 8.0  # finished responses kept for repeats (cache.py): ~130 phrases as pcm; 0: off
 
@@ -72,7 +71,8 @@ class ServeConfig:
 
     @property
     def mode_name(self) -> str:
-        return "windowed" if self.windowed else "whole"
+        """The serving mode as capacity records and /v1/models name it: each mode sustains its own count."""
+        return "windowed" if self.windowed else "whole-capped" if self.cap_edges else "whole"
 
     def mode(self) -> str:
         """What a listener gets, for the start-up line."""
@@ -92,12 +92,14 @@ class ServeConfig:
         if "windowed" not in chosen:
             chosen["windowed"] = selection.artifact.windowed_by_default and not chosen.get("cap_edges", False)
         config = cls(**{**tuned, **chosen})
-        if "max_queue" not in chosen:  # as many as this machine was measured to sustain in this mode
-            measured = measured_capacity(
-                store_of(selection.artifact).root, selection.artifact.id, config.mode_name, config.workers
+        if "max_queue" not in chosen and (measured := config.measured_capacity(selection)) is not None:
+            config = replace(config, max_queue=max(measured.streams, 1))  # what this machine sustains in this mode
+        if "first_window_steps" in chosen and not config.windowed:  # a tuned value rides along; an asked one must act
+            raise UserError(
+                f"first_window_steps={chosen['first_window_steps']} sets the first window of windowed serving, "
+                f"and this server decodes {config.mode_name} jobs",
+                "add --windowed (an artifact built with the windows stage), or drop --first-window-steps",
             )
-            if measured is not None:
-                config = replace(config, max_queue=max(measured.streams, 1))
         if config.cap_edges and not selection.artifact.capabilities.edges:
             raise UserError(edges_missing(selection.artifact.name), "serve an artifact built with it, or drop --cap-edges")
         if config.windowed and not selection.artifact.capabilities.windowed:
@@ -105,6 +107,23 @@ class ServeConfig:
         if config.windowed and config.cap_edges:  # windows decode only the speech already, with its real context
             raise UserError("--windowed and --cap-edges both skip the edge silence", "use one of them (--windowed)")
         return config
+
+    def measured_capacity(self, selection: Selection) -> Capacity | None:
+        """This machine's `bench-serve --capacity` record for the selected artifact in this mode, if any."""
+        art = selection.artifact
+        return measured_capacity(store_of(art).root, art.id, self.mode_name, self.workers)
+
+    def admission(self, selection: Selection, asked: bool) -> str:
+        """The start-up line on the queue limit: asked for, measured here, or the unmeasured default."""
+        line = f"admits {self.max_queue} requests at once"
+        if asked:
+            return line + " (--max-queue)"
+        if (measured := self.measured_capacity(selection)) is not None:
+            return f"{line}: this machine sustains {measured.describe()}"
+        return (
+            f"{line}: the default, as nothing was measured for this artifact in {self.mode_name} mode on this machine "
+            "(bench-serve --capacity measures it, and serve then admits that many)"
+        )
 
 
 def edges_missing(artifact: str | None) -> str:
@@ -115,11 +134,17 @@ def windows_missing(artifact: str | None) -> str:
     return f"windowed needs an ONNX artifact built with the windows stage; {artifact or 'this artifact'} has none"
 
 
-def mode_reason(artifact: Any, asked: bool | None, windowed: bool) -> str:
+def mode_reason(artifact: Any, asked: bool | None, windowed: bool, cap_edges: bool = False) -> str:
     """Why an artifact that can stream windowed serves the mode it does, for the startup line."""
     if not artifact.capabilities.windowed or asked is not None:
         return " (--windowed)" if windowed else " (--no-windowed)" if asked is False else ""
-    record = artifact.build.stage("windows")
+    if cap_edges:
+        return " (--cap-edges: whole jobs, as windows already skip the edge silence)"
+    record = artifact.build.find("windows")
+    if record is None:  # fetched without build.json: the artifact's own files are all there is to quote
+        if windowed:
+            return " (by default: its windows stage measured it within the default budget; no build record to quote)"
+        return " (windowed on request, --windowed)"
     if windowed:
         gate = record.get("gate", {})
         if not gate.get("judged", True):

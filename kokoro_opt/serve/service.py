@@ -115,7 +115,6 @@ class Service:
         art = self.selection.artifact
         created = int(art.path.stat().st_mtime)
         base = {"object": "model", "created": created, "owned_by": "kokoro-opt"}
-        mode = "windowed" if self.config.windowed else "whole"
-        served = {"id": art.id, **base, "name": art.name, "reason": self.selection.reason, "mode": mode,
+        served = {"id": art.id, **base, "name": art.name, "reason": self.selection.reason, "mode": self.config.mode_name,
                   "workers": self.config.workers}  # fmt: skip
         return [served, *({"id": m, **base, "root": art.id} for m in OPENAI_MODELS)]
