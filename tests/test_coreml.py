@@ -68,3 +68,18 @@ def test_best_passes_over_an_evaluated_artifact_this_machine_cannot_run(coreml_a
             client.log_metric(run.info.run_id, key, value)
         client.set_terminated(run.info.run_id)
     assert resolve_artifact("best", coreml_artifact.path.parent.parent, uri).artifact.id == tiny_artifact.id
+
+
+def test_a_job_longer_than_the_decoder_takes_is_cut_at_a_word(coreml_artifact) -> None:
+    """The decoder's frame axis is flexible up to max_tokens x 8 (32 here): slow speech of a long job has more
+    frames, and the synthesizer then speaks it as two utterances cut at the word boundary nearest the middle."""
+    import coremltools as ct
+
+    from kokoro_opt.runtime.coreml import decoder_frame_limit, split_point
+
+    spec = ct.utils.load_spec(str(coreml_artifact.path / "model.mlpackage"))
+    assert decoder_frame_limit(spec) == 32 * 8 == coreml_artifact.build.stage("coreml")["flexible_frames"][1]
+    space = coreml_artifact.kokoro["vocab"][" "]
+    assert split_point([5, 6, space, 7, 8, space, 9, 10, 11, 12], space) == 5  # the space nearest index 5
+    assert split_point([5, 6, 7, 8], space) == 2  # one word: its middle
+    assert split_point([space, 5, 6, space], space) == 2  # never an edge, which would leave an empty half

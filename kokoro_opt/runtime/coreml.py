@@ -9,6 +9,7 @@ ONNX Runtime is never handed model.mlpackage (it fails with a protobuf error nam
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,13 +38,33 @@ class CoreMLSynthesizer(Speaker):
         self.decoder = ct.models.MLModel(
             str(self.artifact.path / "model.mlpackage"), compute_units=getattr(ct.ComputeUnit, compute_units)
         )
+        self.max_frames = decoder_frame_limit(self.decoder.get_spec())
 
     def run_tokens(self, token_ids: list[int], voice: str | np.ndarray, speed: float = 1.0) -> SynthesisResult:
         pack = blend_voice(voice, self.packs) if isinstance(voice, str) else voice
         style = style_for(pack, len(token_ids))
         feeds = model_feeds(token_ids, style, speed)
         asr, f0, noise, durations = self.front.run(None, feeds)
+        if asr.shape[-1] > self.max_frames and len(token_ids) > 1:  # slow speech of a long job: two utterances
+            cut = split_point(token_ids, self.vocab.get(" "))
+            halves = [self.run_tokens(part, pack, speed) for part in (token_ids[:cut], token_ids[cut:])]
+            audio = np.concatenate([h.audio for h in halves])
+            return SynthesisResult(audio, self.sample_rate, np.concatenate([h.durations for h in halves]))
         audio = self.decoder.predict({"asr": asr, "f0": f0, "noise": noise, "style": style})["audio"]
         return SynthesisResult(
             np.asarray(audio, dtype=np.float32).reshape(-1), self.sample_rate, np.asarray(durations).reshape(-1)
         )
+
+
+def decoder_frame_limit(spec: Any) -> int:
+    """The most frames the converted decoder takes: the upper bound of its `asr` input's flexible length, which
+    the coreml stage sets to max_tokens x 8 (room for speech at speed 1; slower speech of a long job has more)."""
+    asr = next(item for item in spec.description.input if item.name == "asr")
+    return int(asr.type.multiArrayType.shapeRange.sizeRanges[-1].upperBound)
+
+
+def split_point(token_ids: list[int], space_id: int | None) -> int:
+    """Where a job too long for the decoder is cut in two: the word boundary nearest its middle, else the middle."""
+    middle = len(token_ids) // 2
+    spaces = [i for i, token in enumerate(token_ids) if token == space_id and 0 < i < len(token_ids) - 1]
+    return min(spaces, key=lambda i: abs(i - middle)) if spaces else middle
