@@ -74,6 +74,13 @@ def tuned_selection(root: Path, notes: list[str] | None = None) -> Selection | N
     artifact = _by_id(root, tuned["artifact_id"])
     if artifact is None:
         return None
+    if (newer := superseded_by(artifact)) is not None:
+        if notes is not None:
+            notes.append(
+                f"{path} was tuned on {artifact.name} {artifact.id}, since built again as {newer.id}: not applied; "
+                f"tune the new build with kokoro-opt tune <recipe> --artifacts {root}"
+            )
+        return None
     session = {k: (tuple(v) if isinstance(v, list) else v) for k, v in tuned.get("session", {}).items()}
     return Selection(
         artifact,
@@ -118,8 +125,16 @@ def _best_evaluated(root: Path, tracking_uri: str | None, machine_id: str) -> di
 
 
 def _runs_here(artifact: Artifact | None) -> bool:
-    """On disk and runnable on this machine: a Core ML artifact another machine ranked first is not a pick off macOS."""
-    return artifact is not None and runtime_problem(artifact) is None
+    """On disk, its recipe's newest build, and runnable on this machine: a Core ML artifact another machine ranked
+    first is not a pick off macOS, and an older build of a recipe built again is not one either (its evaluation may
+    have timed faster by noise, or predate a fix in the code that made it)."""
+    return artifact is not None and superseded_by(artifact) is None and runtime_problem(artifact) is None
+
+
+def superseded_by(artifact: Artifact) -> Artifact | None:
+    """The newer build in the artifact's recipe folder (what `artifacts/<recipe>` names), if there is one."""
+    newest = open_artifact(artifact.path.parent)
+    return None if newest.path == artifact.path else newest
 
 
 def resolve_artifact(

@@ -1,7 +1,8 @@
 """The artifact store: the one place that knows the folder layout and what a manifest holds.
 
     <root>/_cache/<kind>-<key>/     one stage output, addressed by its cache key (contract.Pass)
-    <root>/<recipe>/<key>/          a recipe's result: the last stage's files, hard-linked
+    <root>/<recipe>/<key>/          a recipe's result: the last stage's files, hard-linked; the folder
+                                    built last is the recipe's current build (`best` passes over the rest)
     <root>/_peers/<name>/           models kokoro-opt did not build (kokoro-onnx's int8), for comparison
 
 Every folder is written by `artifacts.build_folder` (temporary folder, rename, lock, file hashes)
@@ -12,6 +13,7 @@ before the last), the reference export; its build.json records what the build me
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +54,11 @@ class Store:
         return open_artifact(build_folder(self.stage_path(kind, key), fill))
 
     def put_recipe(self, recipe: str, key: str, fill: Fill) -> Artifact:
-        return open_artifact(build_folder(self.recipe_path(recipe, key), fill))
+        """The recipe's artifact, built or found; either way it becomes the recipe's newest build (what
+        `artifacts/<recipe>` and `best` take): building an earlier recipe again makes it current again."""
+        folder = build_folder(self.recipe_path(recipe, key), fill)
+        os.utime(folder)
+        return open_artifact(folder)
 
     def put_peer(self, name: str, fill: Fill) -> Artifact:
         return open_artifact(build_folder(self.peer_path(name), fill))

@@ -35,3 +35,19 @@ def held_after_first_job(engine: Any) -> Iterator[threading.Event]:
     finally:
         release.set()
         engine.mode.step = step
+
+
+def record_evaluations(tracking_uri: str, speedups: list[tuple[Any, float]]) -> None:
+    """Evaluation records as `best` reads them, for artifacts this machine cannot evaluate here (a Mac's Core ML)
+    or that a test ranks by a speed-up it chooses: each within the quality budget, `speedups` [(artifact, x fp32)]."""
+    from mlflow.tracking import MlflowClient
+
+    from kokoro_opt.evaluate.tracking import EXPERIMENT_PREFIX, KIND_TAG
+
+    client = MlflowClient(tracking_uri)
+    experiment = client.create_experiment(EXPERIMENT_PREFIX + "evaluations")
+    for artifact, speedup in speedups:
+        run = client.create_run(experiment, tags={KIND_TAG: "evaluation", "artifact_id": artifact.id, "is_reference": "false"})
+        for key, value in {"rtf_p50": 0.1, "bad_outputs": 0.0, "pesq_mean": 4.2, "speedup_vs_reference": speedup}.items():
+            client.log_metric(run.info.run_id, key, value)
+        client.set_terminated(run.info.run_id)

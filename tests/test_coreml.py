@@ -54,19 +54,11 @@ def test_prediction_off_macos_is_a_clear_skip(coreml_artifact) -> None:
 def test_best_passes_over_an_evaluated_artifact_this_machine_cannot_run(coreml_artifact, tiny_artifact, tmp_path) -> None:
     """A team's shared store may rank a Mac's Core ML evaluation first; off macOS `best` serves the fastest
     artifact that runs here instead of refusing to start."""
-    from mlflow.tracking import MlflowClient
-
-    from kokoro_opt.evaluate.tracking import EXPERIMENT_PREFIX, KIND_TAG
     from kokoro_opt.select import resolve_artifact
+    from tests.serve_helpers import record_evaluations
 
     uri = f"sqlite:///{tmp_path / 'shared.db'}"
-    client = MlflowClient(uri)
-    experiment = client.create_experiment(EXPERIMENT_PREFIX + "evaluations")
-    for artifact, speedup in ((coreml_artifact, 5.0), (tiny_artifact, 2.0)):  # the Mac's Core ML run is the fastest
-        run = client.create_run(experiment, tags={KIND_TAG: "evaluation", "artifact_id": artifact.id, "is_reference": "false"})
-        for key, value in {"rtf_p50": 0.1, "bad_outputs": 0.0, "pesq_mean": 4.2, "speedup_vs_reference": speedup}.items():
-            client.log_metric(run.info.run_id, key, value)
-        client.set_terminated(run.info.run_id)
+    record_evaluations(uri, [(coreml_artifact, 5.0), (tiny_artifact, 2.0)])  # the Mac's Core ML run is the fastest
     assert resolve_artifact("best", coreml_artifact.path.parent.parent, uri).artifact.id == tiny_artifact.id
 
 

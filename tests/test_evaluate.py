@@ -369,3 +369,29 @@ def test_mlflow_ui_serves_the_logged_runs(evaluated: EvalResult, store: str) -> 
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_best_and_tuned_settings_follow_a_recipe_built_again(tiny_recipe, tmp_path: Path) -> None:
+    """An older build of a recipe built again is not served: its evaluation may have timed faster by noise, or
+    predate a fix in the code that made it. Building the earlier recipe again makes that build current again."""
+    from kokoro_opt.build import build
+    from kokoro_opt.recipe import parse_recipe
+    from kokoro_opt.select import TUNED_FILE, resolve_artifact
+    from tests.serve_helpers import record_evaluations
+
+    root, uri = tmp_path / "artifacts", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    data = tiny_recipe.model_dump(mode="json", by_alias=True) | {"name": "t-rebuilt"}
+    first = parse_recipe(data)
+    second = parse_recipe(data | {"stages": [{"kind": "simplify", "tool": "none", "ort_level": "basic"}]})
+    older = build(first, root).artifact
+    newer = build(second, root).artifact
+    record_evaluations(uri, [(older, 3.0), (newer, 2.0)])  # the superseded build timed faster
+    assert resolve_artifact("best", root, uri).artifact.id == newer.id
+    assert build(first, root).artifact.id == older.id  # from the cache, and now the recipe's current build
+    assert resolve_artifact("best", root, uri).artifact.id == older.id
+
+    (root / TUNED_FILE).write_text(
+        json.dumps({"artifact_id": newer.id, "machine": fingerprint(), "study": "s", "session": {}, "chunking": {}})
+    )
+    picked = resolve_artifact("best", root, uri)
+    assert picked.artifact.id == older.id and f"since built again as {older.id}: not applied" in picked.reason
