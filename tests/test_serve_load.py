@@ -41,6 +41,14 @@ def body(text: str, **extra: object) -> dict[str, object]:
     return {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm", **extra}
 
 
+def assert_nothing_left_running(url: str) -> None:
+    """A cancelled request's work is gone, by order rather than by waiting: a one-job request sent now is served,
+    and it is the only job run meanwhile (what a cancelled request left queued would be due first)."""
+    jobs = metric(url, "kokoro_jobs_total")
+    assert httpx.post(f"{url}/v1/audio/speech", json=body("Hi.", stream=False), timeout=120).status_code == 200
+    assert metric(url, "kokoro_jobs_total") == jobs + 1 and idle(url)
+
+
 def test_four_concurrent_streams_without_errors(url: str) -> None:
     results: list[tuple[int, int]] = []
 
@@ -72,22 +80,19 @@ def test_beyond_the_queue_limit_gets_429(url: str) -> None:
 def test_disconnect_mid_stream_frees_the_worker_within_one_chunk(served) -> None:
     url, engine = served
     cancelled, dropped = metric(url, "kokoro_cancelled_total"), metric(url, "kokoro_dropped_pieces_total")
-    started = time.perf_counter()
     with held_after_first_job(engine):  # the client leaves mid-stream, however fast the model is
         with httpx.stream("POST", f"{url}/v1/audio/speech", json=body(LONG), timeout=120) as r:
             assert r.status_code == 200
             pieces = r.iter_raw()  # kept: a dropped iterator closes the connection already
             next(pieces)
-            first_chunk = time.perf_counter() - started  # one (small) chunk's synthesis, plus overheads
             assert metric(url, "kokoro_queue_depth") > 0
-        wait_for(lambda: metric(url, "kokoro_cancelled_total") == cancelled + 1, 30)
-    freed = wait_for(lambda: idle(url), 30)
-    assert freed < max(first_chunk, 0.5), (freed, first_chunk)
+            jobs = metric(url, "kokoro_jobs_total")
+        wait_for(lambda: metric(url, "kokoro_cancelled_total") == cancelled + 1, 60)
+    wait_for(lambda: idle(url), 60)
+    assert metric(url, "kokoro_jobs_total") == jobs  # freed after the job it held: no other piece of LONG ran
     assert metric(url, "kokoro_cancelled_total") == cancelled + 1
     assert metric(url, "kokoro_dropped_pieces_total") > dropped
-    audio = metric(url, "kokoro_audio_seconds_total")
-    time.sleep(0.5)
-    assert metric(url, "kokoro_audio_seconds_total") == audio  # generation really stopped
+    assert_nothing_left_running(url)
 
 
 def test_disconnect_without_streaming_stops_generation(served) -> None:
@@ -146,7 +151,7 @@ def test_auth_and_timeout(tiny_artifact) -> None:
     from kokoro_opt.serve.metrics import Metrics
 
     openai = pytest.importorskip("openai")
-    config = ServeConfig(api_key="s3cret", request_timeout=2.0, warmup=False, first_chunk_tokens=20, chunk_tokens=120)
+    config = ServeConfig(api_key="s3cret", request_timeout=5.0, warmup=False, first_chunk_tokens=20, chunk_tokens=120)
     selection = resolve_artifact(str(tiny_artifact.path))
     engine = Engine(selection, config, Metrics())
     with running(selection, config, engine=engine) as base:

@@ -204,7 +204,7 @@ def _recipe(env: dict[str, Any], name: str, **extra: Any) -> Path:
                   "graph_optimization_level": ["basic", "all"], "first_chunk_tokens": [6, 10], "chunk_tokens": [16]},
         "measure": {"paragraph": "Hi there, friend. Bye.", "rtf_text": "Hi.", "warmup": 0, "ttfa_runs": 1, "rtf_runs": 1},
         "prune": {"enabled": False}, "quality": {"evaluate_missing": False}, "best": {"max_rtf_p50": None},
-        "compare_rounds": 1, "workers": {"heartbeat_seconds": 1, "stale_after_seconds": 2}, **extra,
+        "compare_rounds": 1, "workers": {"heartbeat_seconds": 1, "stale_after_seconds": 10}, **extra,
     }  # fmt: skip
     path = env["base"] / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
