@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kokoro_opt.errors import UserError
+from kokoro_opt.errors import UserError, read_json_object
 from kokoro_opt.hashing import file_sha256
 from kokoro_opt.machine import installed_versions
 from kokoro_opt.manifest import (
@@ -155,7 +155,7 @@ class Artifact:
     def windowed_by_default(self) -> bool:
         """`serve` streams it windowed unless told otherwise: it can, and its windows stage measured the windowed
         speech within the stage's default_budget (the whole decoding's quality, recipe.WHOLE_QUALITY)."""
-        return self.capabilities.windowed and bool(self.kokoro.get("windows", {}).get(WINDOWED_BY_DEFAULT))
+        return self.capabilities.windowed and self.kokoro.get("windows", {}).get(WINDOWED_BY_DEFAULT) is True
 
     @cached_property
     def build(self) -> BuildRecord:
@@ -170,11 +170,44 @@ class Artifact:
 
     @property
     def kokoro(self) -> dict[str, Any]:
-        return json.loads((self.path / "kokoro.json").read_text(encoding="utf-8"))
+        """kokoro.json: what running the artifact needs besides its graphs (vocab, sample rate, the windows stage's
+        settings, ...). Checked where it is read, as a fetched artifact's files are untrusted."""
+        return checked_kokoro(read_json_object(self.path / "kokoro.json", _FETCH_AGAIN), self.path / "kokoro.json")
 
     def voice_packs(self) -> dict[str, np.ndarray]:
-        with np.load(self.path / "voices.npz") as packs:
-            return {name: packs[name] for name in packs.files}
+        """Each voice's style table: (positions, 1, style width) floats, one shape for all, every value finite."""
+        path = self.path / "voices.npz"
+        try:
+            with np.load(path) as stored:  # allow_pickle=False: an object array is refused, never unpickled
+                packs = {name: stored[name] for name in stored.files}
+        except (OSError, ValueError, EOFError) as exc:
+            raise UserError(f"{path} is not readable ({exc})", _FETCH_AGAIN) from None
+        shapes = {pack.shape for pack in packs.values()}
+        bad = [n for n, p in packs.items() if p.dtype.kind != "f" or p.ndim != 3 or p.shape[1] != 1 or not np.isfinite(p).all()]
+        if not packs or bad or len(shapes) != 1 or min(next(iter(shapes))) < 1:
+            detail = f"{bad[0]} is a {packs[bad[0]].dtype} array of shape {packs[bad[0]].shape}" if bad else f"shapes {shapes}"
+            raise UserError(f"{path} does not hold voice style tables ({detail})", _FETCH_AGAIN)
+        return packs
+
+
+_FETCH_AGAIN = "rebuild the artifact, or fetch it again"
+
+
+def checked_kokoro(meta: dict[str, Any], path: Path) -> dict[str, Any]:
+    """kokoro.json's fields of known type, or one UserError naming the first that is not."""
+    vocab, windows = meta.get("vocab", {}), meta.get("windows", {})
+    problem = None
+    if not (isinstance(vocab, dict) and all(isinstance(k, str) and type(v) is int and 0 <= v < 1024 for k, v in vocab.items())):
+        problem = "vocab is not a map of symbols to token ids"
+    elif not (type(meta.get("sample_rate", 24_000)) is int and 8_000 <= meta.get("sample_rate", 24_000) <= 192_000):
+        problem = "sample_rate is not a rate in Hz"
+    elif type(meta.get("audio_gain", 1.0)) not in (int, float) or not 0 < meta.get("audio_gain", 1.0) < 1e3:
+        problem = "audio_gain is not a positive gain"
+    elif not (isinstance(windows, dict) and all(type(v) in (int, float, bool) for v in windows.values())):
+        problem = "windows is not a map of settings to numbers"
+    if problem:
+        raise UserError(f"{path}: {problem}", _FETCH_AGAIN)
+    return meta
 
 
 def open_artifact(path: str | Path) -> Artifact:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 
@@ -18,3 +20,21 @@ class UserError(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:  # the hint survives a process boundary (select.py reads MLflow in a child)
         return (type(self), (self.message, self.hint))
+
+
+def read_json(path: Path, hint: str) -> Any:
+    """A JSON file that did not come from this code run (fetched, hand-edited, written by another version): any way it
+    is unreadable is one UserError naming the file. That includes bad UTF-8, and nesting deep enough to exhaust the
+    parser's recursion (a RecursionError, not a ValueError)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UserError(f"{path} is not readable JSON ({type(exc).__name__}: {str(exc)[:200]})", hint) from None
+
+
+def read_json_object(path: Path, hint: str) -> dict[str, Any]:
+    """`read_json`, and it must hold a JSON object."""
+    data = read_json(path, hint)
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds a JSON {type(data).__name__}, not an object", hint)
+    return data

@@ -91,7 +91,7 @@ def read_lock(path: Path) -> dict[str, StageLock]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return {slot: StageLock(**entry) for slot, entry in data["stages"].items()}
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise UserError(
             f"lock file {path} is not readable ({exc})", "delete it, or rebuild with --reanalyze to rewrite it"
         ) from None

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from kokoro_opt.errors import UserError
+from kokoro_opt.errors import UserError, read_json
 
 MANIFEST = "manifest.json"
 BUILD_RECORD = "build.json"
@@ -177,12 +177,7 @@ def parse_manifest(data: Any, origin: str) -> Manifest:
 
 
 def read_manifest(folder: Path) -> Manifest:
-    path = folder / MANIFEST
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path} is not readable ({exc})", "rebuild the artifact") from None
-    return parse_manifest(data, str(folder))
+    return parse_manifest(read_json(folder / MANIFEST, "rebuild the artifact, or fetch it again"), str(folder))
 
 
 def read_build_record(folder: Path) -> BuildRecord:
@@ -190,7 +185,8 @@ def read_build_record(folder: Path) -> BuildRecord:
     path = folder / BUILD_RECORD
     if not path.is_file():
         return BuildRecord()
+    data = read_json(path, "rebuild the artifact, or fetch it again")
     try:
-        return BuildRecord.model_validate(json.loads(path.read_text(encoding="utf-8")))
-    except (ValueError, ValidationError) as exc:
-        raise UserError(f"{path} is not readable ({exc})", "rebuild the artifact") from None
+        return BuildRecord.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(f"{path} is not a build record ({exc.error_count()} problems)", "rebuild the artifact") from None

@@ -114,6 +114,22 @@ def ordinal(n: int) -> str:
     return _digits(n) + "th" if n >= 10**15 else num2words(n, to="ordinal").replace(",", "")
 
 
+# Past 15 digits a number is an ID or a card number, read digit by digit, and never through int(): Python refuses
+# to convert a string of more than 4,300 digits (a ValueError, where untrusted text must not break the request).
+_LONGEST_QUANTITY = 15
+
+
+def _whole(digits: str) -> str:
+    """A run of digits as a quantity ('1234' -> 'one thousand two hundred thirty-four'), or digit by digit."""
+    if len(digits) > _LONGEST_QUANTITY:
+        return " ".join(_DIGITS[int(d)] for d in digits)
+    return cardinal(int(digits or "0"))
+
+
+def _ordinal_of(digits: str) -> str:
+    return _whole(digits) + "th" if len(digits) > _LONGEST_QUANTITY else ordinal(int(digits))
+
+
 def year(n: int) -> str:
     return num2words(n, to="year").replace(",", "") if 1100 <= n <= 2099 else cardinal(n)
 
@@ -124,7 +140,7 @@ def number(s: str) -> str:
     whole, _, frac = s.partition(".")
     # "007" is read digit by digit
     leading_zero = len(whole) > 1 and whole.startswith("0")
-    words = " ".join(_DIGITS[int(d)] for d in whole) if leading_zero else cardinal(int(whole or "0"))
+    words = " ".join(_DIGITS[int(d)] for d in whole) if leading_zero else _whole(whole)
     if frac:
         words += " point " + " ".join(_DIGITS[int(d)] for d in frac)
     return words
@@ -214,10 +230,10 @@ def _money(m: re.Match[str]) -> str:
     if scale:  # "$3.5 million" -> "three point five million dollars"
         return f"{number(amount)} {scale} {many}"
     whole_s, _, frac = amount.replace(",", "").partition(".")
-    whole, cents = int(whole_s or "0"), int((frac + "0")[:2]) if frac else 0
+    cents = int((frac + "0")[:2]) if frac else 0
     parts = []
-    if whole or not cents:
-        parts.append(f"{cardinal(whole)} {one if whole == 1 else many}")
+    if whole_s.strip("0") or not cents:
+        parts.append(f"{_whole(whole_s)} {one if whole_s.lstrip('0') == '1' else many}")
     if cents:
         parts.append(f"{cardinal(cents)} {sub_one if cents == 1 else sub_many}")
     return " ".join(parts)
@@ -266,7 +282,7 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(rf"{_NUM_START}({_NUM})\s?({_UNIT_RE})(?![\w/])"), _unit),
     (re.compile(r"\b(1[1-9]|20)(\d0)s\b"), lambda m: _plural(year(int(m.group(1) + m.group(2))))),
     (re.compile(r"'(\d0)s\b"), lambda m: _plural(cardinal(int(m.group(1))))),
-    (re.compile(r"(?i)\b(\d+)(st|nd|rd|th)\b"), lambda m: ordinal(int(m.group(1)))),
+    (re.compile(r"(?i)\b(\d+)(st|nd|rd|th)\b"), lambda m: _ordinal_of(m.group(1))),
     (re.compile(r"#(?=\d)"), "number "),
     # versions and addresses: "2.0.1" -> "two point zero point one"
     (re.compile(r"\b\d+(?:\.\d+){2,}\b"), lambda m: " point ".join(number(p) for p in m.group(0).split("."))),

@@ -141,6 +141,7 @@ def _pushed_runs(client: Any, artifact_id: str, exact: bool = True, place: str |
     match = f"= '{artifact_id}'" if exact else f"LIKE '{artifact_id}%'"
     query = f"tags.{KIND_TAG} = '{PUSHED_KIND}' and tags.artifact_id {match} and attributes.status = 'FINISHED'"
     runs = client.search_runs([found.experiment_id], query + (f" and tags.store_place = '{place}'" if place else ""))
+    runs = [r for r in runs if r.data.tags.get("artifact_id", "").startswith(artifact_id)]  # LIKE reads '_' as any one
     return sorted(runs, key=lambda r: r.data.tags.get("store_place", "").startswith("_"))
 
 
@@ -270,6 +271,8 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
         listed = _listing(client, run.info.run_id, origin)
         if MANIFEST not in listed:
             raise UserError(f"{origin}: no {MANIFEST} in its files", "push it again with this version of kokoro-opt")
+        if (listed[MANIFEST] or 0) > _MANIFEST_LIMIT:  # the listing's size, before a byte of it is downloaded
+            raise UserError(f"{origin}: its {MANIFEST} is {listed[MANIFEST]} bytes", _PUSH_AGAIN)
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=root) as download:
             manifest = _read_manifest(client, run.info.run_id, download, origin)
             if manifest.id != artifact_id:
@@ -324,5 +327,5 @@ def fetch_artifact(spec: str, root: Path, tracking_uri: str | None = None, say: 
 def _read_json(path: Path, origin: str) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{origin}: {path.name} is not readable JSON ({exc})", "push it again") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UserError(f"{origin}: {path.name} is not readable JSON ({type(exc).__name__})", "push it again") from None

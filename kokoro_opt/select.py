@@ -18,15 +18,16 @@ the reason and the ONNX artifact to serve instead, before any server starts.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from kokoro_opt.artifacts import Artifact, open_artifact
-from kokoro_opt.errors import UserError
+from kokoro_opt.errors import UserError, read_json_object
 from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.runtime.session import SessionSettings
 from kokoro_opt.store import Store
@@ -58,8 +59,8 @@ def tuned_selection(root: Path, notes: list[str] | None = None) -> Selection | N
     path = root / TUNED_FILE
     if not path.is_file():
         return None
-    tuned = json.loads(path.read_text(encoding="utf-8"))
-    tuned_on = tuned.get("machine", {})
+    tuned = read_tuned(path)
+    tuned_on = tuned["machine"]
     if not same_machine(tuned_on, fingerprint()):
         if notes is not None:
             notes.append(
@@ -81,13 +82,41 @@ def tuned_selection(root: Path, notes: list[str] | None = None) -> Selection | N
                 f"tune the new build with kokoro-opt tune <recipe> --artifacts {root}"
             )
         return None
-    session = {k: (tuple(v) if isinstance(v, list) else v) for k, v in tuned.get("session", {}).items()}
-    return Selection(
-        artifact,
-        SessionSettings(**session),
-        dict(tuned.get("chunking", {})),
-        f"tuned by study '{tuned.get('study', '?')}' ({path})",
-    )
+    return Selection(artifact, tuned["session"], tuned["chunking"], f"tuned by study '{tuned['study']}' ({path})")
+
+
+class _TunedChunking(BaseModel):
+    """What tune writes of the serving settings (tuning.space.TrialSettings.chunking): these keys only, as numbers."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    first_chunk_tokens: int | None = None
+    chunk_tokens: int | None = None
+    crossfade_ms: float | int | None = None
+    first_window_steps: int | None = None
+
+
+class _TunedFile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    artifact_id: str
+    machine: dict[str, Any] = Field(default_factory=dict)
+    applied: bool = True
+    not_applied: str | None = None
+    study: str = "?"
+    session: SessionSettings = Field(default_factory=SessionSettings)
+    chunking: _TunedChunking = Field(default_factory=_TunedChunking)
+
+
+def read_tuned(path: Path) -> dict[str, Any]:
+    """tuned.json, checked: the machine, session settings and chunking of known fields and types (a file anyone
+    can edit must not set the server's api key or switch a limit off), or one UserError naming the field."""
+    hint = f"delete {path}, or tune again: kokoro-opt tune <recipe> --artifacts {path.parent}"
+    try:
+        tuned = _TunedFile.model_validate(read_json_object(path, hint))
+    except ValidationError as exc:
+        where = ".".join(str(part) for part in exc.errors()[0]["loc"])
+        raise UserError(f"{path}: field '{where}': {exc.errors()[0]['msg']}", hint) from None
+    kept = tuned.model_dump(include={"artifact_id", "machine", "applied", "not_applied", "study"})
+    return {**kept, "session": tuned.session, "chunking": tuned.chunking.model_dump(exclude_none=True)}
 
 
 def evaluated_selection(root: Path, tracking_uri: str | None) -> Selection | None:

@@ -194,6 +194,27 @@ def test_a_plan_naming_a_file_outside_its_folder_is_refused(fused_artifact, tmp_
         FusedGenerator(folder)
 
 
+def test_a_plan_whose_constants_do_not_cover_the_channels_is_refused(fused_artifact, tmp_path) -> None:
+    """The kernels read one constant per channel row: a plan (a file) giving one for all is an error, never a read
+    past the end of an array."""
+    import json
+    import shutil
+
+    folder = tmp_path / FUSED_DIR
+    shutil.copytree(fused_artifact.path / FUSED_DIR, folder)
+    plan = json.loads((folder / "plan.json").read_text())
+    spec = next(c for step in plan["steps"] for c in step.get("chains", ()) if c["kind"] != "sum")
+    spec.update(norm_scale="one", norm_bias="one", post_gain=None)
+    with np.load(folder / "constants.npz") as stored:
+        constants = {k: stored[k] for k in stored.files}
+    constants["one"] = np.ones(1, np.float32)  # every per-channel constant of the chain a single value
+    constants.update({f"{spec['name']}.{key}": np.ones(1, np.float32) for key in ("qscale", "qzero", "scale", "zero")})
+    np.savez(folder / "constants.npz", **constants)
+    (folder / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(ValueError, match="1 channel constants for"):
+        FusedGenerator(folder).run(generator_feeds(fused_artifact, list(range(20, 60))))
+
+
 def test_a_generator_without_int8_chains_is_refused_with_the_fix(tiny_recipe, artifacts_root) -> None:
     """Snake without the quantize stage leaves float chains only: nothing for the kernels, and one clear error."""
     from kokoro_opt.errors import UserError

@@ -393,6 +393,41 @@ def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, t
     assert measured_capacity(root, tiny_artifact.id, ServeConfig(cap_edges=True).mode_name, 1) is None
 
 
+@pytest.mark.parametrize(
+    "entry",
+    [1, {"streams": "5"}, {"streams": None}, {"streams": 1e9}, {"streams": True}, {"ttfa_limit": "x"},
+     {"ttfa_limit": math.nan}, {"measured": 5}, {"machine": "here"}],
+)  # fmt: skip
+def test_a_capacity_record_that_is_not_one_is_passed_over(tmp_path: Path, entry: Any) -> None:
+    """capacity.json is a file anyone can edit: an entry of the wrong types is skipped (serve falls back to the
+    default and says so), never a traceback, and no value can switch admission off."""
+    import json
+
+    from kokoro_opt.machine import fingerprint
+    from kokoro_opt.serve.capacity import measured_capacity
+
+    good = {"artifact_id": "a", "mode": "whole", "workers": 1, "streams": 3, "machine": fingerprint(), "measured": "2026"}
+    bad = {**good, "streams": 7, **entry} if isinstance(entry, dict) else entry
+    (tmp_path / "capacity.json").write_text(json.dumps({"measurements": [good, bad]}))
+    assert measured_capacity(tmp_path, "a", "whole", 1).streams == 3
+    (tmp_path / "capacity.json").write_text("[" * 100_000)
+    assert measured_capacity(tmp_path, "a", "whole", 1) is None
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"max_queue": math.nan}, {"max_queue": 2.5}, {"max_queue": True}, {"first_chunk_tokens": "40"},
+     {"crossfade_ms": math.nan}, {"crossfade_ms": 2e5}, {"request_timeout": math.inf}, {"first_window_steps": 12.0}],
+)  # fmt: skip
+def test_serve_settings_are_numbers_of_their_kind(setting: dict[str, Any]) -> None:
+    """A NaN limit compares False and would switch its check off; a string would fail on first use."""
+    from kokoro_opt.errors import UserError
+    from kokoro_opt.serve import ServeConfig
+
+    with pytest.raises(UserError, match=f"^{next(iter(setting))} must be"):
+        ServeConfig(**setting)
+
+
 def test_capacity_records_of_other_versions_are_read(tmp_path: Path) -> None:
     """A record written before the TTFA limit was kept, or by a newer version with fields this one lacks."""
     import json

@@ -87,6 +87,13 @@ def test_normalize_leaves_no_digits_in_prose() -> None:
     assert not re.search(r"\d", normalize_text(PARAGRAPH))
 
 
+@pytest.mark.parametrize("text", ["1" * 4301, "$" + "9" * 5000 + ".50", "1" + ",000" * 1500, "7" * 5000 + "th", "-" + "4" * 4400])
+def test_a_number_longer_than_python_converts_is_read_digit_by_digit(text: str) -> None:
+    """Untrusted text: past 4,300 digits int() refuses (ValueError), and a request must not fail on it."""
+    words = normalize_text(text).split()
+    assert not re.search(r"\d", " ".join(words)) and len(words) > 4300
+
+
 # ---- sentences --------------------------------------------------------------------------------------------
 
 

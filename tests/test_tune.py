@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -302,6 +303,25 @@ def test_tuned_settings_from_another_machine_are_not_applied_silently(tmp_path: 
     assert tuned_selection(tmp_path, notes) is None
     assert len(notes) == 1 and "tuned on another machine (Other CPU, id 0123456789ab)" in notes[0]
     assert "kokoro-opt tune" in notes[0]
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [("{", "is not readable JSON"), ("[]", "holds a JSON list"), ("[" * 100_000, "RecursionError"),
+     ('{"machine": {}}', "field 'artifact_id'"), ('{"artifact_id": "a", "machine": "x"}', "field 'machine'"),
+     ('{"artifact_id": "a", "chunking": {"api_key": "x"}}', "field 'chunking.api_key'"),
+     ('{"artifact_id": "a", "chunking": {"max_queue": 1e9}}', "field 'chunking.max_queue'"),
+     ('{"artifact_id": "a", "chunking": {"first_chunk_tokens": "40"}}', "field 'chunking.first_chunk_tokens'"),
+     ('{"artifact_id": "a", "session": {"intra_op_num_threads": "many"}}', "field 'session.intra_op_num_threads'")],
+)  # fmt: skip
+def test_a_tuned_file_that_is_not_one_is_a_clear_error(tmp_path: Path, content: str, match: str) -> None:
+    """tuned.json is a file anyone can edit: it sets the serving settings tune writes, of their types, and nothing
+    else (not the api key, not a limit), or serve stops with one line naming the field."""
+    from kokoro_opt.select import tuned_selection
+
+    (tmp_path / "tuned.json").write_text(content)
+    with pytest.raises(UserError, match=re.escape(match)):
+        tuned_selection(tmp_path, [])
 
 
 def test_tuned_settings_that_lost_to_the_defaults_side_by_side_are_not_applied(tmp_path: Path) -> None:

@@ -31,7 +31,8 @@ def tracking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def craft(tracking: str, artifact_id: str, files: dict[str, bytes], *, manifest_files: dict[str, str] | None = None,
-          place: str | None = None, declared: dict[str, int] | None = None) -> None:  # fmt: skip
+          place: str | None = None, declared: dict[str, int] | None = None,
+          manifest_text: str | None = None) -> None:  # fmt: skip
     """A finished push run as a hostile machine could make it: any tags, any manifest, any files. The manifest
     lists `manifest_files` (name: sha256) or the files themselves, each with its size or the `declared` one."""
     from mlflow.tracking import MlflowClient
@@ -47,7 +48,7 @@ def craft(tracking: str, artifact_id: str, files: dict[str, bytes], *, manifest_
         sizes = {n: len(data) for n, data in files.items()} | (declared or {})
         listed = {name: {"sha256": sha, "size": sizes.get(name, 1)} for name, sha in hashes.items()}
         manifest = {"format": 2, "id": artifact_id, "kind": "recipe", "files": listed}
-        (Path(folder) / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+        (Path(folder) / MANIFEST).write_text(manifest_text or json.dumps(manifest), encoding="utf-8")
         run_tags = {KIND_TAG: PUSHED_KIND, "artifact_id": artifact_id, "artifact_name": "tiny",
                     "store_place": place or f"tiny/{artifact_id}"}  # fmt: skip
         run = client.create_run(experiment, tags=run_tags)
@@ -109,6 +110,60 @@ def test_a_file_the_manifest_does_not_name_is_refused_before_download(tracking: 
     artifact_id = "d00dd00dd00dd00d"
     craft(tracking, artifact_id, {"voices.npz": b"x", "extra.bin": b"y" * 1000}, manifest_files={"voices.npz": "0" * 64})
     refused(tracking, tmp_path / "machine", artifact_id, "extra.bin is not in its manifest")
+
+
+def test_a_manifest_too_deep_or_too_large_to_read_is_refused(tracking: str, tmp_path: Path) -> None:
+    craft(tracking, "e0e0e0e0e0e0e0e0", {"voices.npz": b"x"}, manifest_text="[" * 200_000)  # past the parser's recursion
+    refused(tracking, tmp_path / "deep", "e0e0e0e0e0e0e0e0", "is not readable JSON")
+    craft(tracking, "e0e0e0e0e0e0e0e1", {"voices.npz": b"x"}, manifest_text=" " * (2 << 20))
+    refused(tracking, tmp_path / "large", "e0e0e0e0e0e0e0e1", r"its manifest\.json is 2097152 bytes")  # from the listing
+
+
+def test_an_underscore_in_a_prefix_is_a_character_not_a_wildcard(tracking: str, tmp_path: Path) -> None:
+    craft(tracking, "f0f0aaaaf0f0aaaa", {"voices.npz": b"x"})
+    root = tmp_path / "machine" / "artifacts"
+    assert fetch_artifact("f0f0_a", root, tracking, say=lambda _: None) is None  # SQL's LIKE would match f0f0aa...
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "match"),
+    [("kokoro.json", b'{"windows": "x"}', "windows is not a map"),
+     ("kokoro.json", b'{"vocab": {"a": "1"}}', "vocab is not a map"),
+     ("kokoro.json", b"[" * 100_000, "is not readable JSON"),
+     ("voices.npz", "strings", "does not hold voice style tables"),
+     ("voices.npz", "two shapes", "does not hold voice style tables"),
+     ("build.json", b"[" * 100_000, "is not readable JSON")],
+)  # fmt: skip
+def test_hostile_contents_of_an_artifact_are_one_clear_error(
+    tiny_artifact: Artifact, tmp_path: Path, name: str, content: bytes | str, match: str
+) -> None:
+    """A pushed artifact's files match its manifest, but a hostile machine wrote both: what they hold is checked
+    where it is read, and speaking with it is one UserError, not a traceback or a 500 per request."""
+    import io
+
+    import numpy as np
+
+    from kokoro_opt.artifacts import open_artifact
+    from kokoro_opt.runtime.synth import Synthesizer
+    from kokoro_opt.serve.config import mode_reason
+
+    folder = tmp_path / "tiny" / tiny_artifact.id
+    link_or_copy(tiny_artifact.path, folder)
+    if content == "strings":
+        buffer = io.BytesIO()
+        np.savez(buffer, tiny_0=np.array(["a", "b"]))
+        content = buffer.getvalue()
+    elif content == "two shapes":
+        buffer = io.BytesIO()
+        np.savez(buffer, tiny_0=np.zeros((510, 1, 256), np.float32), tiny_1=np.zeros((10, 256), np.float32))
+        content = buffer.getvalue()
+    (folder / name).unlink()  # a hard link to the fixture's file: replaced, not written through
+    (folder / name).write_bytes(content)
+    with pytest.raises(UserError, match=match):
+        artifact = open_artifact(folder)
+        mode_reason(artifact, None, artifact.windowed_by_default)
+        assert artifact.build is not None  # what serve's start line and evaluate read
+        Synthesizer(artifact, load=False)
 
 
 def test_a_genuine_push_fetches_with_its_record(tracking: str, tiny_artifact: Artifact, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ workers."""
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from pathlib import Path
@@ -135,6 +136,15 @@ def test_a_windowed_artifact_fetched_without_its_build_record_streams_windowed(w
     assert fetched.build.stages == [] and ServeConfig.for_selection(Selection(fetched)).windowed
     assert "no build record" in mode_reason(fetched, None, True)
     assert mode_reason(fetched, None, False) == " (windowed on request, --windowed)"
+    # a record another machine wrote: the start line quotes its numbers only
+    hostile = {"stages": [{"stage": "windows", "gate": {"pesq_mean": "4.4", "judged": "no"}, "below_default_budget": [1]}]}
+    (folder / "build.json").write_text(json.dumps(hostile))
+    fetched = open_artifact(folder)
+    assert mode_reason(fetched, None, True).endswith("measured within its default budget; --no-windowed for whole jobs)")
+    assert mode_reason(fetched, None, False) == " (windowed on request, --windowed: 1)"
+    hostile["stages"][0]["gate"] = "x"
+    (folder / "build.json").write_text(json.dumps(hostile))
+    assert "within its default budget" in mode_reason(open_artifact(folder), None, True)
 
 
 def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -> None:

@@ -8,7 +8,6 @@ then, which the generator carries as it carries any float noise (the stage's gat
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -17,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kokoro_opt.errors import UserError
+from kokoro_opt.errors import UserError, read_json_object
 from kokoro_opt.runtime.glue import ChainArgs, Kernels, per_channel
 from kokoro_opt.runtime.session import SessionSettings, make_session
 
@@ -32,7 +31,10 @@ class FusedGenerator:
 
     def __init__(self, folder: Path, settings: SessionSettings | None = None, spinning: Any = "in_run") -> None:
         settings = settings or SessionSettings()
-        self.plan = json.loads((folder / PLAN_FILE).read_text())
+        self.plan = read_json_object(folder / PLAN_FILE, "rebuild or fetch the artifact again")
+        steps, outputs = self.plan.get("steps"), self.plan.get("outputs")
+        if not (isinstance(steps, list) and all(isinstance(s, dict) for s in steps) and isinstance(outputs, list) and outputs):
+            raise UserError(f"{folder / PLAN_FILE} is not a fused generator's plan", "rebuild or fetch the artifact again")
         with np.load(folder / CONSTANTS_FILE) as stored:
             self.constants = {k: stored[k] for k in stored.files}
         self._held: dict[tuple[str, int], np.ndarray] = {}  # constants as the kernels read them (_constant)
@@ -90,6 +92,8 @@ class FusedGenerator:
         if source.ndim != 3 or (spec["kind"] == "residual" and env[spec["q"]].shape != shape):
             raise ValueError(f"{name}: inputs of shapes {source.shape} and {env[spec.get('q', spec['x'])].shape}")
         flat = (int(np.prod(shape[:-1])), shape[-1])
+        if scale.size != flat[0]:  # the kernels read one constant per row: the plan (a file) must not say otherwise
+            raise ValueError(f"{name}: {scale.size} channel constants for {flat[0]} channels")
         out = np.empty(shape, np.uint8)
         if spec["kind"] == "level":
             self.kernels.level_chain(source.reshape(flat), args, out.reshape(flat))

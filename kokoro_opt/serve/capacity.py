@@ -128,10 +128,25 @@ def _key(c: Capacity) -> tuple[str, str, int, Any]:
 
 
 def _read(root: Path) -> list[Capacity]:
+    """The records kept, each checked: a record that is not one (a hand edit, another tool) is passed over, so
+    serve falls back to the default for it and says so; none of its values can switch admission off."""
     path = root / CAPACITY_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        known = {f.name for f in fields(Capacity)}  # a newer version's extra fields are not this one's
-        return [Capacity(**{k: v for k, v in entry.items() if k in known}) for entry in data["measurements"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []  # none yet, or unreadable: serve falls back to the default and says so
+        entries = json.loads(path.read_text(encoding="utf-8"))["measurements"]
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+        return []  # none yet, or unreadable
+    return [kept for entry in entries if (kept := _record(entry)) is not None] if isinstance(entries, list) else []
+
+
+def _record(entry: Any) -> Capacity | None:
+    if not isinstance(entry, dict):
+        return None
+    known = {f.name for f in fields(Capacity)}  # a newer version's extra fields are not this one's
+    try:
+        c = Capacity(**{k: v for k, v in entry.items() if k in known})
+    except TypeError:  # a field missing
+        return None
+    texts = all(isinstance(v, str) for v in (c.artifact_id, c.mode, c.measured)) and isinstance(c.machine, dict)
+    counts = type(c.workers) is int and type(c.streams) is int and 0 <= c.streams <= max(COUNTS)
+    limit = type(c.ttfa_limit) in (int, float) and 0 < c.ttfa_limit <= TTFA_P95_CEILING
+    return c if texts and counts and limit else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -12,6 +13,11 @@ from kokoro_opt.store import store_of
 from kokoro_opt.text import CONTEXT_TOKENS
 
 MAX_WORKERS = 2  # what was measured (docs/serving.md)
+MAX_CROSSFADE_MS = 200.0  # a seam's crossfade: longer ones blur the words on each side
+_COUNTS = ("first_chunk_tokens", "chunk_tokens", "piece_tokens", "first_window_steps", "workers", "max_queue",
+           "max_input_chars", "max_input_tokens", "max_body_bytes")  # fmt: skip
+_OPTIONAL = ("piece_tokens", "first_window_steps")
+_SECONDS_AND_SIZES = ("crossfade_ms", "request_timeout", "body_timeout", "drain_timeout", "audio_cache_mb")
 
 
 @dataclass(frozen=True)
@@ -42,9 +48,18 @@ class ServeConfig:
     audio_cache_mb: float = 8.0  # finished responses kept for repeats (cache.py): ~130 phrases as pcm; 0: off
 
     def __post_init__(self) -> None:
+        # settings also come from files (tuned.json): a NaN limit would compare False and switch its check off
+        for name in _COUNTS:
+            if not (type(value := getattr(self, name)) is int or (value is None and name in _OPTIONAL)):
+                raise UserError(f"{name} must be a whole number, not {value!r}")
+        for name in _SECONDS_AND_SIZES:
+            if not (type(value := getattr(self, name)) in (int, float) and math.isfinite(value)):
+                raise UserError(f"{name} must be a finite number, not {value!r}")
         for name in ("first_chunk_tokens", "chunk_tokens", "max_queue", "max_input_chars", "max_input_tokens", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be at least 1", "use a positive number")
+        if self.crossfade_ms > MAX_CROSSFADE_MS:
+            raise UserError(f"crossfade_ms must be at most {MAX_CROSSFADE_MS}, not {self.crossfade_ms}", "use e.g. 10")
         if not self.first_chunk_tokens <= self.chunk_tokens <= CONTEXT_TOKENS:
             raise UserError(
                 f"chunk sizes {self.first_chunk_tokens}/{self.chunk_tokens} are out of order",
@@ -145,14 +160,17 @@ def mode_reason(artifact: Any, asked: bool | None, windowed: bool, cap_edges: bo
         if windowed:
             return " (by default: its windows stage measured it within the default budget; no build record to quote)"
         return " (windowed on request, --windowed)"
-    if windowed:
-        gate = record.get("gate", {})
-        if not gate.get("judged", True):
+    if windowed:  # the record may come from another machine: only numbers are quoted
+        gate = record.get("gate") if isinstance(record.get("gate"), dict) else {}
+        if gate.get("judged", True) is False:
             return " (by default: random weights make no speech for the windows gate to judge)"
-        measured = ", ".join(f"{name} {gate[key]:.2f}{unit}" for name, key, unit in GATE_FIGURES if gate.get(key) is not None)
+        figures = [(name, gate.get(key), unit) for name, key, unit in GATE_FIGURES]
+        measured = ", ".join(f"{name} {value:.2f}{unit}" for name, value, unit in figures if type(value) in (int, float))
+        measured = measured or "within its default budget"
         return f" (by default: windowed vs whole decoding measured {measured}; --no-windowed for whole jobs)"
-    below = record.get("below_default_budget", [])
-    return " (windowed on request, --windowed: " + ("; ".join(below) or "built before the default budget") + ")"
+    below = record.get("below_default_budget")
+    reasons = "; ".join(str(r)[:200] for r in below) if isinstance(below, list) else ""
+    return " (windowed on request, --windowed: " + (reasons or "built before the default budget") + ")"
 
 
 GATE_FIGURES = (  # what the startup line quotes of the windows gate
