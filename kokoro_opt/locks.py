@@ -133,9 +133,8 @@ def write_lock(path: Path, recipe: str, entries: dict[str, StageLock]) -> None:
     write_json_atomic(path, data)
 
 
-def new_entry(
-    decision_key: str, record: dict[str, Any], machine: dict[str, Any], files: dict[str, str] | None = None
-) -> StageLock:
+def new_entry(decision_key: str, record: dict[str, Any], machine: dict[str, Any]) -> StageLock:
+    """A stage's measured decisions as a lock entry; its decision files are added once they are kept (keep_files)."""
     return StageLock(
         decision_key=decision_key,
         decisions=record["decisions"],

@@ -37,17 +37,18 @@ def held_after_first_job(engine: Any) -> Iterator[threading.Event]:
         engine.mode.step = step
 
 
-def record_evaluations(tracking_uri: str, speedups: list[tuple[Any, float]]) -> None:
-    """Evaluation records as `best` reads them, for artifacts this machine cannot evaluate here (a Mac's Core ML)
-    or that a test ranks by a speed-up it chooses: each within the quality budget, `speedups` [(artifact, x fp32)]."""
+def record_evaluations(tracking_uri: str, metrics: list[tuple[str, dict[str, float]]]) -> None:
+    """Finished evaluation records as `best` and `tune` read them, one per (artifact id, metrics), each within the
+    quality budget unless its metrics say otherwise: for artifacts this machine cannot evaluate (a Mac's Core ML),
+    or that a test ranks by figures it chooses."""
     from mlflow.tracking import MlflowClient
 
     from kokoro_opt.evaluate.tracking import EXPERIMENT_PREFIX, KIND_TAG
 
     client = MlflowClient(tracking_uri)
     experiment = client.create_experiment(EXPERIMENT_PREFIX + "evaluations")
-    for artifact, speedup in speedups:
-        run = client.create_run(experiment, tags={KIND_TAG: "evaluation", "artifact_id": artifact.id, "is_reference": "false"})
-        for key, value in {"rtf_p50": 0.1, "bad_outputs": 0.0, "pesq_mean": 4.2, "speedup_vs_reference": speedup}.items():
+    for artifact_id, chosen in metrics:
+        run = client.create_run(experiment, tags={KIND_TAG: "evaluation", "artifact_id": artifact_id, "is_reference": "false"})
+        for key, value in ({"rtf_p50": 0.1, "bad_outputs": 0.0, "pesq_mean": 4.2} | chosen).items():
             client.log_metric(run.info.run_id, key, value)
         client.set_terminated(run.info.run_id)

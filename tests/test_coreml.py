@@ -58,7 +58,9 @@ def test_best_passes_over_an_evaluated_artifact_this_machine_cannot_run(coreml_a
     from tests.serve_helpers import record_evaluations
 
     uri = f"sqlite:///{tmp_path / 'shared.db'}"
-    record_evaluations(uri, [(coreml_artifact, 5.0), (tiny_artifact, 2.0)])  # the Mac's Core ML run is the fastest
+    record_evaluations(
+        uri, [(coreml_artifact.id, {"speedup_vs_reference": 5.0}), (tiny_artifact.id, {"speedup_vs_reference": 2.0})]
+    )  # the Mac's Core ML run is the fastest
     assert resolve_artifact("best", coreml_artifact.path.parent.parent, uri).artifact.id == tiny_artifact.id
 
 

@@ -382,7 +382,9 @@ def test_best_and_tuned_settings_follow_a_recipe_built_again(tiny_recipe, tmp_pa
     second = parse_recipe(data | {"stages": [{"kind": "simplify", "tool": "none", "ort_level": "basic"}]})
     older = build(first, root).artifact
     newer = build(second, root).artifact
-    record_evaluations(uri, [(older, 3.0), (newer, 2.0)])  # the superseded build timed faster
+    record_evaluations(
+        uri, [(older.id, {"speedup_vs_reference": 3.0}), (newer.id, {"speedup_vs_reference": 2.0})]
+    )  # the superseded build timed faster
     assert resolve_artifact("best", root, uri).artifact.id == newer.id
     assert build(first, root).artifact.id == older.id  # from the cache, and now the recipe's current build
     assert resolve_artifact("best", root, uri).artifact.id == older.id

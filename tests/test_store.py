@@ -260,3 +260,25 @@ def test_model_feeds_are_built_in_one_place() -> None:
     assert builders == [], f"build feeds with kokoro_opt.runtime.feeds.model_feeds, not in {builders}"
     assert HAND_BUILT_FEED.search(feeds.read_text(encoding="utf-8"))  # the pattern finds what it looks for
     assert HAND_BUILT_FEED.search("tokens = torch.tensor([[0, *range(16, 64), 0]], dtype=torch.long)")
+
+
+def test_a_childs_lock_entry_overrides_its_parents_and_a_broken_lock_is_one_error(tmp_path: Path) -> None:
+    """int8-mixed-ort.yaml extends int8-mixed.yaml: a slot both locks hold is the child's; a lock that cannot be
+    read stops the build with its name and the fix."""
+    from kokoro_opt.errors import UserError
+    from kokoro_opt.locks import StageLock, lock_path, read_lock, read_locks, write_lock
+
+    parent, child = tmp_path / "base.yaml", tmp_path / "child.yaml"
+    parent.write_text("name: base\n")
+    child.write_text("extends: base.yaml\nname: child\n")
+    write_lock(
+        lock_path(parent), "base", {"2-quantize": StageLock("parent-key", {"int8": ["a"]}), "3-windows": StageLock("w", {})}
+    )
+    write_lock(lock_path(child), "child", {"2-quantize": StageLock("child-key", {"int8": ["b"]})})
+    entries = read_locks(lock_path(child))
+    assert entries["2-quantize"] == (read_lock(lock_path(child))["2-quantize"], lock_path(child))
+    assert entries["3-windows"][1] == lock_path(parent)  # what the child does not hold comes from its parent
+    for broken in ("{", '{"stages": {"2-quantize": {"bogus": 1}}}', "[" * 100_000):
+        lock_path(child).write_text(broken)
+        with pytest.raises(UserError, match=r"is not readable.*--reanalyze"):
+            read_locks(lock_path(child))

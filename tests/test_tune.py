@@ -154,7 +154,9 @@ def _fake(root: Path, tiny: Any, name: str, stages: list[dict[str, str]], model:
     return stages[-1]["key"]
 
 
-def test_quality_gate_pairs_ort_and_never_invents_a_number(tiny_artifact: Any, tmp_path: Path, monkeypatch: Any) -> None:
+def test_quality_gate_pairs_ort_and_never_invents_a_number(tiny_artifact: Any, tmp_path: Path) -> None:
+    from tests.serve_helpers import record_evaluations
+
     root = tmp_path / "artifacts"
     link_or_copy(tiny_artifact.path, root / "tiny" / tiny_artifact.id)
     q = _fake(root, tiny_artifact, "int8-q", [{"kind": "quantize", "key": "q000000000000001"}])
@@ -168,15 +170,12 @@ def test_quality_gate_pairs_ort_and_never_invents_a_number(tiny_artifact: Any, t
     _fake(root, tiny_artifact, "int8-bad", [{"kind": "quantize", "key": "b000000000000001"}])
     _fake(root, tiny_artifact, "int8-unmeasured", [{"kind": "quantize", "key": "u000000000000001"}])
     _fake(root, tiny_artifact, "int8-phrases", [{"kind": "quantize", "key": "p000000000000001"}])
-    records = {q: {"pesq_mean": 4.1}, ort: {"pesq_mean": 4.0}, "b000000000000001": {"pesq_mean": 3.1}}
-    records["p000000000000001"] = {"pesq_mean": 4.2, "phrase_pesq_mean": 3.4}  # good sentences, poor short phrases
-    monkeypatch.setattr(
-        "kokoro_opt.tuning.records.recorded_evaluation",
-        lambda uri, artifact_id: {**records[artifact_id], "bad_outputs": 0.0} if artifact_id in records else None,
-    )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    record_evaluations(uri, [(q, {"pesq_mean": 4.1}), (ort, {"pesq_mean": 4.0}), ("b000000000000001", {"pesq_mean": 3.1}),
+                             ("p000000000000001", {"pesq_mean": 4.2, "phrase_pesq_mean": 3.4})])  # fmt: skip
     recipe = parse_tune_recipe({"name": "gate", "quality": {"evaluate_missing": False}})
     said: list[str] = []
-    found = {c.name: c for c in gather_candidates(recipe, root, None, said.append)}
+    found = {c.name: c for c in gather_candidates(recipe, root, uri, said.append)}
     assert set(found) == {"tiny", "int8-q"}
     assert found["tiny"].quality == 4.64 and "reference" in found["tiny"].reason  # fp32 passes by definition
     assert found["int8-q"].formats == {"onnx": q, "ort": ort} and found["int8-q"].quality == 4.1

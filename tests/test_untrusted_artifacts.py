@@ -125,6 +125,31 @@ def test_an_underscore_in_a_prefix_is_a_character_not_a_wildcard(tracking: str, 
     assert fetch_artifact("f0f0_a", root, tracking, say=lambda _: None) is None  # SQL's LIKE would match f0f0aa...
 
 
+def test_a_prefix_two_ids_share_is_ambiguous(tracking: str, tmp_path: Path) -> None:
+    craft(tracking, "abab0000abab0001", {"voices.npz": b"x"})
+    craft(tracking, "abab0000abab0002", {"voices.npz": b"x"})
+    refused(tracking, tmp_path / "machine", "abab0000", "ambiguous")
+
+
+def test_a_derived_artifact_arrives_with_its_fp32_export(
+    tracking: str, tiny_recipe, artifacts_root: Path, tmp_path: Path
+) -> None:
+    """Pushing an artifact built from an export pushes that export too, and a fetch brings both, verified: the
+    machine that fetched it can score it against fp32."""
+    from kokoro_opt.build import build
+    from kokoro_opt.recipe import parse_recipe
+    from kokoro_opt.store import Store
+
+    data = tiny_recipe.model_dump(mode="json", by_alias=True) | {"name": "tiny-ort", "stages": [{"kind": "ort"}]}
+    derived = build(parse_recipe(data), artifacts_root).artifact
+    push_artifact(derived, tracking, say=lambda _: None)
+    root = tmp_path / "machine" / "artifacts"
+    fetched = fetch_artifact(derived.id[:12], root, tracking, say=lambda _: None)
+    assert fetched is not None and fetched.manifest == derived.manifest
+    built, reference = Store(artifacts_root).reference_export(derived), Store(root).reference_export(fetched)
+    assert built is not None and reference is not None and reference.manifest == built.manifest  # byte for byte
+
+
 @pytest.mark.parametrize(
     ("name", "content", "match"),
     [("kokoro.json", b'{"windows": "x"}', "windows is not a map"),
