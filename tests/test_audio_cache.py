@@ -90,6 +90,9 @@ def test_what_changes_the_audio_misses_and_no_cache_synthesizes(cached_url: str)
     jobs = metric(cached_url, "kokoro_jobs_total")
     assert speak(cached_url, **private).status_code == 200
     assert metric(cached_url, "kokoro_jobs_total") > jobs and metric(cached_url, "kokoro_cache_hits_total") == hits
+    jobs = metric(cached_url, "kokoro_jobs_total")  # now it is kept: no-store is still not answered from it
+    assert speak(cached_url, headers={"Cache-Control": "no-store"}, **private).status_code == 200
+    assert metric(cached_url, "kokoro_jobs_total") > jobs and metric(cached_url, "kokoro_cache_hits_total") == hits
 
 
 def test_the_cache_can_be_turned_off(url: str) -> None:

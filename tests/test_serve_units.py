@@ -385,6 +385,8 @@ def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, t
     record_capacity(root, tiny_artifact.id, "whole", 1, 3)
     record_capacity(root, tiny_artifact.id, "whole", 1, 7)  # measured again: replaces it
     assert measured_capacity(root, tiny_artifact.id, "whole", 1).streams == 7
+    record_capacity(root, tiny_artifact.id, "whole", 2, 11)  # two workers: a count of its own
+    assert measured_capacity(root, tiny_artifact.id, "whole", 1).streams == 7
     assert ServeConfig.for_selection(selection).max_queue == 7
     assert "this machine sustains 7 simultaneous" in ServeConfig.for_selection(selection).admission(selection, False)
     assert ServeConfig.for_selection(selection, max_queue=2).max_queue == 2  # asked for: kept
