@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from kokoro_opt.errors import UserError
+
 
 def align(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = min(len(a), len(b))
@@ -42,10 +44,26 @@ def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
     return buffer.getvalue()
 
 
-def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
+def wav_target(path: str | Path) -> Path:
+    """Where a WAV file may be written, checked before any work goes into it; else one UserError saying why."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() != ".wav" or path.is_dir():
+        raise UserError(f"{str(path) or 'the output'} is not a .wav file name", "name the output like hello.wav")
+    folder = next((p for p in path.parents if p.exists()), Path("."))
+    if not folder.is_dir():
+        raise UserError(f"{folder} is a file, not a folder", "write the .wav into a folder")
+    return path
+
+
+def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
+    """A 16-bit WAV, written to a temporary file beside `path` and renamed into place (never half-written)."""
+    path = wav_target(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    sf.write(tmp, np.clip(audio, -1.0, 1.0), sample_rate, format="WAV", subtype="PCM_16")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sf.write(tmp, np.clip(audio, -1.0, 1.0), sample_rate, format="WAV", subtype="PCM_16")
+        tmp.replace(path)
+    except (OSError, sf.LibsndfileError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {path} ({exc})", "choose a folder you can write to") from None
     return path

@@ -382,7 +382,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if extra_stages is not None:
         if not isinstance(extra_stages, list):
             raise UserError(f"{path}: field 'append_stages' must be a list of stages", "write it like 'stages'")
-        data["stages"] = [*data.get("stages", []), *extra_stages]
+        stages = data.get("stages") or []
+        if not isinstance(stages, list):
+            raise UserError(f"{path}: field 'stages' must be a list of stages", "append_stages adds to that list")
+        data["stages"] = [*stages, *extra_stages]
     return data
 
 

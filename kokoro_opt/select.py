@@ -48,7 +48,14 @@ class Selection:
 
 
 def _by_id(root: Path, artifact_id: str) -> Artifact | None:
+    """The artifact under `root` whose id starts with `artifact_id` (the newest copy of it); a prefix two ids
+    share is an error, never a guess."""
+    if not artifact_id:
+        raise UserError("an empty artifact id", "give an artifact id, or a prefix of one: 49bf3e57")
     matches = [a for a in Store(root).artifacts() if a.id.startswith(artifact_id)]
+    if len({a.id for a in matches}) > 1:
+        ids = ", ".join(sorted({a.id for a in matches}))
+        raise UserError(f"artifact id '{artifact_id}' matches {ids} under {root}", "give more of the id")
     return matches[-1] if matches else None
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kokoro_opt.artifacts import build_folder, open_artifact
+from kokoro_opt.artifacts import build_folder, link_or_copy, open_artifact
 from kokoro_opt.build import build
 from kokoro_opt.recipe import load_recipe
 from kokoro_opt.runtime.synth import Synthesizer
@@ -189,6 +189,35 @@ def test_cli_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_what_a_user_mistypes_is_one_line_before_any_work(tiny_artifact, tmp_path: Path) -> None:
+    """Outputs, ports, client lists and recipes are checked before a model loads; a model file that does not
+    load is named, not a traceback."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    empty = tmp_path / "append.yaml"
+    empty.write_text(f"extends: {ROOT / 'recipes' / 'tiny.yaml'}\nname: append\nstages: 5\nappend_stages: [{{kind: ort}}]\n")
+    broken = tmp_path / "tiny" / tiny_artifact.id
+    link_or_copy(tiny_artifact.path, broken)
+    (broken / "model.onnx").unlink()  # a hard link to the fixture's file: replaced, not written through
+    (broken / "model.onnx").write_bytes(b"not a model")
+    say = ("say", "Hi.", "--artifact", str(tiny_artifact.path), "-o")
+    cases = {
+        (*say, str(tmp_path / "x.mp3")): "is not a .wav file name",
+        (*say, str(tmp_path / "adir")): "is not a .wav file name",
+        (*say, str(tmp_path / "afile" / "x.wav")): "is a file, not a folder",
+        ("say", "Hi.", "--artifact", str(broken), "-o", str(tmp_path / "y.wav")): "model.onnx does not load in ONNX Runtime",
+        ("build", str(empty), "--artifacts", str(tmp_path / "a"), "--no-evaluate"): "field 'stages' must be a list",
+        ("bench-serve", "--clients", "1,x"): "is not a list of client counts",
+        ("bench-serve", "--format", "mp3", "--no-full"): "bench-serve measures playback on pcm or wav",
+        ("serve", "--port", "99999"): "less than or equal to 65535",
+        ("serve", "--artifact", str(broken), "--port", "0"): "model.onnx does not load in ONNX Runtime",  # then ends
+    }
+    for command, message in cases.items():
+        result = run_cli(*command)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, (command, result)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile", "append.yaml", "tiny"]  # nothing written
+
+
 def test_say_writes_a_24khz_wav_and_rejects_a_bad_voice(tiny_artifact, tmp_path: Path) -> None:
     import soundfile as sf
 
@@ -216,3 +245,21 @@ def test_an_artifact_path_that_is_not_one_says_what_it_is(tiny_artifact, tmp_pat
             result = run_cli(*command, "--artifact", spec)
             assert result.returncode == 2 and message in result.stderr, (command, spec, result.stderr)
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_an_id_prefix_two_artifacts_share_is_refused(tiny_artifact, tmp_path: Path) -> None:
+    from kokoro_opt.errors import UserError
+    from kokoro_opt.manifest import MANIFEST
+    from kokoro_opt.select import artifact_by_id
+
+    root = tmp_path / "artifacts"
+    for artifact_id in ("aaaa0000aaaa0001", "aaaa0000aaaa0002"):
+        folder = root / "tiny" / artifact_id
+        link_or_copy(tiny_artifact.path, folder)
+        (folder / MANIFEST).unlink()
+        (folder / MANIFEST).write_text(tiny_artifact.manifest.model_copy(update={"id": artifact_id}).to_json())
+    with pytest.raises(UserError, match="matches aaaa0000aaaa0001, aaaa0000aaaa0002"):
+        artifact_by_id("aaaa", root)
+    assert artifact_by_id("aaaa0000aaaa0002", root).id == "aaaa0000aaaa0002"
+    with pytest.raises(UserError, match="an empty artifact id"):
+        artifact_by_id("", root)

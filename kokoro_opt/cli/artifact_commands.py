@@ -104,10 +104,11 @@ def say(
     """Speak text with an artifact and write a 24 kHz WAV."""
     from rich.progress import Progress
 
-    from kokoro_opt.audio import write_wav
+    from kokoro_opt.audio import wav_target, write_wav
     from kokoro_opt.runtime import synthesize
     from kokoro_opt.select import resolve_artifact
 
+    wav_target(output)  # before the model loads and speaks
     chosen = resolve_artifact(artifact, artifacts, tracking_uri).artifact
     err.print(f"speaking with {chosen.name} {chosen.id} ({chosen.path})", highlight=False)
     with Progress(console=err, transient=True) as progress:

@@ -17,7 +17,7 @@ def serve(
     artifacts: ArtifactsRoot = Path("artifacts"),
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI used by 'best'")] = None,
     host: Annotated[str, typer.Option(help="address to bind; loopback by default")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port")] = 8880,
+    port: Annotated[int, typer.Option(help="TCP port (0: any free one)", min=0, max=65535)] = 8880,
     api_key: Annotated[str | None, typer.Option(envvar="KOKORO_OPT_API_KEY", help="require this bearer token")] = None,
     max_queue: Annotated[
         int | None, typer.Option(help="admitted requests at once; more get 429 (default: bench-serve --capacity's, else 4)")
@@ -132,9 +132,10 @@ def bench_serve(
         from kokoro_opt.serve import ServeConfig
 
         ServeConfig(windowed=windowed is not False, workers=workers)  # the artifact decides the rest when it starts
-    counts = [int(c) for c in clients.split(",") if c.strip()]
+    counts = bench.client_counts(clients)
+    bench.check_format(response_format)  # before a server is started for it
     flags = bench.server_flags(cap_edges, windowed, workers, tracking_uri)
-    queue = max_queue if max_queue is not None else max(counts, default=1)
+    queue = max_queue if max_queue is not None else max(counts)
     args = bench.serve_args(url, artifact, artifacts, queue, flags, capacity)
     scenarios, served = bench.run(
         url,

@@ -96,7 +96,16 @@ def make_session(
     providers = [p for p in settings.providers if p in available] or ["CPUExecutionProvider"]
     provider_options = list(settings.provider_options) if len(settings.provider_options) == len(providers) else None
     model = model_file if isinstance(model_file, bytes) else str(model_file)
-    session = ort.InferenceSession(model, options, providers=providers, provider_options=provider_options)
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    try:
+        session = ort.InferenceSession(model, options, providers=providers, provider_options=provider_options)
+    except (state.InvalidProtobuf, state.InvalidGraph, state.NoSuchFile) as exc:  # a file, not this code, is wrong
+        where = "the model given as bytes" if isinstance(model_file, bytes) else str(model_file)
+        raise UserError(
+            f"{where} does not load in ONNX Runtime ({type(exc).__name__}: {str(exc)[:200]})",
+            "rebuild the artifact, or fetch it again (kokoro-opt fetch checks every file against its manifest)",
+        ) from None
     release_freed_memory()
     return session
 

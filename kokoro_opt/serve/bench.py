@@ -202,8 +202,7 @@ def bench(
     sample_rate: int = 24_000,
 ) -> list[Scenario]:
     """Non-streaming with one client (the baseline), then streaming with each client count."""
-    if response_format not in ("pcm", "wav"):
-        raise UserError("bench-serve measures playback on pcm or wav", "use --format pcm or --format wav")
+    check_format(response_format)
     payload = {"model": "tts-1", "input": text, "voice": voice, "response_format": response_format}
     plan = ([("full", 1)] if full else []) + [("stream", c) for c in clients]
 
@@ -294,6 +293,19 @@ def render_phrases(scenarios: list[Scenario], console: Console) -> None:
 
 def to_json(scenarios: list[Scenario]) -> list[dict[str, Any]]:
     return [{**x.summary(), "wall_s": x.wall, "samples": [asdict(s) for s in x.samples]} for x in scenarios]
+
+
+def check_format(response_format: str) -> None:
+    if response_format not in ("pcm", "wav"):
+        raise UserError("bench-serve measures playback on pcm or wav", "use --format pcm or --format wav")
+
+
+def client_counts(spec: str) -> list[int]:
+    """`--clients 1,4,8` as counts; anything else is one UserError."""
+    counts = [part.strip() for part in spec.split(",") if part.strip()]
+    if not counts or not all(c.isdigit() and 1 <= int(c) <= 256 for c in counts):
+        raise UserError(f"--clients {spec!r} is not a list of client counts", "use counts from 1 to 256, e.g. --clients 1,4,8")
+    return [int(c) for c in counts]
 
 
 def server_flags(cap_edges: bool, windowed: bool | None, workers: int, tracking_uri: str | None = None) -> list[str]:

@@ -142,7 +142,10 @@ class Engine:
             self._load()
         except BaseException as exc:
             self.error = exc
-            log.exception("loading the artifact failed")
+            if isinstance(exc, UserError):  # a file's fault, said in one line (the server then ends with it)
+                log.error("loading the artifact failed: %s", exc)
+            else:
+                log.exception("loading the artifact failed")
             return
         self.ready.set()
         with self.cond:  # `stop` joins what is started before it: none after it

@@ -44,7 +44,7 @@ class DrainingServer(uvicorn.Server):
             self.service.begin_drain()
 
     async def on_tick(self, counter: int) -> bool:
-        if self.service.drained():
+        if self.service.drained() or self.service.engine.error is not None:  # nothing to serve: say why and end
             self.should_exit = True
         return await super().on_tick(counter)
 
@@ -59,6 +59,8 @@ def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.
     # after the drain nothing should be left: what still runs (past the drain timeout) is cut after 1 s
     settings = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=1)
     DrainingServer(settings, app.state.serve).run()
+    if (error := app.state.serve.engine.error) is not None:  # the artifact did not load: the process ends with it
+        raise error if isinstance(error, UserError) else UserError(f"loading the artifact failed: {error!r}")
 
 
 class ServerThread:
