@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 import urllib.request
@@ -394,3 +395,18 @@ def test_best_and_tuned_settings_follow_a_recipe_built_again(tiny_recipe, tmp_pa
     )
     picked = resolve_artifact("best", root, uri)
     assert picked.artifact.id == older.id and f"since built again as {older.id}: not applied" in picked.reason
+
+
+@pytest.mark.parametrize(
+    ("uri", "match"),
+    [("postgresql://kokoro:secret@127.0.0.1:1/mlflow", "tracking database at postgresql://127.0.0.1:1/mlflow does not answer"),
+     ("garbage", "is not a tracking store MLflow writes"), ("file:///somewhere", "is not a tracking store MLflow writes")],
+)  # fmt: skip
+def test_a_tracking_store_that_cannot_answer_is_one_line_at_once(uri: str, match: str) -> None:
+    """MLflow would retry a database that does not answer for minutes, and take a bare word for a folder of the
+    file store it no longer writes; the password stays out of the message."""
+    from kokoro_opt.errors import UserError
+
+    with pytest.raises(UserError, match=re.escape(match)) as raised:
+        tracking.existing_client(uri)
+    assert "secret" not in str(raised.value)

@@ -50,11 +50,22 @@ def existing_client(tracking_uri: str | None) -> tuple[str, Any] | None:
     return uri, _client(uri)
 
 
+_HINT = "start it, or fix --tracking-uri / MLFLOW_TRACKING_URI"
+_DATABASES = ("postgresql", "mysql", "mssql")  # SQLAlchemy URLs MLflow keeps its store in (+driver allowed)
+
+
 @cache
 def _answers(uri: str) -> None:
-    """An http(s) tracking server that does not answer fails here at once, not after MLflow's retries (minutes).
-    Any HTTP answer will do: what it says is MLflow's to read."""
-    if not uri.startswith(("http://", "https://")):
+    """A tracking store that cannot answer fails here at once, not after MLflow's retries (minutes): an http(s)
+    server or a database that does not answer, or a URI that names neither (MLflow would take a bare word for
+    a folder of its file store, which it no longer writes). Any answer will do: what it says is MLflow's."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme.split("+")[0] in _DATABASES:
+        _database_answers(uri, scheme)
+        return
+    if scheme in ("", "file"):
+        raise UserError(f"{uri!r} is not a tracking store MLflow writes", "use sqlite:///path/to/mlflow.db or http://host:5000")
+    if scheme not in ("http", "https"):
         return
     from urllib.error import HTTPError, URLError
     from urllib.request import urlopen
@@ -66,8 +77,24 @@ def _answers(uri: str) -> None:
         return
     except (URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise UserError(f"the MLflow tracking server at {uri} does not answer ({reason})",
-                        "start it, or fix --tracking-uri / MLFLOW_TRACKING_URI") from None  # fmt: skip
+        raise UserError(f"the MLflow tracking server at {uri} does not answer ({reason})", _HINT) from None
+
+
+def _database_answers(uri: str, scheme: str) -> None:
+    import sqlalchemy
+
+    where = f"{scheme}://{uri.rsplit('@', 1)[-1].split('://')[-1]}"  # no password in the message
+    try:
+        engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": 10})
+        with engine.connect():
+            pass
+        engine.dispose()
+    except ModuleNotFoundError as exc:
+        raise UserError(
+            f"no driver for {scheme} ({exc.name})", "install the team extra: pip install 'kokoro-opt[team]'"
+        ) from None
+    except Exception as exc:  # SQLAlchemy's URL and connection errors
+        raise UserError(f"the tracking database at {where} does not answer ({type(exc).__name__})", _HINT) from None
 
 
 def _client(uri: str) -> Any:
