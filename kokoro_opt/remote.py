@@ -149,11 +149,7 @@ FOLDER, LOCK = "artifact", "lock"
 
 
 def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path | None = None) -> str:
-    if not _placeable(_store_place(artifact.path), artifact.id):  # a copy elsewhere: no fetch could place it
-        raise UserError(
-            f"{artifact.path} is not where a store keeps artifact {artifact.id} (<recipe>/{artifact.id})",
-            f"push it from the store it was built in, e.g. artifacts/{artifact.name}/{artifact.id}",
-        )
+    _check_placeable(artifact)
     existing = _pushed_runs(client, artifact.id, place=_store_place(artifact.path))
     if existing:
         return str(existing[0].info.run_id)
@@ -186,12 +182,21 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path
 def push_artifact(artifact: Artifact, tracking_uri: str | None = None, say: Say = print, lock: Path | None = None) -> str:
     """Log the artifact folder (and the fp32 export it was built from, and the recipe's `lock` when
     given) to the tracking server's artifact store; returns the artifact's run id. Pushing again is a no-op."""
+    _check_placeable(artifact)  # before a tracking store is opened (or, for a new SQLite path, made)
     uri = resolve_tracking_uri(tracking_uri)
     client = _client(uri)
     reference = Store(artifact.path.parent.parent).reference_export(artifact)
     if reference is not None and reference.id != artifact.id:
         _push_folder(client, uri, reference, say)
     return _push_folder(client, uri, artifact, say, lock)
+
+
+def _check_placeable(artifact: Artifact) -> None:
+    if not _placeable(_store_place(artifact.path), artifact.id):  # a copy elsewhere: no fetch could place it
+        raise UserError(
+            f"{artifact.path} is not where a store keeps artifact {artifact.id} (<recipe>/{artifact.id})",
+            f"push it from the store it was built in, e.g. artifacts/{artifact.name}/{artifact.id}",
+        )
 
 
 def _placeable(place: str, artifact_id: str) -> bool:

@@ -170,8 +170,9 @@ def test_cli_mistakes_outside_recipes_are_one_line_too(tiny_artifact, tmp_path: 
     assert "build it again" in result.stderr
     renamed = tmp_path / "elsewhere" / "good"  # no fetch could place it: refused before anything is sent
     shutil.copytree(tiny_artifact.path, renamed)
-    result = run_cli("push", str(renamed), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
+    result = run_cli("push", str(renamed), "--tracking-uri", f"sqlite:///{tmp_path / 'new' / 'p.db'}")
     assert result.returncode == 2 and "is not where a store keeps artifact" in result.stderr, result.stderr
+    assert not (tmp_path / "new").exists()  # refused before a tracking store was made for it
 
 
 def test_cli_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:

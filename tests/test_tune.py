@@ -304,6 +304,15 @@ def test_tuned_settings_from_another_machine_are_not_applied_silently(tmp_path: 
     assert "kokoro-opt tune" in notes[0]
 
 
+def test_showing_a_study_that_was_never_run_makes_no_storage(tmp_path: Path) -> None:
+    from kokoro_opt.tune import show_front
+
+    storage = f"sqlite:///{tmp_path / 'new' / 'optuna.db'}"
+    with pytest.raises(UserError, match="no study 'tune-cpu': nothing was tuned into"):
+        show_front(REPO / "recipes" / "tune-cpu.yaml", storage=storage, root=tmp_path, console=_quiet())
+    assert not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize(
     ("content", "match"),
     [("{", "is not readable JSON"), ("[]", "holds a JSON list"), ("[" * 100_000, "RecursionError"),

@@ -202,7 +202,10 @@ def show_front(recipe_path: str | Path, *, storage: str | None = None, study_nam
     recipe = load_tune_recipe(recipe_path)
     name = study_name or recipe.study_name
     optuna = _optuna()
-    store = make_storage(storage or recipe.storage)
+    url = storage or recipe.storage
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():  # showing makes nothing
+        raise UserError(f"no study '{name}': nothing was tuned into {url}", f"run it first: kokoro-opt tune {recipe_path}")
+    store = make_storage(url)
     if name not in optuna.study.get_all_study_names(store):
         raise UserError(f"no study '{name}' in the storage", f"run it first: kokoro-opt tune {recipe_path}")
     study = optuna.load_study(study_name=name, storage=store)
