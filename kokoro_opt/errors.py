@@ -22,14 +22,14 @@ class UserError(Exception):
         return (type(self), (self.message, self.hint))
 
 
-def read_json(path: Path, hint: str) -> Any:
+def read_json(path: Path, hint: str, name: str | None = None) -> Any:
     """A JSON file that did not come from this code run (fetched, hand-edited, written by another version): any way it
-    is unreadable is one UserError naming the file. That includes bad UTF-8, and nesting deep enough to exhaust the
-    parser's recursion (a RecursionError, not a ValueError)."""
+    is unreadable is one UserError naming the file (as `name`, else its path). That includes bad UTF-8, and nesting
+    deep enough to exhaust the parser's recursion (a RecursionError, not a ValueError)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
-        raise UserError(f"{path} is not readable JSON ({type(exc).__name__}: {str(exc)[:200]})", hint) from None
+        raise UserError(f"{name or path} is not readable JSON ({type(exc).__name__}: {str(exc)[:200]})", hint) from None
 
 
 def read_json_object(path: Path, hint: str) -> dict[str, Any]:

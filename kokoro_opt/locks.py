@@ -11,14 +11,13 @@ any change of the inputs, measures again and rewrites the lock.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kokoro_opt.artifacts import write_json_atomic
-from kokoro_opt.errors import UserError
+from kokoro_opt.errors import UserError, read_json
 
 LOCK_VERSION = 1
 
@@ -88,13 +87,12 @@ def read_lock(path: Path) -> dict[str, StageLock]:
     """The lock's entries by stage slot; {} when there is no lock file."""
     if not path.is_file():
         return {}
+    hint = "delete it, or rebuild with --reanalyze to rewrite it"
+    data = read_json(path, hint, f"lock file {path}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         return {slot: StageLock(**entry) for slot, entry in data["stages"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise UserError(
-            f"lock file {path} is not readable ({exc})", "delete it, or rebuild with --reanalyze to rewrite it"
-        ) from None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"lock file {path} is not readable ({exc!r})", hint) from None
 
 
 def parent_locks(lock: Path) -> list[Path]:

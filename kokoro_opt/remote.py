@@ -22,7 +22,6 @@ evaluate it against its reference, not only serve it.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kokoro_opt.artifacts import Artifact, build_folder, file_hashes, open_artifact
-from kokoro_opt.errors import UserError
+from kokoro_opt.errors import UserError, read_json
 from kokoro_opt.evaluate.tracking import (
     EXPERIMENT_PREFIX,
     KIND_TAG,
@@ -256,7 +255,7 @@ def _read_manifest(client: Any, run_id: str, download: str, origin: str) -> Mani
     path = Path(client.download_artifacts(run_id, f"{FOLDER}/{MANIFEST}", download))
     if path.stat().st_size > _MANIFEST_LIMIT:
         raise UserError(f"{origin}: its {MANIFEST} is {path.stat().st_size} bytes", _PUSH_AGAIN)
-    manifest = parse_manifest(_read_json(path, origin), origin)
+    manifest = parse_manifest(read_json(path, "push it again", f"{origin}: {path.name}"), origin)
     path.unlink()
     return manifest
 
@@ -327,10 +326,3 @@ def fetch_artifact(spec: str, root: Path, tracking_uri: str | None = None, say: 
         else:
             say(f"its fp32 export {key} was not pushed: it can be served here, not scored against fp32")
     return artifact
-
-
-def _read_json(path: Path, origin: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise UserError(f"{origin}: {path.name} is not readable JSON ({type(exc).__name__})", "push it again") from None
