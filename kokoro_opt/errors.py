@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+Model = TypeVar("Model")
 
 
 class UserError(Exception):
@@ -38,3 +40,21 @@ def read_json_object(path: Path, hint: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{path} holds a JSON {type(data).__name__}, not an object", hint)
     return data
+
+
+def first_problem(exc: Any) -> str:
+    """A pydantic ValidationError's first problem as one phrase: "field 'a.b': what is wrong"."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    return f"field '{where}': {error['msg'].removeprefix('Value error, ')}"
+
+
+def read_validated(path: Path, model: type[Model], hint: str) -> Model:
+    """`read_json_object`, validated by a pydantic `model`: a file that is not one is one UserError naming the field."""
+    from pydantic import ValidationError
+
+    data = read_json_object(path, hint)
+    try:
+        return model.model_validate(data)  # type: ignore[attr-defined]
+    except ValidationError as exc:
+        raise UserError(f"{path}: {first_problem(exc)}", hint) from None

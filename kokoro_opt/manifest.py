@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from kokoro_opt.errors import UserError, read_json
+from kokoro_opt.errors import UserError, read_json, read_validated
 
 MANIFEST = "manifest.json"
 BUILD_RECORD = "build.json"
@@ -185,8 +185,4 @@ def read_build_record(folder: Path) -> BuildRecord:
     path = folder / BUILD_RECORD
     if not path.is_file():
         return BuildRecord()
-    data = read_json(path, "rebuild the artifact, or fetch it again")
-    try:
-        return BuildRecord.model_validate(data)
-    except ValidationError as exc:
-        raise UserError(f"{path} is not a build record ({exc.error_count()} problems)", "rebuild the artifact") from None
+    return read_validated(path, BuildRecord, "rebuild the artifact, or fetch it again")

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from kokoro_opt.artifacts import Artifact, open_artifact
-from kokoro_opt.errors import UserError, read_json_object
+from kokoro_opt.errors import UserError, read_validated
 from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.runtime.session import SessionSettings
 from kokoro_opt.store import Store
@@ -117,11 +117,7 @@ def read_tuned(path: Path) -> dict[str, Any]:
     """tuned.json, checked: the machine, session settings and chunking of known fields and types (a file anyone
     can edit must not set the server's api key or switch a limit off), or one UserError naming the field."""
     hint = f"delete {path}, or tune again: kokoro-opt tune <recipe> --artifacts {path.parent}"
-    try:
-        tuned = _TunedFile.model_validate(read_json_object(path, hint))
-    except ValidationError as exc:
-        where = ".".join(str(part) for part in exc.errors()[0]["loc"])
-        raise UserError(f"{path}: field '{where}': {exc.errors()[0]['msg']}", hint) from None
+    tuned = read_validated(path, _TunedFile, hint)
     kept = tuned.model_dump(include={"artifact_id", "machine", "applied", "not_applied", "study"})
     return {**kept, "session": tuned.session, "chunking": tuned.chunking.model_dump(exclude_none=True)}
 

@@ -5,9 +5,11 @@ weights: tests/test_real_windows.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import onnx
@@ -15,6 +17,7 @@ import onnxruntime as ort
 import pytest
 
 from kokoro_opt.runtime.fused import FUSED_DIR, FusedGenerator
+from kokoro_opt.runtime.fused_plan import BranchSum, NormChain
 from kokoro_opt.runtime.synth import Synthesizer
 from kokoro_opt.runtime.windowed import WINDOWS_DIR, WindowedDecoder
 from kokoro_opt.voices import style_for
@@ -43,16 +46,16 @@ def generator_feeds(artifact, tokens: list[int], voice: str = "tiny_0") -> dict[
     return front.generator_feeds()
 
 
-def exact_chain(spec: dict, source: np.ndarray, value) -> np.ndarray:
+def exact_chain(spec: NormChain, source: np.ndarray, value) -> np.ndarray:
     """A chain in float64 with exact statistics: the truth both ONNX Runtime and the kernels round."""
-    y = (source - source.mean(1, keepdims=True)) / np.sqrt(source.var(1, keepdims=True) + spec["eps"])
-    y = y * value(spec["norm_scale"])[:, None] + value(spec["norm_bias"])[:, None]
-    if spec.get("post_gain"):
-        y = y * value(spec["post_gain"])[:, None] + value(spec["post_shift"])[:, None]
-    _, a, b = spec["poly"]
+    y = (source - source.mean(1, keepdims=True)) / np.sqrt(source.var(1, keepdims=True) + spec.eps)
+    y = y * value(spec.norm_scale)[:, None] + value(spec.norm_bias)[:, None]
+    if spec.post_gain and spec.post_shift:
+        y = y * value(spec.post_gain)[:, None] + value(spec.post_shift)[:, None]
+    _, a, b = spec.poly
     r = y - np.round(y)
     u = y + (a * r * r + b) * r * r
-    name = spec["name"]
+    name = spec.name
     return np.clip(np.round(u / value(f"{name}.qscale")[:, None]) + value(f"{name}.qzero")[:, None], 0, 255)
 
 
@@ -62,11 +65,11 @@ def chain_errors(artifact, token_lists: list[list[int]], voice: str = "tiny_0") 
     over channels whose input is not constant (there a norm divides float rounding by sqrt(eps)). A stage's branch
     sum has no rounding of its own: it must be ONNX Runtime's, bit for bit."""
     fused = FusedGenerator(artifact.path / FUSED_DIR)
-    chains = [c for step in fused.plan["steps"] for c in step.get("chains", ())]
+    chains = fused.plan.chains()
     model = onnx.load(str(artifact.path / WINDOWS_DIR / "whole_generator.onnx"))
     graph_inputs = {i.name for i in model.graph.input}
-    made = [n for c in chains for n in (c["out"], c.get("x_new")) if n]
-    watched = dict.fromkeys(n for n in [*(r for c in chains for r in c["reads"]), *made] if n not in fused.constants)
+    made = [n for c in chains for n in c.made()]
+    watched = dict.fromkeys(n for n in [*(r for c in chains for r in c.reads), *made] if n not in fused.constants)
     for name in (n for n in watched if n not in graph_inputs):
         model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -80,23 +83,24 @@ def chain_errors(artifact, token_lists: list[list[int]], voice: str = "tiny_0") 
 
         for chain in chains:
             env = dict(reference)
-            fused._chain(chain, env)
-            if chain["kind"] == "sum":
-                np.testing.assert_array_equal(env[chain["out"]], reference[chain["out"]])
-                found[chain["name"]] = {"fused": (0.0, 0)}
+            if isinstance(chain, BranchSum):
+                fused._branch_sum(chain, env)
+                np.testing.assert_array_equal(env[chain.out], reference[chain.out])
+                found[chain.name] = {"fused": (0.0, 0)}
                 continue
-            if chain.get("x_new"):  # the residual add the chain computes is ONNX Runtime's, bit for bit
-                np.testing.assert_array_equal(env[chain["x_new"]], reference[chain["x_new"]])
-            source = reference[chain.get("x_new") or chain["x"]][0].astype(np.float64)
-            if chain["kind"] == "level":
-                source = (source - value(f"{chain['name']}.zero")[:, None]) * value(f"{chain['name']}.scale")[:, None]
+            fused._chain(chain, env)
+            if chain.x_new:  # the residual add the chain computes is ONNX Runtime's, bit for bit
+                np.testing.assert_array_equal(env[chain.x_new], reference[chain.x_new])
+            source = reference[chain.x_new or chain.x][0].astype(np.float64)
+            if chain.kind == "level":
+                source = (source - value(f"{chain.name}.zero")[:, None]) * value(f"{chain.name}.scale")[:, None]
             truth = exact_chain(chain, source, value)
             varied = source.std(axis=1) > 1e-6 * (1 + np.abs(source).max(axis=1))
-            for who, made in (("fused", env[chain["out"]]), ("onnxruntime", reference[chain["out"]])):
+            for who, made in (("fused", env[chain.out]), ("onnxruntime", reference[chain.out])):
                 off = np.abs(made[0].astype(np.float64) - truth)[varied]
-                share, most = found.setdefault(chain["name"], {}).get(who, (0.0, 0))
+                share, most = found.setdefault(chain.name, {}).get(who, (0.0, 0))
                 if off.size:
-                    found[chain["name"]][who] = (max(share, float(np.mean(off > 0))), max(most, int(off.max())))
+                    found[chain.name][who] = (max(share, float(np.mean(off > 0))), max(most, int(off.max())))
     return found
 
 
@@ -105,7 +109,7 @@ def test_each_chain_computes_its_exact_value(fused_artifact) -> None:
     are no closer (on the real weights it is the one off, by up to 15 levels on 5% of a channel:
     docs/measurements/2026-12-05-fused-generator.md)."""
     found = chain_errors(fused_artifact, [TOKENS[:4], TOKENS * 3])
-    kinds = {c["kind"] for step in FusedGenerator(fused_artifact.path / FUSED_DIR).plan["steps"] for c in step.get("chains", ())}
+    kinds = {c.kind for c in FusedGenerator(fused_artifact.path / FUSED_DIR).plan.chains()}
     assert kinds == {"level", "float", "residual"}, kinds  # the three kinds of chain Kokoro's generator has
     fused = [errors["fused"] for errors in found.values() if "fused" in errors]
     assert len(fused) >= 20 and all(share <= 1e-3 and most <= 1 for share, most in fused), found
@@ -122,7 +126,7 @@ def test_the_fused_generator_makes_the_whole_generators_audio(fused_artifact) ->
         made = fused.run(feeds)
         assert made.shape == expected.shape and np.all(np.isfinite(made))
         assert np.corrcoef(made.reshape(-1), expected.reshape(-1))[0, 1] > 0.99
-    assert all(not set(step["release"]) & set(fused.plan["outputs"]) for step in fused.plan["steps"])
+    assert all(not set(step.release) & set(fused.plan.outputs) for step in fused.plan.steps)
 
 
 def test_synthesis_and_windowed_finishes_run_through_it(fused_artifact, tmp_path) -> None:
@@ -178,39 +182,61 @@ def test_the_stage_needs_the_windows_stage(tiny_recipe, artifacts_root) -> None:
         build_with(tiny_recipe, artifacts_root, "t-fuse-alone", [*INT8[:3], FUSE])
 
 
-def test_a_plan_naming_a_file_outside_its_folder_is_refused(fused_artifact, tmp_path) -> None:
-    """The plan comes with the artifact (fetched ones too): it may name its own segments only."""
-    import json
+def _damaged_copy(fused_artifact, tmp_path, change) -> Any:
+    """A copy of the artifact's fused/ folder whose plan.json `change(plan)` edited."""
     import shutil
-
-    from kokoro_opt.errors import UserError
 
     folder = tmp_path / FUSED_DIR
     shutil.copytree(fused_artifact.path / FUSED_DIR, folder)
     plan = json.loads((folder / "plan.json").read_text())
-    next(step for step in plan["steps"] if "segment" in step)["segment"] = "../../model.onnx"
+    change(plan)
     (folder / "plan.json").write_text(json.dumps(plan))
-    with pytest.raises(UserError, match="not a segment of"):
-        FusedGenerator(folder)
+    return folder
+
+
+def _first(plan: dict, kind: str) -> dict:
+    if kind == "segment":
+        return next(step for step in plan["steps"] if "segment" in step)
+    return next(c for step in plan["steps"] for c in step.get("chains", ()) if c["kind"] == kind)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [(lambda p: _first(p, "segment").update(segment="../../model.onnx"), r"field 'steps\.\d+\.segment\.segment'"),
+     (lambda p: _first(p, "segment").update(segment="segment_99.onnx"), "names 'segment_99.onnx', not a segment of"),
+     (lambda p: _first(p, "level").update(eps=float("nan")), r"field 'steps\.\d+\.chains\.chains\.\d+\.level\.eps'"),
+     (lambda p: _first(p, "level").update(kind="cubic"), r"chains\.\d+': Input tag 'cubic'"),
+     (lambda p: _first(p, "level").update(command="rm"), r"\.command': Extra inputs are not permitted"),
+     (lambda p: _first(p, "residual").pop("x_new"), "q and x_new go with kind 'residual'"),
+     (lambda p: _first(p, "level").update(x="nowhere"), "reads 'nowhere', which nothing before it makes"),
+     (lambda p: _first(p, "level").update(name="chain_999"), "chain_999 has no constant 'chain_999.qscale'"),
+     (lambda p: p.update(outputs=["nothing"]), "the output 'nothing' is not made"),
+     (lambda p: p.update(format=2), "field 'format'")],
+)  # fmt: skip
+def test_a_damaged_plan_is_one_error_when_the_artifact_loads(fused_artifact, tmp_path, change, match) -> None:
+    """The plan comes with the artifact (fetched ones too): it may name its own segments only, and every field is
+    checked when the generator loads, so nothing reaches a KeyError or a kernel in a request."""
+    from kokoro_opt.errors import UserError
+
+    with pytest.raises(UserError, match=match):
+        FusedGenerator(_damaged_copy(fused_artifact, tmp_path, change))
 
 
 def test_a_plan_whose_constants_do_not_cover_the_channels_is_refused(fused_artifact, tmp_path) -> None:
     """The kernels read one constant per channel row: a plan (a file) giving one for all is an error, never a read
     past the end of an array."""
-    import json
-    import shutil
 
-    folder = tmp_path / FUSED_DIR
-    shutil.copytree(fused_artifact.path / FUSED_DIR, folder)
-    plan = json.loads((folder / "plan.json").read_text())
-    spec = next(c for step in plan["steps"] for c in step.get("chains", ()) if c["kind"] != "sum")
-    spec.update(norm_scale="one", norm_bias="one", post_gain=None)
+    def to_one(plan: dict) -> None:
+        spec = _first(plan, "level")
+        spec.update(norm_scale="one", norm_bias="one", reads=[spec["x"], "one"])
+
+    folder = _damaged_copy(fused_artifact, tmp_path, to_one)
+    spec = _first(json.loads((folder / "plan.json").read_text()), "level")
     with np.load(folder / "constants.npz") as stored:
         constants = {k: stored[k] for k in stored.files}
     constants["one"] = np.ones(1, np.float32)  # every per-channel constant of the chain a single value
     constants.update({f"{spec['name']}.{key}": np.ones(1, np.float32) for key in ("qscale", "qzero", "scale", "zero")})
     np.savez(folder / "constants.npz", **constants)
-    (folder / "plan.json").write_text(json.dumps(plan))
     with pytest.raises(ValueError, match="1 channel constants for"):
         FusedGenerator(folder).run(generator_feeds(fused_artifact, list(range(20, 60))))
 

@@ -31,10 +31,11 @@ from kokoro_opt.passes.compress import CARRIED
 from kokoro_opt.passes.speech_gate import gate_utterances, judge, score, summarise
 from kokoro_opt.recipe import FuseStage, SpeechGate
 from kokoro_opt.runtime.fused import CONSTANTS_FILE, FUSED_DIR, PLAN_FILE, FusedGenerator
+from kokoro_opt.runtime.fused_plan import FusedPlan
 from kokoro_opt.runtime.windowed import WINDOWS_DIR, WindowedDecoder, WindowGraphs
 
 
-def write_fused(whole_generator: Path, folder: Path) -> dict[str, Any]:
+def write_fused(whole_generator: Path, folder: Path) -> FusedPlan:
     """Cut the whole generator into `folder` (fused/); its plan."""
     import onnx
 
@@ -46,14 +47,14 @@ def write_fused(whole_generator: Path, folder: Path) -> dict[str, Any]:
         raise UserError(
             f"the fuse stage cannot cut {whole_generator.name}: {exc}", "put fuse after the snake, quantize and windows stages"
         ) from exc
+    typed = FusedPlan.model_validate(plan)  # what the runtime will accept: a cut it would refuse fails the build here
+    typed.check_flow(constants)
     folder.mkdir(parents=True, exist_ok=True)
-    for step in plan["steps"]:
-        if "segment" in step:
-            index = int(step["segment"].removeprefix("segment_").removesuffix(".onnx"))
-            onnx.save(segments[index], str(folder / step["segment"]))
+    for name in typed.segments():
+        onnx.save(segments[int(name.removeprefix("segment_").removesuffix(".onnx"))], str(folder / name))
     (folder / PLAN_FILE).write_text(json.dumps(plan, indent=1), encoding="utf-8")
     np.savez(folder / CONSTANTS_FILE, **constants)
-    return plan
+    return typed
 
 
 def measure(source: Artifact, fused: FusedGenerator, cfg: FuseStage) -> dict[str, Any]:
@@ -87,14 +88,14 @@ def run_fuse(source: Artifact, cfg: FuseStage, out: Path) -> dict[str, Any]:
             f"the fused generator changes the speech beyond the budget: {'; '.join(failures)}",
             "report this with the build record: the chains should match the whole generator within float noise",
         )
-    chains = [c for step in plan["steps"] for c in step.get("chains", ())]
+    chains = plan.chains()
     return stage_record(
         "fuse",
         cfg,
         out,
         started,
-        segments=sum(1 for step in plan["steps"] if "segment" in step),
-        chains={kind: sum(1 for c in chains if c["kind"] == kind) for kind in ("level", "float", "residual", "sum")},
+        segments=len(plan.segments()),
+        chains={kind: sum(1 for c in chains if c.kind == kind) for kind in ("level", "float", "residual", "sum")},
         gate=scores,
     )
 

@@ -9,21 +9,19 @@ then, which the generator carries as it carries any float noise (the stage's gat
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kokoro_opt.errors import UserError, read_json_object
+from kokoro_opt.errors import UserError
+from kokoro_opt.runtime.fused_plan import CONSTANTS_FILE, PLAN_FILE, PLAN_HINT, BranchSum, FusedPlan, NormChain, SegmentStep
 from kokoro_opt.runtime.glue import ChainArgs, Kernels, per_channel
 from kokoro_opt.runtime.session import SessionSettings, make_session
 
 FUSED_DIR = "fused"
-SEGMENT_NAME = re.compile(r"segment_\d{2,3}\.onnx")
-PLAN_FILE = "plan.json"
-CONSTANTS_FILE = "constants.npz"
+__all__ = ["CONSTANTS_FILE", "FUSED_DIR", "PLAN_FILE", "FusedGenerator", "FusedSpeaker"]
 
 
 class FusedGenerator:
@@ -31,38 +29,39 @@ class FusedGenerator:
 
     def __init__(self, folder: Path, settings: SessionSettings | None = None, spinning: Any = "in_run") -> None:
         settings = settings or SessionSettings()
-        self.plan = read_json_object(folder / PLAN_FILE, "rebuild or fetch the artifact again")
-        steps, outputs = self.plan.get("steps"), self.plan.get("outputs")
-        if not (isinstance(steps, list) and all(isinstance(s, dict) for s in steps) and isinstance(outputs, list) and outputs):
-            raise UserError(f"{folder / PLAN_FILE} is not a fused generator's plan", "rebuild or fetch the artifact again")
-        with np.load(folder / CONSTANTS_FILE) as stored:
-            self.constants = {k: stored[k] for k in stored.files}
+        try:
+            with np.load(folder / CONSTANTS_FILE) as stored:
+                self.constants = {k: stored[k] for k in stored.files}
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{folder / CONSTANTS_FILE} is not readable ({exc})", PLAN_HINT) from None
+        self.plan = FusedPlan.read(folder, self.constants)
         self._held: dict[tuple[str, int], np.ndarray] = {}  # constants as the kernels read them (_constant)
         threads = settings.resolved().intra_op_num_threads  # 0: every core, as ONNX Runtime takes them
         self.kernels = Kernels.load(threads if threads > 0 else min(os.cpu_count() or 2, 4))
         self.chain_seconds = 0.0  # time in the native chains: a profile's row beside ONNX Runtime's operators
-        segments = [step["segment"] for step in self.plan["steps"] if "segment" in step]
-        for name in segments:  # the plan comes with the artifact: it names files of its own folder only
-            if not SEGMENT_NAME.fullmatch(str(name)) or not (folder / name).is_file():
-                raise UserError(
-                    f"{folder / PLAN_FILE} names {name!r}, not a segment of {folder}", "rebuild or fetch the artifact again"
-                )
+        segments = self.plan.segments()
+        for name in segments:  # the plan names files of its own folder only (its schema); they must be there
+            if not (folder / name).is_file():
+                raise UserError(f"{folder / PLAN_FILE} names {name!r}, not a segment of {folder}", PLAN_HINT)
         self.sessions = {name: make_session(folder / name, settings, spinning=spinning, shared_arena=True) for name in segments}
 
     def run(self, feeds: dict[str, np.ndarray], run_options: Any = None) -> np.ndarray:
         env = dict(feeds)
-        for step in self.plan["steps"]:
-            if "segment" in step:
-                session = self.sessions[step["segment"]]
-                made = session.run(step["outputs"], {i: env[i] for i in step["inputs"]}, run_options)
-                env.update(zip(step["outputs"], made, strict=True))
-            began = time.perf_counter()
-            for chain in step.get("chains", ()):
-                self._chain(chain, env)
-            self.chain_seconds += time.perf_counter() - began
-            for name in step["release"]:
+        for step in self.plan.steps:
+            if isinstance(step, SegmentStep):
+                made = self.sessions[step.segment].run(step.outputs, {i: env[i] for i in step.inputs}, run_options)
+                env.update(zip(step.outputs, made, strict=True))
+            else:
+                began = time.perf_counter()
+                for chain in step.chains:
+                    if isinstance(chain, BranchSum):
+                        self._branch_sum(chain, env)
+                    else:
+                        self._chain(chain, env)
+                self.chain_seconds += time.perf_counter() - began
+            for name in step.release:
                 env.pop(name, None)
-        return env[self.plan["outputs"][0]]
+        return env[self.plan.outputs[0]]
 
     def _value(self, env: dict[str, np.ndarray], name: str) -> np.ndarray:
         return env[name].reshape(-1) if name in env else self._constant(name, 0)
@@ -75,57 +74,56 @@ class FusedGenerator:
             self._held[key] = per_channel(value, channels) if channels else value.reshape(-1)
         return self._held[key]
 
-    def _chain(self, spec: dict[str, Any], env: dict[str, np.ndarray]) -> None:
-        name = spec["name"]
-        if spec["kind"] == "sum":
-            self._branch_sum(spec, env)
-            return
-        scale = self._value(env, spec["norm_scale"])
-        kept = ("qscale", "qzero") if spec["kind"] == "float" else ("qscale", "qzero", "scale", "zero")
+    def _chain(self, spec: NormChain, env: dict[str, np.ndarray]) -> None:
+        name = spec.name
+        scale = self._value(env, spec.norm_scale)
+        kept = ("qscale", "qzero") if spec.kind == "float" else ("qscale", "qzero", "scale", "zero")
         held = {key: self._constant(f"{name}.{key}", scale.size) for key in kept}
-        post = (self._value(env, spec["post_gain"]), self._value(env, spec["post_shift"])) if spec.get("post_gain") else None
-        levels = (held["scale"], held["zero"]) if spec["kind"] != "float" else None
-        args = ChainArgs(scale, self._value(env, spec["norm_bias"]), spec["eps"], tuple(spec["poly"]), held["qscale"],
-                         held["qzero"], post, levels)  # fmt: skip
-        source = env[spec["x"]]
+        post = None
+        if spec.post_gain and spec.post_shift:
+            post = (self._value(env, spec.post_gain), self._value(env, spec.post_shift))
+        levels = (held["scale"], held["zero"]) if spec.kind != "float" else None
+        args = ChainArgs(scale, self._value(env, spec.norm_bias), spec.eps, spec.poly, held["qscale"], held["qzero"],
+                         post, levels)  # fmt: skip
+        source = env[spec.x]
         shape = source.shape
-        if source.ndim != 3 or (spec["kind"] == "residual" and env[spec["q"]].shape != shape):
-            raise ValueError(f"{name}: inputs of shapes {source.shape} and {env[spec.get('q', spec['x'])].shape}")
+        if source.ndim != 3 or (spec.q is not None and env[spec.q].shape != shape):
+            raise ValueError(f"{name}: inputs of shapes {source.shape} and {env[spec.q or spec.x].shape}")
         flat = (int(np.prod(shape[:-1])), shape[-1])
         if scale.size != flat[0]:  # the kernels read one constant per row: the plan (a file) must not say otherwise
             raise ValueError(f"{name}: {scale.size} channel constants for {flat[0]} channels")
         out = np.empty(shape, np.uint8)
-        if spec["kind"] == "level":
+        if spec.kind == "level":
             self.kernels.level_chain(source.reshape(flat), args, out.reshape(flat))
-        elif spec["kind"] == "float":
+        elif spec.kind == "float" or spec.q is None or spec.x_new is None:
             self.kernels.float_chain(source.reshape(flat), args, out.reshape(flat))
         else:
             x_new = _overwritable(spec, source)
-            levels = env[spec["q"]].reshape(flat)
+            levels = env[spec.q].reshape(flat)
             self.kernels.residual_chain(source.reshape(flat), levels, args, x_new.reshape(flat), out.reshape(flat))
-            env[spec["x_new"]] = x_new
-        env[spec["out"]] = out
+            env[spec.x_new] = x_new
+        env[spec.out] = out
 
-    def _branch_sum(self, spec: dict[str, Any], env: dict[str, np.ndarray]) -> None:
-        name = spec["name"]
-        streams = [env[x] for x in spec["x"]]
+    def _branch_sum(self, spec: BranchSum, env: dict[str, np.ndarray]) -> None:
+        name = spec.name
+        streams = [env[x] for x in spec.x]
         shape = streams[0].shape
-        if len(streams) != 3 or any(v.shape != shape for v in [*streams, *(env[q] for q in spec["q"])]):
+        if any(v.shape != shape for v in [*streams, *(env[q] for q in spec.q)]):
             raise ValueError(f"{name}: branches of different shapes")
         flat = (int(np.prod(shape[:-1])), shape[-1])
         out = _overwritable(spec, streams[0])
         channels = flat[0]
-        self.kernels.branch_sum([env[q].reshape(flat) for q in spec["q"]], [x.reshape(flat) for x in streams],
+        self.kernels.branch_sum([env[q].reshape(flat) for q in spec.q], [x.reshape(flat) for x in streams],
                                 [self._constant(f"{name}.scale{j}", channels) for j in range(3)],
                                 [self._constant(f"{name}.zero{j}", channels) for j in range(3)],
-                                spec["divisor"], out.reshape(flat))  # fmt: skip
-        env[spec["out"]] = out
+                                spec.divisor, out.reshape(flat))  # fmt: skip
+        env[spec.out] = out
 
 
-def _overwritable(spec: dict[str, Any], stream: np.ndarray) -> np.ndarray:
+def _overwritable(spec: NormChain | BranchSum, stream: np.ndarray) -> np.ndarray:
     """Where a residual stream's sum goes: over the stream itself when nothing else reads it (the plan's `in_place`;
     the kernels read each sample before they write it), else a new array."""
-    if spec.get("in_place") and stream.flags.writeable and stream.flags.c_contiguous:
+    if spec.in_place and stream.flags.writeable and stream.flags.c_contiguous:
         return stream
     return np.empty(stream.shape, np.float32)
 
