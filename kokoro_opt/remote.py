@@ -31,13 +31,13 @@ from typing import Any
 
 from kokoro_opt.artifacts import Artifact, build_folder, file_hashes, open_artifact
 from kokoro_opt.errors import UserError, read_json
-from kokoro_opt.evaluate.tracking import (
+from kokoro_opt.evaluate.tracking_store import (
     EXPERIMENT_PREFIX,
     KIND_TAG,
-    _client,
-    _experiment,
     existing_client,
+    experiment_id,
     machine_tags,
+    open_client,
     resolve_tracking_uri,
 )
 from kokoro_opt.manifest import (
@@ -165,7 +165,7 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path
     _regular_files(artifact.path, f"artifact {artifact.id}")
     size = sum(entry.size for entry in artifact.manifest.files.values())
     say(f"pushing {_label(artifact)} {artifact.id} ({size / 1e6:.0f} MB) to {uri}")
-    experiment = _experiment(client, uri, EXPERIMENT)
+    experiment = experiment_id(client, uri, EXPERIMENT)
     run_id = str(client.create_run(experiment, tags=tags, run_name=f"{_label(artifact)}-{artifact.id[:8]}").info.run_id)
     try:
         client.log_artifacts(run_id, str(artifact.path), FOLDER)
@@ -183,7 +183,7 @@ def push_artifact(artifact: Artifact, tracking_uri: str | None = None, say: Say 
     given) to the tracking server's artifact store; returns the artifact's run id. Pushing again is a no-op."""
     _check_placeable(artifact)  # before a tracking store is opened (or, for a new SQLite path, made)
     uri = resolve_tracking_uri(tracking_uri)
-    client = _client(uri)
+    client = open_client(uri)
     reference = Store(artifact.path.parent.parent).reference_export(artifact)
     if reference is not None and reference.id != artifact.id:
         _push_folder(client, uri, reference, say)

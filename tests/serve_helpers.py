@@ -43,7 +43,7 @@ def record_evaluations(tracking_uri: str, metrics: list[tuple[str, dict[str, flo
     or that a test ranks by figures it chooses."""
     from mlflow.tracking import MlflowClient
 
-    from kokoro_opt.evaluate.tracking import EXPERIMENT_PREFIX, KIND_TAG
+    from kokoro_opt.evaluate.tracking_store import EXPERIMENT_PREFIX, KIND_TAG
 
     client = MlflowClient(tracking_uri)
     experiment = client.create_experiment(EXPERIMENT_PREFIX + "evaluations")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from kokoro_opt.artifacts import Artifact
-from kokoro_opt.evaluate import ranking, tracking
+from kokoro_opt.evaluate import ranking, tracking, tracking_store
 from kokoro_opt.evaluate.corpus import load_corpus
 from kokoro_opt.evaluate.report import EvalResult, pareto_front, pareto_png
 from kokoro_opt.evaluate.run import evaluate_artifacts, evaluation_settings
@@ -408,5 +408,5 @@ def test_a_tracking_store_that_cannot_answer_is_one_line_at_once(uri: str, match
     from kokoro_opt.errors import UserError
 
     with pytest.raises(UserError, match=re.escape(match)) as raised:
-        tracking.existing_client(uri)
+        tracking_store.existing_client(uri)
     assert "secret" not in str(raised.value)

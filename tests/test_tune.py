@@ -285,8 +285,10 @@ def test_two_worker_processes_share_one_study(tune_env: dict[str, Any]) -> None:
     result = _run(env, _recipe(env, "pair", trials=6), workers=2)
     done = [t for t in result.study.trials if t.state.name in ("COMPLETE", "PRUNED")]
     assert len(done) == 6  # exactly the budget, though both workers ask for trials at once
-    workers = {t.user_attrs["worker"] for t in done}
-    assert len(workers) == 2, workers  # both processes ran trials of the one study
+    # every trial is one of this run's two workers' (w0, w1): how many each took is the OS scheduler's business, and
+    # on a loaded machine one process can start after the other has finished the budget
+    workers = {t.user_attrs["worker"].rsplit(":", 1)[-1] for t in done}
+    assert workers <= {"w0", "w1"} and workers, workers
     assert len({t.number for t in done}) == len(done)
     # one MLflow run per finished trial; a race surplus (closed unmeasured) has none
     measured = [t.number for t in result.study.trials if t.state.is_finished() and not t.user_attrs.get("surplus")]

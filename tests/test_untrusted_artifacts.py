@@ -14,7 +14,7 @@ import pytest
 
 from kokoro_opt.artifacts import Artifact, link_or_copy
 from kokoro_opt.errors import UserError
-from kokoro_opt.evaluate.tracking import KIND_TAG
+from kokoro_opt.evaluate.tracking_store import KIND_TAG
 from kokoro_opt.hashing import file_sha256
 from kokoro_opt.manifest import MANIFEST, RECORD_FILES
 from kokoro_opt.remote import EXPERIMENT, PUSHED_KIND, fetch_artifact, push_artifact

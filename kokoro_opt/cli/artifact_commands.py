@@ -51,7 +51,7 @@ def build(
 
 
 def _push(artifact: Any, tracking_uri: str | None, lock: Path | None = None) -> None:
-    from kokoro_opt.evaluate.tracking import tracking_location
+    from kokoro_opt.evaluate.tracking_store import tracking_location
     from kokoro_opt.remote import push_artifact
 
     run_id = push_artifact(artifact, tracking_uri, say=say_line, lock=lock)

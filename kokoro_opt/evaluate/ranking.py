@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kokoro_opt.evaluate.tracking import KIND_TAG, _machine_from_tags, _our_experiments, existing_client
+from kokoro_opt.evaluate.tracking_store import KIND_TAG, existing_client, machine_from_tags, our_experiments
 
 
 def best_evaluated(
@@ -33,7 +33,7 @@ def best_evaluated(
     if opened is None:
         return None  # nothing evaluated yet
     _, client = opened
-    ids = _our_experiments(client)
+    ids = our_experiments(client)
     runs = client.search_runs(ids, f"tags.{KIND_TAG} = 'evaluation' and attributes.status = 'FINISHED'") if ids else []
     if machine_id is not None:
         mine = [r for r in runs if r.data.tags.get("machine.id") == machine_id]
@@ -113,7 +113,7 @@ def _fastest_passing(
         "rtf_p50": m["rtf_p50"],
         "pesq_mean": heard.get("pesq_mean"),
         "windowed": bool(heard["windowed"]),
-        "machine": _machine_from_tags(tags),
+        "machine": machine_from_tags(tags),
         "reason": f"fastest evaluated artifact passing the quality budget: {tags.get('artifact_name', '?')} "
         f"{pace}{first}RTF p50 {m['rtf_p50']:.3f}, {quality}, no NaN/silent output (MLflow run {best.info.run_id})",
     }

@@ -9,132 +9,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
-import os
 import shutil
 import subprocess
 import tempfile
 import time
 from dataclasses import asdict
-from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
-from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.report import EvalResult, mel_png, ops_json, ops_png, precision_summary, results_json
+from kokoro_opt.evaluate.tracking_store import (
+    EXPERIMENT_PREFIX,
+    KIND_TAG,
+    existing_client,
+    experiment_id,
+    machine_from_tags,
+    machine_tags,
+    open_client,
+    our_experiments,
+    resolve_tracking_uri,
+)
 
-STORE = Path("experiments")
-KEY_TAG, KIND_TAG = "eval_key", "kokoro_opt_kind"
-EXPERIMENT_PREFIX = "kokoro-opt-"
+KEY_TAG = "eval_key"
 _PARAM_CHARS = 500  # MLflow caps param values; long lists are truncated, the manifest artifact has them whole
-
-
-def resolve_tracking_uri(uri: str | None = None) -> str:
-    """--tracking-uri, else MLFLOW_TRACKING_URI, else SQLite under ./experiments (absolute: cwd-proof)."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(STORE / 'mlflow.db').resolve()}"
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    return Path(unquote(uri[len("sqlite:///") :])) if uri.startswith("sqlite:///") else None
-
-
-def existing_client(tracking_uri: str | None) -> tuple[str, Any] | None:
-    """(resolved URI, client) of the tracking store, or None when it is an SQLite file that does not exist
-    yet: nothing was logged, and looking must not create an empty store."""
-    uri = resolve_tracking_uri(tracking_uri)
-    db = _sqlite_path(uri)
-    if db is not None and not db.exists():
-        return None
-    return uri, _client(uri)
-
-
-_HINT = "start it, or fix --tracking-uri / MLFLOW_TRACKING_URI"
-_DATABASES = ("postgresql", "mysql", "mssql")  # SQLAlchemy URLs MLflow keeps its store in (+driver allowed)
-
-
-@cache
-def _answers(uri: str) -> None:
-    """A tracking store that cannot answer fails here at once, not after MLflow's retries (minutes): an http(s)
-    server or a database that does not answer, or a URI that names neither (MLflow would take a bare word for
-    a folder of its file store, which it no longer writes). Any answer will do: what it says is MLflow's."""
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    if scheme.split("+")[0] in _DATABASES:
-        _database_answers(uri, scheme)
-        return
-    if scheme in ("", "file"):
-        raise UserError(f"{uri!r} is not a tracking store MLflow writes", "use sqlite:///path/to/mlflow.db or http://host:5000")
-    if scheme not in ("http", "https"):
-        return
-    from urllib.error import HTTPError, URLError
-    from urllib.request import urlopen
-
-    try:
-        with urlopen(uri.rstrip("/") + "/health", timeout=10):
-            pass
-    except HTTPError:
-        return
-    except (URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise UserError(f"the MLflow tracking server at {uri} does not answer ({reason})", _HINT) from None
-
-
-def _database_answers(uri: str, scheme: str) -> None:
-    import sqlalchemy
-
-    where = f"{scheme}://{uri.rsplit('@', 1)[-1].split('://')[-1]}"  # no password in the message
-    try:
-        engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": 10})
-        with engine.connect():
-            pass
-        engine.dispose()
-    except ModuleNotFoundError as exc:
-        raise UserError(
-            f"no driver for {scheme} ({exc.name})", "install the team extra: pip install 'kokoro-opt[team]'"
-        ) from None
-    except Exception as exc:  # SQLAlchemy's URL and connection errors
-        raise UserError(f"the tracking database at {where} does not answer ({type(exc).__name__})", _HINT) from None
-
-
-def _client(uri: str) -> Any:
-    from mlflow.tracking import MlflowClient
-
-    _answers(uri)
-    for name in ("mlflow", "alembic"):  # schema migration chatter on a new store
-        logging.getLogger(name).setLevel(logging.WARNING)
-    db = _sqlite_path(uri)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=uri)
-
-
-# MLflow 3 opens an experiment without a kind on its GenAI overview (traces, token usage: empty
-# here); this kind opens it on the runs table, where artifacts are compared.
-EXPERIMENT_TAGS = {
-    "mlflow.experimentKind": "custom_model_development",
-    "mlflow.note.content": (
-        "kokoro-opt: one run per evaluated artifact, comparison or tuning trial.\n\n"
-        "Headline metrics: speedup_vs_reference (x fp32, measured side by side in one session: compare by this), "
-        "rtf_p50 and ttfa_p50 (seconds; lower is better), pesq_mean / pesq_min (PESQ-WB vs fp32, higher is better; "
-        "phrase_pesq_mean on the short-phrase slice), "
-        "mcd_mean (dB, lower is better), wer_delta (lower is better), size_mb, peak_rss_mb. "
-        "Per-op profile: profile/ops.json; precision map and plots are files of each run."
-    ),
-}
-
-
-def _experiment(client: Any, uri: str, name: str) -> str:
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        for key, value in EXPERIMENT_TAGS.items():
-            if found.tags.get(key) != value:  # an experiment made by an earlier kokoro-opt
-                client.set_experiment_tag(found.experiment_id, key, value)
-        return str(found.experiment_id)
-    db = _sqlite_path(uri)
-    # Beside the SQLite file, not in the cwd's ./mlruns; a server picks its own artifact store.
-    location = (db.parent / "mlruns" / name).resolve().as_uri() if db is not None else None
-    return str(client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_TAGS))
 
 
 def recipe_family(name: str) -> str:
@@ -147,12 +45,8 @@ def evaluation_key(artifact_id: str, settings: dict[str, Any]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
-def _our_experiments(client: Any) -> list[str]:
-    return [e.experiment_id for e in client.search_experiments() if e.name.startswith(EXPERIMENT_PREFIX)]
-
-
 def _runs_with_key(client: Any, key: str) -> list[Any]:
-    ids = _our_experiments(client)
+    ids = our_experiments(client)
     return list(client.search_runs(ids, f"tags.{KEY_TAG} = '{key}'")) if ids else []
 
 
@@ -171,19 +65,6 @@ def find_evaluation(tracking_uri: str | None, key: str) -> EvalResult | None:
     return None if found is None else _result_from_run(found, client)
 
 
-def machine_tags(fp: dict[str, Any]) -> dict[str, str]:
-    """MLflow tags of a kokoro_opt.machine fingerprint: searchable (tags.`machine.id` = '...'), shown in lists."""
-    return {f"machine.{k}": str(fp.get(k, "")) for k in ("id", "cpu", "arch", "cores")}
-
-
-def _machine_from_tags(tags: dict[str, str]) -> dict[str, Any]:
-    """The fingerprint's headline of a logged run (the whole one is its machine.json); {} for older runs."""
-    found: dict[str, Any] = {k: tags[f"machine.{k}"] for k in ("id", "cpu", "arch", "cores") if f"machine.{k}" in tags}
-    if str(found.get("cores", "")).isdigit():
-        found["cores"] = int(found["cores"])
-    return found
-
-
 def _result_from_run(run: Any, client: Any) -> EvalResult:
     tags, metrics = run.data.tags, dict(run.data.metrics)
     ops = {k.split(".", 1)[1]: v for k, v in metrics.items() if k.startswith("op_seconds.")} or _logged_ops(client, run)
@@ -198,7 +79,7 @@ def _result_from_run(run: Any, client: Any) -> EvalResult:
         skipped=True,
         metrics={k: v for k, v in metrics.items() if not k.startswith(("op_seconds.", "op_share."))},
         op_times=dict(sorted(ops.items(), key=lambda kv: -kv[1])),
-        machine=_machine_from_tags(tags),
+        machine=machine_from_tags(tags),
     )
 
 
@@ -289,13 +170,13 @@ def log_evaluation(
     from kokoro_opt.machine import fingerprint
 
     uri = resolve_tracking_uri(tracking_uri)
-    client = _client(uri)
+    client = open_client(uri)
     machine = result.machine or fingerprint()
     for old in _runs_with_key(client, key):
         client.delete_run(old.info.run_id)
     manifest = runner.manifest
     family = "peers" if result.external else recipe_family(manifest.name or result.label)
-    experiment = _experiment(client, uri, EXPERIMENT_PREFIX + family)
+    experiment = experiment_id(client, uri, EXPERIMENT_PREFIX + family)
     weights = manifest.weights.model_dump() if manifest.weights else {}
     tags = {
         KEY_TAG: key,
@@ -357,7 +238,7 @@ def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings
     from kokoro_opt.machine import fingerprint
 
     uri = resolve_tracking_uri(tracking_uri)
-    client = _client(uri)
+    client = open_client(uri)
     machine = next((r.machine for r in results if r.machine), None) or fingerprint()
     ids = sorted(r.artifact_id for r in results)
     key = evaluation_key("+".join(ids), settings)
@@ -367,7 +248,7 @@ def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings
     else:
         tags = {KEY_TAG: key, KIND_TAG: "comparison", "artifacts": ",".join(ids)[:_PARAM_CHARS], **machine_tags(machine)}
         name = "compare-" + "-".join(sorted({r.label.replace(" ", "_") for r in results}))[:200]
-        experiment = _experiment(client, uri, EXPERIMENT_PREFIX + "compare")
+        experiment = experiment_id(client, uri, EXPERIMENT_PREFIX + "compare")
         run_id = str(client.create_run(experiment, tags=tags, run_name=name).info.run_id)
         params: dict[str, str] = {}
         _flat("eval", settings, params)
@@ -395,15 +276,9 @@ def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings
 
 def artifact_files(tracking_uri: str | None, run_id: str) -> list[str]:
     """Paths of the files logged with a run (recursively), for tests and reports."""
-    client = _client(resolve_tracking_uri(tracking_uri))
+    client = open_client(resolve_tracking_uri(tracking_uri))
     found, stack = [], [""]
     while stack:
         for item in client.list_artifacts(run_id, stack.pop() or None):
             (stack if item.is_dir else found).append(item.path)
     return sorted(found)
-
-
-def tracking_location(tracking_uri: str | None) -> str:
-    uri = resolve_tracking_uri(tracking_uri)
-    parsed = urlparse(uri)
-    return str(_sqlite_path(uri)) if parsed.scheme == "sqlite" else uri

@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kokoro_opt.evaluate.tracking import (
+from kokoro_opt.evaluate.tracking_store import (
     KIND_TAG,
-    _client,
-    _experiment,
-    _our_experiments,
     existing_client,
+    experiment_id,
     machine_tags,
+    open_client,
+    our_experiments,
     resolve_tracking_uri,
 )
 
@@ -53,7 +53,7 @@ def recorded_evaluation(tracking_uri: str | None, artifact_id: str) -> dict[str,
     if opened is None:
         return None
     _, client = opened
-    ids = _our_experiments(client)
+    ids = our_experiments(client)
     query = f"tags.artifact_id = '{artifact_id}' and tags.{KIND_TAG} = 'evaluation' and attributes.status = 'FINISHED'"
     runs = list(client.search_runs(ids, query)) if ids else []
     if not runs:
@@ -84,8 +84,8 @@ class StudyRecords:
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = _client(self.uri)
-            self._experiment = _experiment(self._client, self.uri, EXPERIMENT)
+            self._client = open_client(self.uri)
+            self._experiment = experiment_id(self._client, self.uri, EXPERIMENT)
         return self._client
 
     def _find(self, extra: str) -> list[Any]:

@@ -1,0 +1,147 @@
+"""The MLflow tracking store: which one (--tracking-uri, MLFLOW_TRACKING_URI, or SQLite under ./experiments), that it
+answers before any work, its client, kokoro-opt's experiments in it, and the machine tags every run carries.
+Evaluations (tracking.py), tuning trials (tuning/records.py), rankings and push/fetch (remote.py) open it here."""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from kokoro_opt.errors import UserError
+
+STORE = Path("experiments")
+KIND_TAG = "kokoro_opt_kind"
+EXPERIMENT_PREFIX = "kokoro-opt-"
+
+
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    """--tracking-uri, else MLFLOW_TRACKING_URI, else SQLite under ./experiments (absolute: cwd-proof)."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(STORE / 'mlflow.db').resolve()}"
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(unquote(uri[len("sqlite:///") :])) if uri.startswith("sqlite:///") else None
+
+
+def existing_client(tracking_uri: str | None) -> tuple[str, Any] | None:
+    """(resolved URI, client) of the tracking store, or None when it is an SQLite file that does not exist
+    yet: nothing was logged, and looking must not create an empty store."""
+    uri = resolve_tracking_uri(tracking_uri)
+    db = _sqlite_path(uri)
+    if db is not None and not db.exists():
+        return None
+    return uri, open_client(uri)
+
+
+_HINT = "start it, or fix --tracking-uri / MLFLOW_TRACKING_URI"
+_DATABASES = ("postgresql", "mysql", "mssql")  # SQLAlchemy URLs MLflow keeps its store in (+driver allowed)
+
+
+@cache
+def _answers(uri: str) -> None:
+    """A tracking store that cannot answer fails here at once, not after MLflow's retries (minutes): an http(s)
+    server or a database that does not answer, or a URI that names neither (MLflow would take a bare word for
+    a folder of its file store, which it no longer writes). Any answer will do: what it says is MLflow's."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme.split("+")[0] in _DATABASES:
+        _database_answers(uri, scheme)
+        return
+    if scheme in ("", "file"):
+        raise UserError(f"{uri!r} is not a tracking store MLflow writes", "use sqlite:///path/to/mlflow.db or http://host:5000")
+    if scheme not in ("http", "https"):
+        return
+    from urllib.error import HTTPError, URLError
+    from urllib.request import urlopen
+
+    try:
+        with urlopen(uri.rstrip("/") + "/health", timeout=10):
+            pass
+    except HTTPError:
+        return
+    except (URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"the MLflow tracking server at {uri} does not answer ({reason})", _HINT) from None
+
+
+def _database_answers(uri: str, scheme: str) -> None:
+    import sqlalchemy
+
+    where = f"{scheme}://{uri.rsplit('@', 1)[-1].split('://')[-1]}"  # no password in the message
+    try:
+        engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": 10})
+        with engine.connect():
+            pass
+        engine.dispose()
+    except ModuleNotFoundError as exc:
+        raise UserError(
+            f"no driver for {scheme} ({exc.name})", "install the team extra: pip install 'kokoro-opt[team]'"
+        ) from None
+    except Exception as exc:  # SQLAlchemy's URL and connection errors
+        raise UserError(f"the tracking database at {where} does not answer ({type(exc).__name__})", _HINT) from None
+
+
+def open_client(uri: str) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    _answers(uri)
+    for name in ("mlflow", "alembic"):  # schema migration chatter on a new store
+        logging.getLogger(name).setLevel(logging.WARNING)
+    db = _sqlite_path(uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    return MlflowClient(tracking_uri=uri)
+
+
+# MLflow 3 opens an experiment without a kind on its GenAI overview (traces, token usage: empty
+# here); this kind opens it on the runs table, where artifacts are compared.
+EXPERIMENT_TAGS = {
+    "mlflow.experimentKind": "custom_model_development",
+    "mlflow.note.content": (
+        "kokoro-opt: one run per evaluated artifact, comparison or tuning trial.\n\n"
+        "Headline metrics: speedup_vs_reference (x fp32, measured side by side in one session: compare by this), "
+        "rtf_p50 and ttfa_p50 (seconds; lower is better), pesq_mean / pesq_min (PESQ-WB vs fp32, higher is better; "
+        "phrase_pesq_mean on the short-phrase slice), "
+        "mcd_mean (dB, lower is better), wer_delta (lower is better), size_mb, peak_rss_mb. "
+        "Per-op profile: profile/ops.json; precision map and plots are files of each run."
+    ),
+}
+
+
+def experiment_id(client: Any, uri: str, name: str) -> str:
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        for key, value in EXPERIMENT_TAGS.items():
+            if found.tags.get(key) != value:  # an experiment made by an earlier kokoro-opt
+                client.set_experiment_tag(found.experiment_id, key, value)
+        return str(found.experiment_id)
+    db = _sqlite_path(uri)
+    # Beside the SQLite file, not in the cwd's ./mlruns; a server picks its own artifact store.
+    location = (db.parent / "mlruns" / name).resolve().as_uri() if db is not None else None
+    return str(client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_TAGS))
+
+
+def our_experiments(client: Any) -> list[str]:
+    return [e.experiment_id for e in client.search_experiments() if e.name.startswith(EXPERIMENT_PREFIX)]
+
+
+def machine_tags(fp: dict[str, Any]) -> dict[str, str]:
+    """MLflow tags of a kokoro_opt.machine fingerprint: searchable (tags.`machine.id` = '...'), shown in lists."""
+    return {f"machine.{k}": str(fp.get(k, "")) for k in ("id", "cpu", "arch", "cores")}
+
+
+def machine_from_tags(tags: dict[str, str]) -> dict[str, Any]:
+    """The fingerprint's headline of a logged run (the whole one is its machine.json); {} for older runs."""
+    found: dict[str, Any] = {k: tags[f"machine.{k}"] for k in ("id", "cpu", "arch", "cores") if f"machine.{k}" in tags}
+    if str(found.get("cores", "")).isdigit():
+        found["cores"] = int(found["cores"])
+    return found
+
+
+def tracking_location(tracking_uri: str | None) -> str:
+    uri = resolve_tracking_uri(tracking_uri)
+    parsed = urlparse(uri)
+    return str(_sqlite_path(uri)) if parsed.scheme == "sqlite" else uri
