@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.recipe_yaml import explain, read_recipe_yaml
 
 DEFAULT_SENTENCES = [
     "The birch canoe slid on the smooth planks.",
@@ -339,83 +339,18 @@ class Recipe(Strict):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def read_yaml_mapping(path: Path, kind: str, example: str) -> dict[str, Any]:
-    """A YAML file that must hold a mapping; every problem is one UserError naming the file."""
-    if path.is_dir():
-        raise UserError(f"{path} is a folder, not a {kind} file", f"pass a .yaml file, e.g. {example}")
-    if not path.is_file():
-        raise UserError(f"{kind} file not found: {path}", f"pass an existing .yaml file, e.g. {example}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path} is not valid YAML: {exc}".replace("\n", " "), "fix the YAML syntax") from exc
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path} is not UTF-8 text (byte {exc.start})", "save it as UTF-8") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} must be a YAML mapping of {kind} fields", f"see {example} for the layout")
-    return data
-
-
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    if path.resolve() in seen:
-        raise UserError(f"recipe {path} extends itself through {' -> '.join(str(p) for p in seen)}")
-    data = read_yaml_mapping(path, "recipe", "recipes/fp32.yaml")
-    parent = data.pop("extends", None)
-    extra_stages = data.pop("append_stages", None)
-    if parent is not None:
-        parent_path = (path.parent / str(parent)).resolve()
-        if not parent_path.is_file():
-            raise UserError(f"{path}: extends {parent}, which is not a file ({parent_path})", "fix the extends: path")
-        inherited = _read_yaml(parent_path, (*seen, path.resolve()))
-        inherited.pop("name", None)  # another recipe: its own name (default: its file's), its own artifacts folder
-        data = _deep_merge(inherited, data)
-    if extra_stages is not None:
-        if not isinstance(extra_stages, list):
-            raise UserError(f"{path}: field 'append_stages' must be a list of stages", "write it like 'stages'")
-        stages = data.get("stages") or []
-        if not isinstance(stages, list):
-            raise UserError(f"{path}: field 'stages' must be a list of stages", "append_stages adds to that list")
-        data["stages"] = [*stages, *extra_stages]
-    return data
-
-
-def _explain(error: dict[str, Any]) -> str:
-    where = ".".join(str(p) for p in error["loc"]) or "recipe"
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        return f"unknown field '{where}': remove it or check its spelling"
-    if kind == "missing":
-        return f"missing field '{where}': add it to the recipe"
-    if kind == "value_error":  # our own validators: the message says it all, the input is the whole section
-        message = error["msg"].removeprefix("Value error, ")
-        return f"field '{where}': {message}" if error["loc"] else message
-    if kind in ("literal_error", "union_tag_invalid"):
-        return f"field '{where}': {error['msg']}"
-    return f"field '{where}': {error['msg']} (got {error.get('input')!r})"
-
-
 def parse_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(_explain(e) for e in exc.errors())
+        problems = "; ".join(explain(e) for e in exc.errors())
         raise UserError(f"{origin}: {problems}") from None
 
 
 def load_recipe(path: str | Path) -> Recipe:
     """Read, merge (`extends:`) and validate a recipe; every problem becomes one UserError line."""
     path = Path(path)
-    data = _read_yaml(path)
+    data = read_recipe_yaml(path)
     data.setdefault("name", path.stem)
     recipe = parse_recipe(data, str(path))
     weights_path = recipe.weights.path

@@ -1,7 +1,7 @@
 """The tuning recipe: what `kokoro-opt tune` searches, how it measures, and how it picks the winner.
 
 One strict pydantic model validates the whole YAML up front; every problem becomes one UserError
-line naming the field (the same wording as build recipes, through `kokoro_opt.recipe._explain`).
+line naming the field (the same wording as build recipes, through `kokoro_opt.recipe_yaml.explain`).
 A one-element list pins a setting: it is applied to every trial but not searched.
 """
 
@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.recipe import _explain, read_yaml_mapping
+from kokoro_opt.recipe_yaml import explain, read_yaml_mapping
 from kokoro_opt.select import QUALITY_BUDGET_PESQ, QUALITY_BUDGET_PHRASE_PESQ
 from kokoro_opt.serve.bench import PARAGRAPH
 from kokoro_opt.text import CONTEXT_TOKENS
@@ -196,7 +196,7 @@ def parse_tune_recipe(data: dict[str, object], origin: str = "tuning recipe") ->
     try:
         return TuneRecipe.model_validate(data)
     except ValidationError as exc:
-        raise UserError(f"{origin}: {'; '.join(_explain(e) for e in exc.errors())}") from None
+        raise UserError(f"{origin}: {'; '.join(explain(e) for e in exc.errors())}") from None
 
 
 def load_tune_recipe(path: str | Path) -> TuneRecipe:

@@ -1,0 +1,78 @@
+"""Recipe files: YAML that must hold a mapping, `extends:` merged key by key, `append_stages:`, and pydantic's
+problems said as one line per field. Build recipes (recipe.py) and tuning recipes (tuning/config.py) read through it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kokoro_opt.errors import UserError
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_yaml_mapping(path: Path, kind: str, example: str) -> dict[str, Any]:
+    """A YAML file that must hold a mapping; every problem is one UserError naming the file."""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a {kind} file", f"pass a .yaml file, e.g. {example}")
+    if not path.is_file():
+        raise UserError(f"{kind} file not found: {path}", f"pass an existing .yaml file, e.g. {example}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path} is not valid YAML: {exc}".replace("\n", " "), "fix the YAML syntax") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (byte {exc.start})", "save it as UTF-8") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must be a YAML mapping of {kind} fields", f"see {example} for the layout")
+    return data
+
+
+def read_recipe_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe file's fields with its `extends:` parents merged under them and `append_stages:` added to `stages`."""
+    if path.resolve() in seen:
+        raise UserError(f"recipe {path} extends itself through {' -> '.join(str(p) for p in seen)}")
+    data = read_yaml_mapping(path, "recipe", "recipes/fp32.yaml")
+    parent = data.pop("extends", None)
+    extra_stages = data.pop("append_stages", None)
+    if parent is not None:
+        parent_path = (path.parent / str(parent)).resolve()
+        if not parent_path.is_file():
+            raise UserError(f"{path}: extends {parent}, which is not a file ({parent_path})", "fix the extends: path")
+        inherited = read_recipe_yaml(parent_path, (*seen, path.resolve()))
+        inherited.pop("name", None)  # another recipe: its own name (default: its file's), its own artifacts folder
+        data = _deep_merge(inherited, data)
+    if extra_stages is not None:
+        if not isinstance(extra_stages, list):
+            raise UserError(f"{path}: field 'append_stages' must be a list of stages", "write it like 'stages'")
+        stages = data.get("stages") or []
+        if not isinstance(stages, list):
+            raise UserError(f"{path}: field 'stages' must be a list of stages", "append_stages adds to that list")
+        data["stages"] = [*stages, *extra_stages]
+    return data
+
+
+def explain(error: Any) -> str:
+    """One pydantic problem in a recipe's words: the field, what is wrong, and for a typo how to fix it."""
+    where = ".".join(str(p) for p in error["loc"]) or "recipe"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return f"unknown field '{where}': remove it or check its spelling"
+    if kind == "missing":
+        return f"missing field '{where}': add it to the recipe"
+    if kind == "value_error":  # our own validators: the message says it all, the input is the whole section
+        message = error["msg"].removeprefix("Value error, ")
+        return f"field '{where}': {message}" if error["loc"] else message
+    if kind in ("literal_error", "union_tag_invalid"):
+        return f"field '{where}': {error['msg']}"
+    return f"field '{where}': {error['msg']} (got {error.get('input')!r})"
