@@ -44,7 +44,7 @@ def write_runtime_files(folder: Path, weights: ResolvedWeights) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_native_stderr() -> Iterator[None]:
+def quiet_native_stderr() -> Iterator[None]:
     """The exporter's C++ shape-inference warnings about PackPadded are expected; keep the terminal clean."""
     sys.stderr.flush()
     saved = os.dup(2)
@@ -100,7 +100,7 @@ def export_onnx(
     wrapper = KModelForONNX(model).eval()
     args = tuple(torch.from_numpy(a) for a in feed_arrays(sample_tokens, style, 1.0))
     noise = deterministic_noise() if deterministic else contextlib.nullcontext()
-    with warnings.catch_warnings(), noise, torch.no_grad(), _alignment(alignment), _quiet_native_stderr():
+    with warnings.catch_warnings(), noise, torch.no_grad(), _alignment(alignment), quiet_native_stderr():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             wrapper,

@@ -163,7 +163,7 @@ def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
         import coremltools as ct
     except ImportError as exc:
         raise UserError("the coreml stage needs coremltools", "pip install 'kokoro-opt[coreml]'") from exc
-    from kokoro_opt.export import _quiet_native_stderr
+    from kokoro_opt.export import quiet_native_stderr
 
     started = time.perf_counter()
     kmodel = exported_kmodel(source.kokoro["weights"])  # Core ML converts from torch, not ONNX
@@ -171,7 +171,7 @@ def run_coreml(source: Artifact, cfg: CoreMLStage, out: Path) -> dict[str, Any]:
     packs = source.voice_packs()
     pack = packs[sorted(packs)[0]]
     tokens, style, speed = (torch.from_numpy(a) for a in feed_arrays(list(range(16, 16 + 48)), style_for(pack, 48), 1.0))
-    with deterministic_noise(), torch.no_grad(), _quiet_native_stderr():
+    with deterministic_noise(), torch.no_grad(), quiet_native_stderr():
         torch.onnx.export(
             KokoroFront(kmodel).eval(),
             (tokens, style, speed),

@@ -24,9 +24,9 @@ from kokoro_opt.tuning.space import ResolvedSpace
 from kokoro_opt.tuning.study import (
     SPACE_ATTR,
     WorkerArgs,
-    _optuna,
     finished,
     is_surplus,
+    load_optuna,
     make_storage,
     objective_names,
     open_study,
@@ -201,7 +201,7 @@ def show_front(recipe_path: str | Path, *, storage: str | None = None, study_nam
     console = console or Console()
     recipe = load_tune_recipe(recipe_path)
     name = study_name or recipe.study_name
-    optuna = _optuna()
+    optuna = load_optuna()
     url = storage or recipe.storage
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():  # showing makes nothing
         raise UserError(f"no study '{name}': nothing was tuned into {url}", f"run it first: kokoro-opt tune {recipe_path}")

@@ -36,7 +36,8 @@ MAX_CONSECUTIVE_FAILURES = 5
 Say = Callable[[str], None]
 
 
-def _optuna() -> Any:
+def load_optuna() -> Any:
+    """optuna, imported when a command needs it, its logging and experimental-feature warnings quieted."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are reported by us, once, without tracebacks
@@ -49,7 +50,7 @@ def objective_names(resolved: ResolvedSpace) -> list[str]:
 
 
 def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
-    optuna = _optuna()
+    optuna = load_optuna()
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
         db = Path(url[len("sqlite:///") :])
@@ -90,7 +91,7 @@ def _open_rdb(optuna: Any, url: str, engine_kwargs: dict[str, Any], beat: Worker
 
 
 def make_sampler(config: SamplerConfig, seed: int) -> Any:
-    optuna = _optuna()
+    optuna = load_optuna()
     if config.kind == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, config.startup_trials))
     # multivariate+group: conditional settings (inter-op threads, provider options) are modelled jointly
@@ -132,7 +133,7 @@ def open_study(
     recipe: TuneRecipe, storage: Any, name: str, root: Path, tracking_uri: str | None, say: Say
 ) -> tuple[Any, ResolvedSpace]:
     """Load the study, or create it with its space pinned; a changed recipe space is refused."""
-    optuna = _optuna()
+    optuna = load_optuna()
     if name in optuna.study.get_all_study_names(storage):
         study = optuna.load_study(study_name=name, storage=storage)
         if SPACE_ATTR not in study.user_attrs:
@@ -301,7 +302,7 @@ def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = N
 
     One trial per `optimize` call, each started only while a budget place is free: running trials of
     other workers hold their place until they finish or go stale (their worker was killed)."""
-    optuna = _optuna()
+    optuna = load_optuna()
     recipe = load_tune_recipe(args.recipe)
     storage = make_storage(args.storage, recipe.workers)
     existing = len(optuna.load_study(study_name=args.study, storage=storage).trials)
