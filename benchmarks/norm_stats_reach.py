@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--artifact", type=Path, default=Path("artifacts/int8-mixed"))
     parser.add_argument("--sentences", type=int, default=8)
     parser.add_argument("--phrases", type=int, default=12)
-    parser.add_argument("--calibration-sentences", type=int, default=6, help="as the windows stage's default")
+    parser.add_argument("--calibration-sentences", type=int, default=6, help="as the windows stage used in 2026-11")
     args = parser.parse_args()
 
     import numpy as np

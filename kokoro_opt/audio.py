@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +35,6 @@ def is_speechlike(audio: np.ndarray) -> bool:
 
 def to_pcm16(audio: np.ndarray) -> bytes:
     return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
-
-
-def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
-    buffer = io.BytesIO()
-    sf.write(buffer, np.clip(audio, -1.0, 1.0), sample_rate, format="WAV", subtype="PCM_16")
-    return buffer.getvalue()
 
 
 def wav_target(path: str | Path) -> Path:

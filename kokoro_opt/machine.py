@@ -138,3 +138,14 @@ def describe(fp: dict[str, Any]) -> str:
         f"{fp.get('os', '?')} {fp.get('os_release', '')}".strip(),
     ]
     return "machine: " + " · ".join([*parts, *([libraries] if libraries else [])]) + f" (id {fp.get('id', '?')})"
+
+
+def proc_status_kib(field_name: str) -> int | None:
+    """A memory line of this process's /proc/self/status in KiB (`VmHWM`: the kernel's peak resident memory,
+    `VmRSS`: the current); None where there is no such file (macOS, Windows)."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    return None

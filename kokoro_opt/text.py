@@ -113,6 +113,11 @@ _phonemize_cached = lru_cache(maxsize=1024)(_phonemize)
 _CACHE_MAX_CHARS = 4000
 
 
+def clear_phoneme_cache() -> None:
+    """Forget every phonemized text: a timed request then phonemizes as a server does a text it has not seen."""
+    _phonemize_cached.cache_clear()
+
+
 def phonemize(text: str, lang: str = "en-us") -> str:
     """Normalise (English rules for 'en-*') and phonemize with espeak-ng into Kokoro's phoneme symbols."""
     if not isinstance(text, str):

@@ -410,3 +410,18 @@ def test_a_tracking_store_that_cannot_answer_is_one_line_at_once(uri: str, match
     with pytest.raises(UserError, match=re.escape(match)) as raised:
         tracking_store.existing_client(uri)
     assert "secret" not in str(raised.value)
+
+
+def test_a_tuned_pick_reads_no_evaluation_records(tiny_artifact, tmp_path: Path) -> None:
+    """`best` with a tuned.json that applies is that artifact: the evaluation records are not read (MLflow, in a
+    child process, ~200 MB and seconds of start-up), so a tracking store that does not even answer is never asked."""
+    import shutil
+
+    from kokoro_opt.select import TUNED_FILE, resolve_artifact
+
+    root = tmp_path / "artifacts"
+    shutil.copytree(tiny_artifact.path, root / tiny_artifact.name / tiny_artifact.id)
+    tuned = {"artifact_id": tiny_artifact.id, "machine": fingerprint(), "study": "s", "session": {}, "chunking": {}}
+    (root / TUNED_FILE).write_text(json.dumps(tuned))
+    picked = resolve_artifact("best", root, "postgresql://kokoro:secret@127.0.0.1:1/mlflow")
+    assert picked.artifact.id == tiny_artifact.id and "tuned by study 's'" in picked.reason

@@ -149,10 +149,10 @@ def bench_serve(
         api_key,
         console,
         phrases=bench.PHRASES if phrases and not capacity else (),
-        capacity=capacity,
+        probe=capacity,
     )
     if capacity:
-        kept, where = bench.record_capacity(scenarios, served, artifacts)
+        kept, where = bench.keep_probe_result(scenarios, served, artifacts)
         console.print(f"this machine sustains {kept.describe()}; `serve` admits that many by default ({where})")
     if json_out:
         json_out.write_text(json.dumps(bench.to_json(scenarios), indent=2), encoding="utf-8")

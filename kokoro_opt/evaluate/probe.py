@@ -13,6 +13,7 @@ from typing import Any
 
 from kokoro_opt.evaluate import metrics as M
 from kokoro_opt.evaluate.runners import Plan, Runner
+from kokoro_opt.machine import proc_status_kib
 from kokoro_opt.recipe import EvaluateConfig
 
 
@@ -59,11 +60,8 @@ def rss_mb(field_name: str = "VmHWM") -> float:
     Not ru_maxrss on Linux: a child inherits its parent's peak across fork+exec, so every probe
     would report the RSS of the evaluating process that spawned it.
     """
-    status = Path("/proc/self/status")
-    if status.is_file():
-        for line in status.read_text().splitlines():
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) / 1024
+    if (kib := proc_status_kib(field_name)) is not None:
+        return kib / 1024
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

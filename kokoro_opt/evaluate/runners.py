@@ -164,7 +164,7 @@ def _first_chunk(paragraph: str, vocab: dict[str, int], first_tokens: int) -> tu
     key = (json.dumps(vocab, sort_keys=True), first_tokens)
     if key not in _FRONTEND:
         # Cold cache: a server sees a new paragraph, not one it phonemized a moment ago.
-        getattr(getattr(text, "_phonemize_cached", None), "cache_clear", lambda: None)()
+        text.clear_phoneme_cache()
         started = time.perf_counter()
         chunks = text.chunk_text(paragraph, vocab, first_chunk_tokens=first_tokens)
         _FRONTEND[key] = (chunks[0].token_ids, time.perf_counter() - started)

@@ -26,7 +26,7 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
 from kokoro_opt.passes.edge_input import add_edge_input, has_edge_input
-from kokoro_opt.passes.speech_gate import gate_utterances, judge, score, summarise
+from kokoro_opt.passes.speech_gate import gate_utterances, require_within_budget, score, summarise
 from kokoro_opt.recipe import EdgesStage
 from kokoro_opt.runtime.edges import EDGE_INPUT, FRAME_SAMPLES, edge_keep, removed_frames
 
@@ -77,12 +77,9 @@ def run_edges(source: Artifact, cfg: EdgesStage, out: Path) -> dict[str, Any]:
         ) from exc
     onnx.save(model, str(out / "model.onnx"))
     scores = measure(out / "model.onnx", source, cfg)
-    failures = judge(scores, cfg, source)
-    if failures:
-        raise UserError(
-            f"edge capping changes the speech beyond the budget: {'; '.join(failures)}",
-            "keep more frames (edges.lead_frames / trail_frames) or drop the edges stage",
-        )
+    require_within_budget(
+        scores, cfg, source, "edge capping", "keep more frames (edges.lead_frames / trail_frames) or drop the edges stage"
+    )
     set_runtime_meta(out, "edges", {"lead_frames": cfg.lead_frames, "trail_frames": cfg.trail_frames})
     return stage_record("edges", cfg, out, started, sliced=sorted(sliced), gate=scores)
 

@@ -28,7 +28,7 @@ from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import stage_record
 from kokoro_opt.passes.compress import CARRIED
-from kokoro_opt.passes.speech_gate import gate_utterances, judge, score, summarise
+from kokoro_opt.passes.speech_gate import gate_utterances, require_within_budget, score, summarise
 from kokoro_opt.recipe import FuseStage, SpeechGate
 from kokoro_opt.runtime.fused import CONSTANTS_FILE, FUSED_DIR, PLAN_FILE, FusedGenerator
 from kokoro_opt.runtime.fused_plan import FusedPlan
@@ -82,12 +82,13 @@ def run_fuse(source: Artifact, cfg: FuseStage, out: Path) -> dict[str, Any]:
     plan = write_fused(whole_generator, out / FUSED_DIR)
     fused = FusedGenerator(out / FUSED_DIR)  # builds the kernels here first (UserError without a C compiler)
     scores = measure(source, fused, cfg)
-    failures = judge(scores, cfg, source)
-    if failures:
-        raise UserError(
-            f"the fused generator changes the speech beyond the budget: {'; '.join(failures)}",
-            "report this with the build record: the chains should match the whole generator within float noise",
-        )
+    require_within_budget(
+        scores,
+        cfg,
+        source,
+        "the fused generator",
+        "report this with the build record: the chains should match the whole generator within float noise",
+    )
     chains = plan.chains()
     return stage_record(
         "fuse",

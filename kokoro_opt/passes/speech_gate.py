@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from kokoro_opt.errors import UserError
 from kokoro_opt.recipe import SpeechBudget, SpeechGate
 
 
@@ -88,6 +89,13 @@ def judge(scores: dict[str, Any], cfg: SpeechBudget, artifact: Any) -> list[str]
     scores["judged"] = speaks(artifact)
     scores["failures"] = gate_failures(scores, cfg)
     return scores["failures"] if scores["judged"] else []
+
+
+def require_within_budget(scores: dict[str, Any], cfg: SpeechBudget, artifact: Any, what: str, hint: str) -> None:
+    """`judge`, and one UserError naming `what` changed the speech and each budget it missed."""
+    failures = judge(scores, cfg, artifact)
+    if failures:
+        raise UserError(f"{what} changes the speech beyond the budget: {'; '.join(failures)}", hint)
 
 
 def gate_failures(scores: dict[str, Any], cfg: SpeechBudget) -> list[str]:

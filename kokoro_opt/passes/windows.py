@@ -30,7 +30,7 @@ from kokoro_opt.contract import Pass
 from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import set_runtime_meta, stage_record
 from kokoro_opt.passes.compress import CARRIED
-from kokoro_opt.passes.speech_gate import gate_failures, gate_utterances, judge, score, summarise
+from kokoro_opt.passes.speech_gate import gate_failures, gate_utterances, require_within_budget, score, summarise
 from kokoro_opt.recipe import SpeechGate, WindowsStage
 from kokoro_opt.runtime.stats_predictor import PREDICTOR_FILE, StatsPredictor, front_summary
 from kokoro_opt.runtime.windowed import STEP_SAMPLES, WINDOWS_DIR, WindowedDecoder, WindowSettings
@@ -163,12 +163,13 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
     del model
     measured = time.perf_counter() - started
     scores = measure(decoder, cfg)
-    failures = judge(scores, cfg, source)
-    if failures:
-        raise UserError(
-            f"windowed decoding changes the speech beyond the budget: {'; '.join(failures)}",
-            "measure the statistics on more sentences (windows.calibration_sentences) or drop the windows stage",
-        )
+    require_within_budget(
+        scores,
+        cfg,
+        source,
+        "windowed decoding",
+        "measure the statistics on more sentences (windows.calibration_sentences) or drop the windows stage",
+    )
     below_default = gate_failures(scores, cfg.default_budget)
     if not scores["judged"]:
         below_default = []  # noise is not judged: the tiny model streams windowed like a passing artifact

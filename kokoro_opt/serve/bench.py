@@ -16,7 +16,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import numpy as np
@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.serve import capacity as measured
+from kokoro_opt.serve import capacity
 from kokoro_opt.serve.spawn import spawned_server
 from kokoro_opt.tables import print_table
 
@@ -96,7 +96,7 @@ async def _request(client: httpx.AsyncClient, payload: dict[str, Any], sample_ra
 
 @dataclass
 class Scenario:
-    mode: str  # "stream" | "full"
+    mode: Literal["stream", "full", "repeat"]  # streamed, one response, or the same request again (the audio cache)
     clients: int
     samples: list[Sample] = field(default_factory=list)
     wall: float = 0.0
@@ -316,22 +316,22 @@ def server_flags(cap_edges: bool, windowed: bool | None, workers: int, tracking_
 
 
 def serve_args(
-    url: str | None, artifact: str, artifacts: Path, max_queue: int, flags: list[str], capacity: bool = False
+    url: str | None, artifact: str, artifacts: Path, max_queue: int, flags: list[str], probe: bool = False
 ) -> list[str]:
     """`kokoro-opt serve` options for the server the benchmark starts (none apply to a running `url`).
     A capacity probe admits as many requests as it will try at once."""
     if flags and url:
         raise UserError(f"{' '.join(flags)} set up a server that bench-serve starts", f"start yours with serve {' '.join(flags)}")
-    queue = max(measured.COUNTS) if capacity else max_queue
+    queue = max(capacity.COUNTS) if probe else max_queue
     return ["--artifact", artifact, "--artifacts", str(artifacts), "--max-queue", str(queue), *flags]
 
 
-def record_capacity(scenarios: list[Scenario], served: dict[str, Any], artifacts: Path) -> tuple[measured.Capacity, Path]:
+def keep_probe_result(scenarios: list[Scenario], served: dict[str, Any], artifacts: Path) -> tuple[capacity.Capacity, Path]:
     """Keep what a capacity probe found for the served artifact and mode, where `serve` reads its default."""
-    streams, limit = measured.sustained([s.summary() for s in scenarios])
+    streams, limit = capacity.sustained([s.summary() for s in scenarios])
     mode, workers = served.get("mode", "whole"), served.get("workers", 1)
-    kept = measured.record_capacity(artifacts, served["id"], mode, workers, streams, limit)
-    return kept, artifacts / measured.CAPACITY_FILE
+    kept = capacity.record_capacity(artifacts, served["id"], mode, workers, streams, limit)
+    return kept, artifacts / capacity.CAPACITY_FILE
 
 
 def probe_capacity(
@@ -345,11 +345,11 @@ def probe_capacity(
         await run_scenario(url, "stream", 1, 1, payload, sample_rate, api_key)  # caches warm; not counted
         found: list[Scenario] = []
         results: dict[int, bool] = {}
-        while (clients := measured.next_count(results)) is not None:
+        while (clients := capacity.next_count(results)) is not None:
             results[clients] = False
-            for _ in range(measured.RUNS_PER_COUNT):
+            for _ in range(capacity.RUNS_PER_COUNT):
                 found.append(await run_scenario(url, "stream", clients, requests, payload, sample_rate, api_key))
-                if measured.sustains(found[-1].summary(), measured.ttfa_limit(found[0].summary())):
+                if capacity.sustains(found[-1].summary(), capacity.ttfa_limit(found[0].summary())):
                     results[clients] = True
                     break
         return found
@@ -359,7 +359,7 @@ def probe_capacity(
 
 def run(
     url: str | None,
-    serve_args: list[str],
+    server_args: list[str],
     clients: list[int],
     requests: int,
     text: str,
@@ -369,20 +369,20 @@ def run(
     api_key: str | None,
     console: Console,
     phrases: tuple[str, ...] = (),
-    capacity: bool = False,
+    probe: bool = False,
 ) -> tuple[list[Scenario], dict[str, Any]]:
-    """Bench the server at `url`, or start one with `serve_args` for the duration; then each of
-    `phrases` alone. With `capacity`, the client counts are those capacity.next_count picks.
+    """Bench the server at `url`, or start one with `server_args` for the duration; then each of
+    `phrases` alone. With `probe`, the client counts are those capacity.next_count picks.
     Returns the scenarios and the served model's entry (id, mode, workers)."""
     with contextlib.ExitStack() as stack:
         if url is None:
-            console.print(f"starting: kokoro-opt serve {' '.join(serve_args)}")
-            url = stack.enter_context(spawned_server(serve_args))
+            console.print(f"starting: kokoro-opt serve {' '.join(server_args)}")
+            url = stack.enter_context(spawned_server(server_args))
         url = url.rstrip("/")
         info = _server_info(url, api_key)
         title = f"bench-serve {url}: artifact {info['id']} ({info.get('name', '?')}), {len(text)} chars, {response_format}"
         console.print(f"serving {info['id']}: {info.get('reason', '')}")
-        if capacity:
+        if probe:
             scenarios = probe_capacity(url, requests, text, voice, response_format, api_key)
         else:
             scenarios = bench(url, clients, requests, text, voice, response_format, full, api_key)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from kokoro_opt.machine import proc_status_kib
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 _RELEASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -84,10 +85,7 @@ def _process() -> Any:
 
 def _peak_rss_bytes() -> float:
     """The kernel's high-water mark (Linux VmHWM); elsewhere psutil's peak where it has one, else current."""
-    status = Path("/proc/self/status")
-    if status.is_file():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return float(int(line.split()[1]) * 1024)
+    if (kib := proc_status_kib("VmHWM")) is not None:
+        return float(kib * 1024)
     info = _process().memory_info()
     return float(getattr(info, "peak_wset", info.rss))

@@ -27,6 +27,7 @@ from kokoro_opt.select import Selection
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.engine import FIRST_JOB_BUDGET, Engine
 from kokoro_opt.store import Store
+from kokoro_opt.text import clear_phoneme_cache
 from kokoro_opt.tuning.config import MeasureConfig
 from kokoro_opt.tuning.space import TrialSettings
 
@@ -70,15 +71,6 @@ class SessionCache:
         return synth, time.perf_counter() - started
 
 
-def _cold_frontend() -> None:
-    """Each TTFA run is a new request: drop the phonemizer cache so phonemizing is measured, not recalled."""
-    from kokoro_opt import text
-
-    clear = getattr(getattr(text, "_phonemize_cached", None), "cache_clear", None)
-    if clear is not None:
-        clear()
-
-
 class Bench:
     """Measures one (loaded synthesizer, chunking) pair."""
 
@@ -94,7 +86,7 @@ class Bench:
         self.pack = synth.packs[voice]
 
     def ttfa(self) -> float:
-        _cold_frontend()
+        clear_phoneme_cache()  # each TTFA run is a new request: phonemizing is measured, not recalled
         time.sleep(_SETTLE)
         started = time.perf_counter()
         self.engine.first_audio(self.measure.paragraph, self.pack, self.measure.speed)

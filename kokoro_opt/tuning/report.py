@@ -89,7 +89,9 @@ def write_tuned(root: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def read_tuned(root: Path) -> dict[str, Any] | None:
+def previous_tuned(root: Path) -> dict[str, Any] | None:
+    """The tuned.json `tune` wrote under `root` before, as written; None when there is none or it does not parse.
+    Only `tune` reads it this way (to skip a measured winner, to show one): `serve` validates it (select.read_tuned)."""
     path = root / TUNED_FILE
     try:
         return dict(json.loads(path.read_text(encoding="utf-8")))

@@ -19,7 +19,7 @@ from kokoro_opt.tables import print_table
 from kokoro_opt.tuning.config import load_tune_recipe
 from kokoro_opt.tuning.measure import Comparison, SessionCache, compare_with_defaults
 from kokoro_opt.tuning.records import StudyRecords, best_effort, save_plots
-from kokoro_opt.tuning.report import front_table, pick_best, ratio_line, read_tuned, tuned_json, write_tuned
+from kokoro_opt.tuning.report import front_table, pick_best, previous_tuned, ratio_line, tuned_json, write_tuned
 from kokoro_opt.tuning.space import ResolvedSpace
 from kokoro_opt.tuning.study import (
     SPACE_ATTR,
@@ -172,7 +172,7 @@ def _finish(result: TuneResult, recipe: Any, resolved: ResolvedSpace, url: str, 
         return
     result.best = best
     settings = trial_settings(best.user_attrs)
-    data = read_tuned(root)
+    data = previous_tuned(root)
     if result.ran == 0 and data and data.get("study") == study.study_name and data.get("trial") == best.number:
         say(f"{root / 'tuned.json'} already holds trial {best.number} of this study: not measured again")
         result.tuned_path = root / "tuned.json"
@@ -215,7 +215,7 @@ def show_front(recipe_path: str | Path, *, storage: str | None = None, study_nam
     written = save_plots(study, plots / name, ("TTFA p50 (s)", "RTF p50"), say)
     if written:
         say(f"plots: {', '.join(str(p) for p in written)}")
-    tuned = read_tuned(root)
+    tuned = previous_tuned(root)
     if tuned and tuned.get("study") == name and "ttfa_ratio" in tuned:
         console.print(
             f"tuned.json: trial {tuned.get('trial')} on {tuned.get('artifact')}; " + ratio_line(tuned["vs_defaults"]),
