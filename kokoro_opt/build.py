@@ -210,7 +210,7 @@ def build(
     ) as progress:
         say = progress.console.print
         task = progress.add_task(f"{recipe.name}: weights", total=len(steps))
-        weights = resolve_weights(recipe.weights, log=lambda msg: say(msg))
+        weights = resolve_weights(recipe.weights, log=say)
         progress.update(task, advance=1, description=f"{recipe.name}: export ({weights.source} weights)")
 
         weights_key = content_key(weights.sha256, weights.voices_sha256())
@@ -222,16 +222,7 @@ def build(
             progress.update(task, description=f"{recipe.name}: {stage.kind}")
             decision_key = p.decision_key(stage, decision_key)
             slot = stage_slot(index, stage.kind)
-            decisions = applied = None
-            if p.decides and slot in locked:
-                entry, source_lock = locked[slot]
-                if entry.decision_key == decision_key:
-                    decisions = entry.decisions
-                    files = {name: str(path) for name, path in lock_files(source_lock, slot, entry).items()}
-                    applied = {**decisions, "files": files} if files else decisions
-                    say(f"{stage.kind}: applying the decisions locked in {source_lock} (build --reanalyze to measure again)")
-                else:
-                    say(f"{stage.kind}: the inputs changed since {source_lock} was written: analysing again")
+            decisions, applied = _locked_decisions(p, stage.kind, slot, locked, decision_key, say)
             source, runner = current, _decision_runner(p, applied)
             locked_as = {"decisions": decisions, "files": locked[slot][0].files} if decisions is not None else None
             key = p.cache_key(stage, key, locked_as)
@@ -247,35 +238,7 @@ def build(
             progress.update(task, advance=1)
 
         progress.update(task, description=f"{recipe.name}: package")
-        final = current
-
-        def package(out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-            for item in final.path.iterdir():
-                if item.name not in (MANIFEST, *RECORD_FILES):
-                    link_or_copy(item, out / item.name)
-            fields = {
-                **final.manifest.model_dump(mode="json", exclude={"files"}),
-                "kind": "recipe",
-                "recipe": recipe.model_dump(mode="json", by_alias=True),
-                "recipe_hash": recipe.config_hash(),
-                "decision_key": decision_key,
-                "weights": {
-                    "source": weights.source,
-                    "sha256": weights.sha256,
-                    "int8_rounded": weights.int8_rounded,
-                    "note": weights.note,
-                },
-            }
-            record = {
-                "created": _now(),
-                "machine": engine.machine,
-                "versions": versions(),
-                "stages": engine.records,
-                "steps": engine.steps,
-            }
-            return fields, record
-
-        artifact = engine.store.put_recipe(recipe.name, key, package)
+        artifact = engine.store.put_recipe(recipe.name, key, _packager(current, recipe, decision_key, weights, engine))
         progress.update(task, advance=1, description=f"{recipe.name}: done")
     written = None
     if lock is not None and new_locks:
@@ -285,3 +248,54 @@ def build(
         written = lock
         console.print(f"wrote {lock}: the measured decisions; commit it so other machines build the same artifact")
     return BuildResult(artifact=artifact, weights=weights, stages=engine.steps, lock_written=written)
+
+
+def _locked_decisions(
+    p: Pass, kind: str, slot: str, locked: dict[str, Any], decision_key: str, say: Callable[[str], None]
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the lock's decisions for this stage, what its run is given: those and the lock's files); (None, None)
+    when the stage decides nothing, the lock has no entry for it, or its inputs changed since (it measures)."""
+    if not (p.decides and slot in locked):
+        return None, None
+    entry, source_lock = locked[slot]
+    if entry.decision_key != decision_key:
+        say(f"{kind}: the inputs changed since {source_lock} was written: analysing again")
+        return None, None
+    files = {name: str(path) for name, path in lock_files(source_lock, slot, entry).items()}
+    say(f"{kind}: applying the decisions locked in {source_lock} (build --reanalyze to measure again)")
+    return entry.decisions, {**entry.decisions, "files": files} if files else entry.decisions
+
+
+def _packager(
+    final: Artifact, recipe: Recipe, decision_key: str, weights: ResolvedWeights, engine: _Engine
+) -> Callable[[Path], tuple[dict[str, Any], dict[str, Any]]]:
+    """What `Store.put_recipe` fills the recipe's folder with: the last stage's files, its manifest with the recipe's
+    fields, and the build record."""
+
+    def package(out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        for item in final.path.iterdir():
+            if item.name not in (MANIFEST, *RECORD_FILES):
+                link_or_copy(item, out / item.name)
+        fields = {
+            **final.manifest.model_dump(mode="json", exclude={"files"}),
+            "kind": "recipe",
+            "recipe": recipe.model_dump(mode="json", by_alias=True),
+            "recipe_hash": recipe.config_hash(),
+            "decision_key": decision_key,
+            "weights": {
+                "source": weights.source,
+                "sha256": weights.sha256,
+                "int8_rounded": weights.int8_rounded,
+                "note": weights.note,
+            },
+        }
+        record = {
+            "created": _now(),
+            "machine": engine.machine,
+            "versions": versions(),
+            "stages": engine.records,
+            "steps": engine.steps,
+        }
+        return fields, record
+
+    return package

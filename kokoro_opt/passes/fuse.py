@@ -39,10 +39,10 @@ def write_fused(whole_generator: Path, folder: Path) -> FusedPlan:
     """Cut the whole generator into `folder` (fused/); its plan."""
     import onnx
 
-    from kokoro_opt.passes.fuse_plan import cut
+    from kokoro_opt.passes.fuse_plan import cut_at_chains
 
     try:
-        segments, plan, constants = cut(onnx.load(str(whole_generator)))
+        segments, plan, constants = cut_at_chains(onnx.load(str(whole_generator)))
     except ValueError as exc:
         raise UserError(
             f"the fuse stage cannot cut {whole_generator.name}: {exc}", "put fuse after the snake, quantize and windows stages"

@@ -172,7 +172,7 @@ def _constant_nodes(nodes: list[Any], inits: set[str]) -> set[int]:
     return found
 
 
-def cut(model: Any) -> tuple[list[Any], dict[str, Any], dict[str, np.ndarray]]:
+def cut_at_chains(model: Any) -> tuple[list[Any], dict[str, Any], dict[str, np.ndarray]]:
     """(segment models, plan, constants) for `model`, a whole generator; ValueError if it has no chains."""
     import onnx
     from onnx import helper, shape_inference
@@ -188,28 +188,7 @@ def cut(model: Any) -> tuple[list[Any], dict[str, Any], dict[str, np.ndarray]]:
     constant = _constant_nodes(nodes, set(inits))
     constant_maker = {o: n for n in nodes if id(n) in constant for o in n.output}
     outputs = [o.name for o in graph.output]
-
-    # depth: how many chains stand before a tensor; a segment holds the nodes of one depth
-    depth = {i.name: 0 for i in graph.input}
-    node_depth: dict[int, int] = {}
-    chain_depth: dict[str, int] = {}
-    waiting = list(chains)
-    for n in nodes:
-        if id(n) in constant:
-            continue
-        d = max([depth[i] for i in n.input if i and i not in inits and i not in constant_maker] + [0])
-        node_depth[id(n)] = d
-        depth.update(dict.fromkeys(n.output, d))
-        ready = True
-        while ready:
-            ready = [c for c in waiting if all(i in depth for i in c.inputs())]
-            for c in ready:
-                cd = max(depth[i] for i in c.inputs()) + 1
-                chain_depth[c.spec["name"]] = cd
-                depth.update(dict.fromkeys(c.outputs(), cd))
-                waiting.remove(c)
-    if waiting:
-        raise ValueError(f"chains whose inputs no node makes: {[c.spec['norm'] for c in waiting]}")
+    node_depth, chain_depth = _depths(graph, nodes, chains, set(inits), constant, constant_maker)
 
     levels = max(node_depth.values()) + 1
     groups: list[list[Any]] = [[] for _ in range(levels)]
@@ -257,16 +236,49 @@ def cut(model: Any) -> tuple[list[Any], dict[str, Any], dict[str, np.ndarray]]:
         steps.append({"segment": f"segment_{d:02d}.onnx", "inputs": ins, "outputs": outs})
     steps = [s for s in steps if s.get("chains", True)]
     _add_releases(steps, outputs)
-    read_by = defaultdict(int)
-    for step in steps:
-        for name in _step_reads(step):
-            read_by[name] += 1
-    for c in chains:  # a residual stream nothing else reads is overwritten by its sum: one tensor less alive
-        kind, first = c.spec["kind"], c.spec["x"][0] if c.spec["kind"] == "sum" else c.spec["x"]
-        c.spec["in_place"] = kind in ("residual", "sum") and read_by[first] == 1 and first not in outputs
+    _mark_in_place(chains, steps, outputs)
     constants = {k: v for c in chains for k, v in c.constants.items()}
     plan = {"format": 1, "inputs": [i.name for i in graph.input], "outputs": outputs, "steps": steps}
     return segments, plan, constants
+
+
+def _depths(
+    graph: Any, nodes: list[Any], chains: list[ChainNodes], inits: set[str], constant: set[int], constant_maker: dict[str, Any]
+) -> tuple[dict[int, int], dict[str, int]]:
+    """How many chains stand before each node (by id) and each chain (by name): a segment holds the nodes of one
+    depth, and a chain runs as soon as its inputs exist."""
+    depth = {i.name: 0 for i in graph.input}
+    node_depth: dict[int, int] = {}
+    chain_depth: dict[str, int] = {}
+    waiting = list(chains)
+    for n in nodes:
+        if id(n) in constant:
+            continue
+        d = max([depth[i] for i in n.input if i and i not in inits and i not in constant_maker] + [0])
+        node_depth[id(n)] = d
+        depth.update(dict.fromkeys(n.output, d))
+        ready = True
+        while ready:
+            ready = [c for c in waiting if all(i in depth for i in c.inputs())]
+            for c in ready:
+                cd = max(depth[i] for i in c.inputs()) + 1
+                chain_depth[c.spec["name"]] = cd
+                depth.update(dict.fromkeys(c.outputs(), cd))
+                waiting.remove(c)
+    if waiting:
+        raise ValueError(f"chains whose inputs no node makes: {[c.spec['norm'] for c in waiting]}")
+    return node_depth, chain_depth
+
+
+def _mark_in_place(chains: list[ChainNodes], steps: list[dict[str, Any]], outputs: list[str]) -> None:
+    """A residual stream nothing else reads is overwritten by its sum (`in_place`): one tensor less alive."""
+    read_by: dict[str, int] = defaultdict(int)
+    for step in steps:
+        for name in _step_reads(step):
+            read_by[name] += 1
+    for c in chains:
+        kind, first = c.spec["kind"], c.spec["x"][0] if c.spec["kind"] == "sum" else c.spec["x"]
+        c.spec["in_place"] = kind in ("residual", "sum") and read_by[first] == 1 and first not in outputs
 
 
 def _add_releases(steps: list[dict[str, Any]], keep: list[str]) -> None:

@@ -20,7 +20,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +169,40 @@ def split_clip(unit: str) -> tuple[str, float | None]:
     return name, float(percentile) if percentile else None
 
 
+@dataclass
+class Units:
+    """The quantizable nodes grouped as the analysis chooses among them: blocks, a block's branches (parts), and
+    each block's share of the Conv/MatMul work."""
+
+    nodes: list[str]
+    by_block: dict[str, list[str]]
+    members: dict[str, list[str]]  # a block's or a part's nodes
+    block_share: dict[str, float]
+    candidates: list[str]  # blocks doing enough of the work to be worth INT8
+    parts: dict[str, list[str]]  # a candidate block's branches, largest first (resblocks only)
+
+
+def group_units(source: Artifact, cfg: QuantizeStage) -> Units:
+    nodes = [n for n in quantizable_nodes(source.model_file, cfg.op_types) if n not in cfg.exclude_nodes]
+    by_block: dict[str, list[str]] = {}
+    for node in nodes:
+        by_block.setdefault(block_of(node), []).append(node)
+    shares = node_cost_shares(source.model_file, calibration_feeds(source, 1))
+    block_share = {b: sum(shares.get(n, 0.0) for n in members) for b, members in by_block.items()}
+    # A block with almost no compute buys no speed in INT8, only risk: it stays in higher precision.
+    candidates = sorted(b for b in by_block if block_share[b] >= cfg.min_block_time_share)
+    by_part: dict[str, list[str]] = {}
+    for node in nodes:
+        by_part.setdefault(part_of(node), []).append(node)
+    # Only resblock branches are parts: splitting e.g. the ALBERT into its 97 MatMuls would cost 97 scorings.
+    parts = {
+        b: sorted({part_of(n) for n in by_block[b]}, key=lambda p: (-sum(shares.get(n, 0.0) for n in by_part[p]), p))
+        for b in candidates
+        if any(part_of(n) != n for n in by_block[b])
+    }
+    return Units(nodes, by_block, {**by_part, **by_block}, block_share, candidates, parts)
+
+
 def run_mixed(
     source: Artifact,
     cfg: QuantizeStage,
@@ -189,41 +223,22 @@ def run_mixed(
 
     console = Console(stderr=True)
     started = time.perf_counter()
-    nodes = [n for n in quantizable_nodes(source.model_file, cfg.op_types) if n not in cfg.exclude_nodes]
-    by_block: dict[str, list[str]] = {}
-    for node in nodes:
-        by_block.setdefault(block_of(node), []).append(node)
-    shares = node_cost_shares(source.model_file, calibration_feeds(source, 1))
-    block_share = {b: sum(shares.get(n, 0.0) for n in members) for b, members in by_block.items()}
-    # A block with almost no compute buys no speed in INT8, only risk: it stays in higher precision.
-    candidates = sorted(b for b in by_block if block_share[b] >= cfg.min_block_time_share)
+    units = group_units(source, cfg)
     console.print(
-        f"sensitivity: {len(candidates)} of {len(by_block)} blocks do >= "
+        f"sensitivity: {len(units.candidates)} of {len(units.by_block)} blocks do >= "
         f"{cfg.min_block_time_share:.2%} of the Conv/MatMul work each",
         highlight=False,
     )
     scorer = AudioScorer(source, read_corpus(SENSITIVITY_CORPUS)[: cfg.sensitivity_sentences])
     scratch = out / ".variant.onnx"
+    inputs_of = activation_inputs(onnx.load(str(source.model_file), load_external_data=False), set(units.nodes))
 
-    by_part: dict[str, list[str]] = {}
-    for node in nodes:
-        by_part.setdefault(part_of(node), []).append(node)
-    members = {**by_part, **by_block}
-    # Only resblock branches are parts: splitting e.g. the ALBERT into its 97 MatMuls would cost 97 scorings.
-    parts = {
-        b: sorted({part_of(n) for n in by_block[b]}, key=lambda p: (-sum(shares.get(n, 0.0) for n in by_part[p]), p))
-        for b in candidates
-        if any(part_of(n) != n for n in by_block[b])
-    }
-
-    inputs_of = activation_inputs(onnx.load(str(source.model_file), load_external_data=False), set(nodes))
-
-    def nodes_and_clips(units: Iterable[str]) -> tuple[list[str], dict[str, float]]:
+    def nodes_and_clips(chosen_units: Iterable[str]) -> tuple[list[str], dict[str, float]]:
         chosen_nodes, clips = [], {}
-        for unit in sorted(units):
+        for unit in sorted(chosen_units):
             name, percentile = split_clip(unit)
-            chosen_nodes += members[name]
-            clips.update({t: percentile for n in members[name] for t in inputs_of[n]} if percentile else {})
+            chosen_nodes += units.members[name]
+            clips.update({t: percentile for n in units.members[name] for t in inputs_of[n]} if percentile else {})
         return chosen_nodes, clips
 
     calibration = calibrate() if decisions is None else None
@@ -240,22 +255,22 @@ def run_mixed(
         else:
             shutil.copy2(source.model_file, target)
 
-    def score(units: set[str]) -> Quality:
-        quantize(scratch, *nodes_and_clips(units))
+    def score(chosen_units: set[str]) -> Quality:
+        quantize(scratch, *nodes_and_clips(chosen_units))
         return scorer(scratch)
 
     if decisions is None:
         chosen, alone, history = select_blocks(
-            candidates,
+            units.candidates,
             score,
             cfg,
             log=lambda m: console.print(m, highlight=False),
-            parts=parts,
+            parts=units.parts,
             clip_percentiles=cfg.input_clip_percentiles,
-            shares=block_share,
+            shares=units.block_share,
         )
     else:
-        chosen, alone, history = _locked_units(decisions, members), {}, []
+        chosen, alone, history = _locked_units(decisions, units.members), {}, []
     int8_nodes, clips = nodes_and_clips(chosen)
     if calibration is None:
         locked = (decisions or {}).get("calibration")
@@ -265,34 +280,70 @@ def run_mixed(
     calibration.clipped.unlink(missing_ok=True)
     final_quality = next((h for h in reversed(history) if h["passes"]), None)
     if decisions is not None:
-        gate = scorer(out / "model.onnx")
-        holds = gate.passes(cfg, LOCK_PESQ_TOLERANCE)
-        final_quality = {"int8_blocks": len(chosen), **asdict(gate), "passes": holds, "pesq_tolerance": LOCK_PESQ_TOLERANCE}
-        if not holds:
-            raise UserError(
-                f"the locked INT8 choice no longer meets the quality budget on this machine: PESQ {gate.mean_pesq:.2f} "
-                f"(min {gate.min_pesq:.2f}), 4-12 kHz moved {gate.max_high_band_db:.2f} dB, durations equal "
-                f"{gate.durations_equal:.0%} (budget less the lock's noise tolerance: PESQ >= "
-                f"{cfg.quality_budget_pesq - LOCK_PESQ_TOLERANCE:.2f}, min >= {cfg.min_sentence_pesq - LOCK_PESQ_TOLERANCE:.2f}, "
-                f"<= {cfg.max_high_band_db} dB, durations >= {cfg.min_durations_equal:.0%})",
-                "rebuild with --reanalyze to measure the choice on this machine (and commit the new lock)",
-            )
-    precision_map = {n: "int8" if n in set(int8_nodes) else "fp32" if n in exceptions else cfg.fallback_precision for n in nodes}
+        final_quality = _locked_choice_holds(scorer(out / "model.onnx"), cfg, len(chosen))
+    whole = _write_precision_map(out, units, chosen, alone, history, int8_nodes, clips, exceptions, cfg)
+    return {
+        "int8_blocks": sorted(chosen),
+        "fallback_blocks": sorted(set(units.by_block) - whole),
+        "int8_nodes": len(int8_nodes),
+        "fallback_nodes": len(units.nodes) - len(int8_nodes),
+        "clipped_inputs": len(clips),
+        "final_quality": final_quality,
+        "decisions_from": "analysis" if decisions is None else "lock",
+        "alone_scores": {
+            u: {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(q).items()} for u, q in sorted(alone.items())
+        },
+        "sensitivity_seconds": round(time.perf_counter() - started, 1),
+        "calibration": calibration_for_lock(calibration, source.model_file, int8_nodes, clips),
+    }
+
+
+def _locked_choice_holds(gate: Quality, cfg: QuantizeStage, int8_blocks: int) -> dict[str, Any]:
+    """The locked choice's score on this machine as the build records it; UserError when it misses the budget less
+    the lock's noise tolerance."""
+    holds = gate.passes(cfg, LOCK_PESQ_TOLERANCE)
+    if not holds:
+        raise UserError(
+            f"the locked INT8 choice no longer meets the quality budget on this machine: PESQ {gate.mean_pesq:.2f} "
+            f"(min {gate.min_pesq:.2f}), 4-12 kHz moved {gate.max_high_band_db:.2f} dB, durations equal "
+            f"{gate.durations_equal:.0%} (budget less the lock's noise tolerance: PESQ >= "
+            f"{cfg.quality_budget_pesq - LOCK_PESQ_TOLERANCE:.2f}, min >= {cfg.min_sentence_pesq - LOCK_PESQ_TOLERANCE:.2f}, "
+            f"<= {cfg.max_high_band_db} dB, durations >= {cfg.min_durations_equal:.0%})",
+            "rebuild with --reanalyze to measure the choice on this machine (and commit the new lock)",
+        )
+    return {"int8_blocks": int8_blocks, **asdict(gate), "passes": holds, "pesq_tolerance": LOCK_PESQ_TOLERANCE}
+
+
+def _write_precision_map(
+    out: Path,
+    units: Units,
+    chosen: list[str],
+    alone: dict[str, Quality],
+    history: list[dict[str, Any]],
+    int8_nodes: list[str],
+    clips: dict[str, float],
+    exceptions: dict[str, str],
+    cfg: QuantizeStage,
+) -> set[str]:
+    """out/precision_map.json: every node's precision, each block's share, score and choice, the analysis' history;
+    returns the blocks in INT8 as a whole."""
+    in_int8 = set(int8_nodes)
+    precision_map = {n: "int8" if n in in_int8 else "fp32" if n in exceptions else cfg.fallback_precision for n in units.nodes}
     whole = {split_clip(u)[0] for u in chosen}  # blocks in INT8 as a whole, cut or not
     blocks_table = {
         b: {
-            "nodes": len(by_block[b]),
-            "compute_share": round(block_share[b], 4),
+            "nodes": len(units.by_block[b]),
+            "compute_share": round(units.block_share[b], 4),
             "int8": b in whole,
             **(
-                {"int8_parts": [p for p in chosen if split_clip(p)[0] in parts[b]]}
-                if b not in whole and len(parts.get(b, [])) > 1
+                {"int8_parts": [p for p in chosen if split_clip(p)[0] in units.parts[b]]}
+                if b not in whole and len(units.parts.get(b, [])) > 1
                 else {}
             ),
-            **(asdict(alone[b]) if b in alone else _unscored(b in candidates)),
+            **(asdict(alone[b]) if b in alone else _unscored(b in units.candidates)),
             **({"cut": cuts} if (cuts := {u: asdict(q) for u, q in alone.items() if u.startswith(f"{b}@")}) else {}),
         }
-        for b in sorted(by_block)
+        for b in sorted(units.by_block)
     }
     (out / "precision_map.json").write_text(
         json.dumps(
@@ -307,17 +358,4 @@ def run_mixed(
         ),
         encoding="utf-8",
     )
-    return {
-        "int8_blocks": sorted(chosen),
-        "fallback_blocks": sorted(set(by_block) - whole),
-        "int8_nodes": len(int8_nodes),
-        "fallback_nodes": len(nodes) - len(int8_nodes),
-        "clipped_inputs": len(clips),
-        "final_quality": final_quality,
-        "decisions_from": "analysis" if decisions is None else "lock",
-        "alone_scores": {
-            u: {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(q).items()} for u, q in sorted(alone.items())
-        },
-        "sensitivity_seconds": round(time.perf_counter() - started, 1),
-        "calibration": calibration_for_lock(calibration, source.model_file, int8_nodes, clips),
-    }
+    return whole

@@ -2,22 +2,20 @@
 
 The engine (engine.py) owns the streams, the queue, the scheduling and the cost models; a mode turns one
 picked unit of work into audio sent, times a job at warm-up, and makes a request's first audio for `tune`.
-Both take the engine they serve.
+Both take the engine they serve (typed `Any`: engine.py imports this module, and the import graph has no cycle,
+not even for type checking: tests/test_store.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
 from kokoro_opt.serve.plan import bridge_steps, queue_seconds, smallest_heard_window, window_steps
-
-if TYPE_CHECKING:  # engine.py imports this module
-    from kokoro_opt.serve.engine import Engine, Stream
 
 log = logging.getLogger("kokoro_opt.serve")
 
@@ -39,10 +37,10 @@ class WholeJobs:
 
     name = "whole"
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    def step(self, stream: Stream, tokens: list[int], last: bool) -> None:
+    def step(self, stream: Any, tokens: list[int], last: bool) -> None:
         engine = self.engine
         audio, compute = engine.run_job(tokens, stream.pack, stream.speed, stream.run_options)
         log.debug("request %d: job of %d tokens in %.2f s (last=%s)", stream.id, len(tokens), compute, last)
@@ -69,7 +67,7 @@ class WindowedJobs:
 
     name = "windowed"
 
-    def __init__(self, engine: Engine, decoder: WindowedDecoder) -> None:
+    def __init__(self, engine: Any, decoder: WindowedDecoder) -> None:
         self.engine, self.decoder = engine, decoder
         self.finish_ratio = FINISH_RATIO
         self.warm_finish: tuple[int, float] | None = None  # (steps, seconds) of a finish timed at warm-up
@@ -87,7 +85,7 @@ class WindowedJobs:
             self.finish_ratio, self.warm_finish = seconds / max(window_cost.predict(timed), 1e-6), None
         return self.finish_ratio * window_cost.predict(steps)
 
-    def window_steps(self, stream: Stream) -> int:
+    def window_steps(self, stream: Any) -> int:
         """`plan.window_steps` for this stream, with the other listeners priced by the cost models (call it
         holding the engine's lock)."""
         engine, settings = self.engine, self.decoder.settings
@@ -111,7 +109,7 @@ class WindowedJobs:
             fit_steps=engine.window_cost.tokens_within(fit),
         )
 
-    def step(self, stream: Stream, tokens: list[int], last: bool) -> None:
+    def step(self, stream: Any, tokens: list[int], last: bool) -> None:
         engine = self.engine
         if stream.job is None:
             job = self.decoder.start(tokens, stream.pack, stream.speed, stream.run_options, windows=stream.streaming)
@@ -151,7 +149,7 @@ class WindowedJobs:
             job.opened = False
             engine.emit(stream, out, last and closes)
 
-    def finishes(self, stream: Stream, job: WindowedJob) -> bool:
+    def finishes(self, stream: Any, job: WindowedJob) -> bool:
         """Whether `job`'s next unit is its finish (call it holding the engine's lock): at once for a request
         nobody hears before it ends; for a listener after the first window, when the whole-generator run is
         priced to end before this and every other listener's buffered audio runs out; after usual windows too,
@@ -165,7 +163,7 @@ class WindowedJobs:
             return False
         return self.finish_seconds(job) <= self.fit_seconds(stream)
 
-    def bridges(self, stream: Stream, job: WindowedJob) -> bool:
+    def bridges(self, stream: Any, job: WindowedJob) -> bool:
         """Whether `job`'s next unit is a bridge (call it holding the engine's lock, after `finishes` said no):
         right after the first window of a job that finishes, when its own listener's audio is what runs short
         and the other listeners' would last while the finish runs. Held back by them, the job goes on in windows
@@ -175,7 +173,7 @@ class WindowedJobs:
         finish, now = self.finish_seconds(job), time.monotonic()
         return SAFETY * (stream.deadline() - now) < finish <= self.others_seconds(stream, now)
 
-    def bridge_steps(self, stream: Stream, job: WindowedJob) -> int:
+    def bridge_steps(self, stream: Any, job: WindowedJob) -> int:
         """Steps of the window between `job`'s first window and its finish, when the finish does not fit yet
         (call it holding the engine's lock): the fewest after which it does, for this listener
         (`plan.bridge_steps`). Decoded with wider context: its seams then cost nothing measurable, where a
@@ -218,13 +216,13 @@ class WindowedJobs:
                 first,
             )
 
-    def fit_seconds(self, stream: Stream) -> float:
+    def fit_seconds(self, stream: Any) -> float:
         """Seconds this stream's next unit may take: every other heard listener, served after it in deadline
         order with a first window each, and its own listener still hear audio in time (`plan.queue_seconds`)."""
         now = time.monotonic()
         return min(self.others_seconds(stream, now), SAFETY * (stream.deadline() - now))
 
-    def others_seconds(self, stream: Stream, now: float) -> float:
+    def others_seconds(self, stream: Any, now: float) -> float:
         """Seconds a unit for `stream` may take so that every other heard listener, served after it in deadline
         order with a first window each, still hears audio in time (`plan.queue_seconds`)."""
         engine, settings = self.engine, self.decoder.settings
