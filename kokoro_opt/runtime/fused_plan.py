@@ -96,12 +96,16 @@ class BranchSum(_Strict):
 Chain = Annotated[NormChain | BranchSum, Field(discriminator="kind")]
 
 
-class ChainStep(_Strict):
+class KernelStep(_Strict):
+    """Chains run by the native kernels (runtime/glue); `release`: the tensors nothing after the step reads."""
+
     chains: list[Chain]
     release: list[Tensor] = Field(default_factory=list)
 
 
 class SegmentStep(_Strict):
+    """One ONNX Runtime segment: what it reads and makes; `release` as a KernelStep's."""
+
     segment: Annotated[str, Field(pattern=r"^segment_\d{2,3}\.onnx$")]  # a file of the plan's own folder
     inputs: list[Tensor]
     outputs: Annotated[list[Tensor], Field(min_length=1)]
@@ -115,7 +119,7 @@ def _step_kind(step: Any) -> str:
     return "segment" if isinstance(step, SegmentStep) else "chains"
 
 
-Step = Annotated[Annotated[ChainStep, Tag("chains")] | Annotated[SegmentStep, Tag("segment")], Discriminator(_step_kind)]
+Step = Annotated[Annotated[KernelStep, Tag("chains")] | Annotated[SegmentStep, Tag("segment")], Discriminator(_step_kind)]
 
 
 class FusedPlan(_Strict):
@@ -128,7 +132,7 @@ class FusedPlan(_Strict):
         return [step.segment for step in self.steps if isinstance(step, SegmentStep)]
 
     def chains(self) -> list[NormChain | BranchSum]:
-        return [chain for step in self.steps if isinstance(step, ChainStep) for chain in step.chains]
+        return [chain for step in self.steps if isinstance(step, KernelStep) for chain in step.chains]
 
     def check_flow(self, constants: Iterable[str]) -> None:
         """Every tensor a step reads is a feed, a constant or made by an earlier step and not yet released, every

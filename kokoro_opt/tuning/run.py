@@ -88,7 +88,7 @@ def _spawn(args: list[WorkerArgs], total: int, study: Any, console: Console) -> 
         raise UserError(f"{len(failed)} of {len(procs)} workers exited with an error", "see their messages above")
 
 
-def _sync_records(study: Any, records: StudyRecords, names: list[str], say: Any) -> None:
+def _sync_records(study: Any, records: StudyRecords, names: list[str]) -> None:
     """Log this machine's finished trials that have no MLflow run yet (e.g. killed before the record)."""
     here = fingerprint()["id"]
     logged = set(records.logged_trials())
@@ -153,7 +153,7 @@ def run_tuning(
         _spawn([WorkerArgs(**{**asdict(base), "index": i}) for i in range(workers)], total, study, console)
     result = TuneResult(study, names, ran=finished(study) - before)
     with best_effort("MLflow trial records", say):
-        _sync_records(study, records, names, say)
+        _sync_records(study, records, names)
     result.plots = save_plots(study, plots / name, ("TTFA p50 (s)", "RTF p50"), say)
     _finish(result, recipe, resolved, url, root, cache, records, console, out or console)
     return result
