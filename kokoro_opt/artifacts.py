@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kokoro_opt.errors import UserError, read_json_object
+from kokoro_opt.errors import UserError, read_arrays, read_json_object
 from kokoro_opt.hashing import file_sha256
 from kokoro_opt.machine import installed_versions
 from kokoro_opt.manifest import (
@@ -177,11 +177,7 @@ class Artifact:
     def voice_packs(self) -> dict[str, np.ndarray]:
         """Each voice's style table: (positions, 1, style width) floats, one shape for all, every value finite."""
         path = self.path / "voices.npz"
-        try:
-            with np.load(path) as stored:  # allow_pickle=False: an object array is refused, never unpickled
-                packs = {name: stored[name] for name in stored.files}
-        except (OSError, ValueError, EOFError) as exc:
-            raise UserError(f"{path} is not readable ({exc})", _FETCH_AGAIN) from None
+        packs = read_arrays(path, _FETCH_AGAIN)
         shapes = {pack.shape for pack in packs.values()}
         bad = [n for n, p in packs.items() if p.dtype.kind != "f" or p.ndim != 3 or p.shape[1] != 1 or not np.isfinite(p).all()]
         if not packs or bad or len(shapes) != 1 or min(next(iter(shapes))) < 1:

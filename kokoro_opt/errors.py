@@ -42,6 +42,20 @@ def read_json_object(path: Path, hint: str) -> dict[str, Any]:
     return data
 
 
+def read_arrays(path: Path, hint: str) -> dict[str, Any]:
+    """The arrays of an .npz file that did not come from this code run, loaded whole: any way it is unreadable (a
+    missing or truncated file, a bad zip, an object array, which is refused and never unpickled) is one UserError."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(path) as stored:
+            return {name: stored[name] for name in stored.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise UserError(f"{path} is not readable ({type(exc).__name__}: {str(exc)[:200]})", hint) from None
+
+
 def first_problem(exc: Any) -> str:
     """A pydantic ValidationError's first problem as one phrase: "field 'a.b': what is wrong"."""
     error = exc.errors()[0]

@@ -222,6 +222,15 @@ def test_a_damaged_plan_is_one_error_when_the_artifact_loads(fused_artifact, tmp
         FusedGenerator(_damaged_copy(fused_artifact, tmp_path, change))
 
 
+def test_truncated_constants_are_one_error_when_the_artifact_loads(fused_artifact, tmp_path) -> None:
+    from kokoro_opt.errors import UserError
+
+    folder = _damaged_copy(fused_artifact, tmp_path, lambda plan: None)
+    (folder / "constants.npz").write_bytes((folder / "constants.npz").read_bytes()[:60])  # a bad zip
+    with pytest.raises(UserError, match=r"constants\.npz is not readable"):
+        FusedGenerator(folder)
+
+
 def test_a_plan_whose_constants_do_not_cover_the_channels_is_refused(fused_artifact, tmp_path) -> None:
     """The kernels read one constant per channel row: a plan (a file) giving one for all is an error, never a read
     past the end of an array."""

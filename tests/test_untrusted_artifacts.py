@@ -157,6 +157,7 @@ def test_a_derived_artifact_arrives_with_its_fp32_export(
      ("kokoro.json", b"[" * 100_000, "is not readable JSON"),
      ("voices.npz", "strings", "does not hold voice style tables"),
      ("voices.npz", "two shapes", "does not hold voice style tables"),
+     ("voices.npz", "truncated", "voices.npz is not readable"),
      ("build.json", b"[" * 100_000, "is not readable JSON")],
 )  # fmt: skip
 def test_hostile_contents_of_an_artifact_are_one_clear_error(
@@ -182,6 +183,8 @@ def test_hostile_contents_of_an_artifact_are_one_clear_error(
         buffer = io.BytesIO()
         np.savez(buffer, tiny_0=np.zeros((510, 1, 256), np.float32), tiny_1=np.zeros((10, 256), np.float32))
         content = buffer.getvalue()
+    elif content == "truncated":  # a bad zip: neither an OSError nor a ValueError
+        content = (tiny_artifact.path / name).read_bytes()[:60]
     (folder / name).unlink()  # a hard link to the fixture's file: replaced, not written through
     (folder / name).write_bytes(content)
     with pytest.raises(UserError, match=match):

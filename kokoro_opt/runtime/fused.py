@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kokoro_opt.errors import UserError
+from kokoro_opt.errors import UserError, read_arrays
 from kokoro_opt.runtime.fused_plan import CONSTANTS_FILE, PLAN_FILE, PLAN_HINT, BranchSum, FusedPlan, NormChain, SegmentStep
 from kokoro_opt.runtime.glue import ChainArgs, Kernels, per_channel
 from kokoro_opt.runtime.session import SessionSettings, make_session
@@ -29,11 +29,7 @@ class FusedGenerator:
 
     def __init__(self, folder: Path, settings: SessionSettings | None = None, spinning: Any = "in_run") -> None:
         settings = settings or SessionSettings()
-        try:
-            with np.load(folder / CONSTANTS_FILE) as stored:
-                self.constants = {k: stored[k] for k in stored.files}
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{folder / CONSTANTS_FILE} is not readable ({exc})", PLAN_HINT) from None
+        self.constants = read_arrays(folder / CONSTANTS_FILE, PLAN_HINT)
         self.plan = FusedPlan.read(folder, self.constants)
         self._held: dict[tuple[str, int], np.ndarray] = {}  # constants as the kernels read them (_constant)
         threads = settings.resolved().intra_op_num_threads  # 0: every core, as ONNX Runtime takes them
