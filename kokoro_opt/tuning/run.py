@@ -31,6 +31,7 @@ from kokoro_opt.tuning.study import (
     objective_names,
     open_study,
     run_worker,
+    sqlite_file,
     trial_record,
     trial_settings,
 )
@@ -203,7 +204,7 @@ def show_front(recipe_path: str | Path, *, storage: str | None = None, study_nam
     name = study_name or recipe.study_name
     optuna = load_optuna()
     url = storage or recipe.storage
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():  # showing makes nothing
+    if (db := sqlite_file(url)) is not None and not db.is_file():  # showing makes nothing
         raise UserError(f"no study '{name}': nothing was tuned into {url}", f"run it first: kokoro-opt tune {recipe_path}")
     store = make_storage(url)
     if name not in optuna.study.get_all_study_names(store):

@@ -49,12 +49,19 @@ def objective_names(resolved: ResolvedSpace) -> list[str]:
     return ["ttfa_p50", "rtf_p50", "quality"] if resolved.quality_objective else ["ttfa_p50", "rtf_p50"]
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a `sqlite:///` storage URL, resolved against the working directory (cwd-proof, like the
+    MLflow store); None for any other storage."""
+    if not url.startswith("sqlite:///"):
+        return None
+    db = Path(url[len("sqlite:///") :])
+    return db if db.is_absolute() else db.resolve()
+
+
 def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
     optuna = load_optuna()
     kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite:///"):
-        db = Path(url[len("sqlite:///") :])
-        db = db if db.is_absolute() else db.resolve()  # cwd-proof, like the MLflow store
+    if (db := sqlite_file(url)) is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{db}"
         kwargs = {"connect_args": {"timeout": 60}}  # several worker processes write to one file
