@@ -42,18 +42,23 @@ def read_json_object(path: Path, hint: str) -> dict[str, Any]:
     return data
 
 
-def read_arrays(path: Path, hint: str) -> dict[str, Any]:
+def read_arrays(path: Path, hint: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """The arrays of an .npz file that did not come from this code run, loaded whole: any way it is unreadable (a
-    missing or truncated file, a bad zip, an object array, which is refused and never unpickled) is one UserError."""
+    missing or truncated file, a bad zip, an object array, which is refused and never unpickled) or a `required`
+    array it lacks is one UserError."""
     import zipfile
 
     import numpy as np
 
     try:
         with np.load(path) as stored:
-            return {name: stored[name] for name in stored.files}
+            arrays = {name: stored[name] for name in stored.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise UserError(f"{path} is not readable ({type(exc).__name__}: {str(exc)[:200]})", hint) from None
+    missing = [name for name in required if name not in arrays]
+    if missing:
+        raise UserError(f"{path} has no array {', '.join(repr(m) for m in missing)}", hint)
+    return arrays
 
 
 def first_problem(exc: Any) -> str:

@@ -19,19 +19,18 @@ pytestmark = pytest.mark.slow  # servers, processes or several builds: not in ma
 def test_bench_starts_a_server_and_reports(tiny_artifact) -> None:
     out = io.StringIO()
     console = Console(file=out, width=200)
-    args = ["--artifact", str(tiny_artifact.path), "--max-queue", "2"]
+    args = ["--artifact", str(tiny_artifact.path)]
     phrases = ("button", "checkbox checked")
     scenarios, served = bench.run(
-        None, args, [1, 3], 1, "Hello there. How are you today?", "alloy", "wav", True, None, console, phrases=phrases
+        None, args, [1, 2], 1, "Hello there. How are you today?", "alloy", "wav", True, None, console, phrases=phrases
     )
     assert served["id"] == tiny_artifact.id and served["mode"] == "whole" and served["workers"] == 1
     summary = {(s.mode, s.clients): s.summary() for s in scenarios if not s.text}
-    full, single, crowd = summary["full", 1], summary["stream", 1], summary["stream", 3]
+    full, single, crowd = summary["full", 1], summary["stream", 1], summary["stream", 2]
     assert full["ok"] == single["ok"] == 1 and full["errors"] == single["errors"] == 0
     assert single["ttfa_p50"] <= single["total_p50"] and single["audio_s"] > 0.5
-    assert crowd["ok"] == 2 and crowd["rejected_429"] == 1  # the third client is over the queue limit of 2
+    assert crowd["ok"] == 2 and crowd["rejected_429"] == crowd["errors"] == 0
     text = out.getvalue()
-    assert "stream x3: HTTP 429: server busy" in text  # the rejection is labelled with its scenario and status
     assert tiny_artifact.id in text and "TTFA50" in text and "ratio" in text
     assert json.dumps(bench.to_json(scenarios))  # serializable for --json
     # the server's memory, read from its /metrics after each scenario

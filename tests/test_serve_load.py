@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import logging
 import socket
 import threading
@@ -13,9 +14,10 @@ from collections.abc import Callable
 import httpx
 import psutil
 import pytest
+from rich.console import Console
 
 from kokoro_opt.select import resolve_artifact
-from kokoro_opt.serve import ServeConfig, running
+from kokoro_opt.serve import ServeConfig, bench, running
 from tests.serve_helpers import held_after_first_job, metric
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
@@ -75,6 +77,19 @@ def test_beyond_the_queue_limit_gets_429(url: str) -> None:
             assert rejected.json()["error"]["code"] == "rate_limit_exceeded", extra
     wait_for(lambda: idle(url), 10)  # closing the held streams freed every slot
     assert httpx.post(f"{url}/v1/audio/speech", json=body(SHORT), timeout=120).status_code == 200
+
+
+def test_bench_reports_a_rejection_with_its_scenario_and_status(url: str) -> None:
+    out = io.StringIO()
+    with httpx.Client(timeout=120) as client, contextlib.ExitStack() as stack:
+        held = [stack.enter_context(client.stream("POST", f"{url}/v1/audio/speech", json=body(LONG))) for _ in range(4)]
+        assert all(r.status_code == 200 for r in held)  # the queue is full while they are held
+        scenarios = bench.bench(url, [1], requests=1, full=False)
+    wait_for(lambda: idle(url), 10)
+    bench.render(scenarios, Console(file=out, width=200), "held")
+    rejected = scenarios[0].summary()
+    assert rejected["ok"] == 0 and rejected["rejected_429"] == 1
+    assert "stream x1: HTTP 429: server busy" in out.getvalue()
 
 
 def test_disconnect_mid_stream_frees_the_worker_within_one_chunk(served) -> None:

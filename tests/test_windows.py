@@ -20,7 +20,9 @@ from kokoro_opt.runtime.windowed import (
     WINDOWS_DIR,
     FrontOutput,
     WindowedDecoder,
+    WindowGraphs,
     WindowSettings,
+    load_statistics,
     speech_steps,
     window_spans,
 )
@@ -352,6 +354,58 @@ def test_the_predictor_recovers_a_linear_law_and_survives_a_round_trip(tmp_path)
     np.testing.assert_array_equal(again[0], mean)
     low = StatsPredictor.fit(summaries, means, np.exp(log_var), alpha=1e-6, rank=2)  # rank caps what it can follow
     assert np.abs(low.moments(probe)[0] - mean).max() > 1e-2
+
+
+def _resaved(arrays: dict[str, np.ndarray], **changes: np.ndarray | None) -> dict[str, np.ndarray]:
+    return {k: v for k, v in {**arrays, **changes}.items() if v is not None}
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda a: None, r"norm_predictor\.npz is not readable \(BadZipFile"),
+        (lambda a: _resaved(a, expand=None), r"has no array 'expand'"),
+        (lambda a: _resaved(a, y_mean=a["y_mean"][:-2]), r"'y_mean' is \(\d+,\), where 'project' \(\d+, \d+\) needs"),
+        (lambda a: _resaved(a, project=a["project"] * np.float16("nan")), r"'project' is not all finite floats"),
+        (lambda a: _resaved(a, x_mean=a["x_mean"].astype(np.int32)), r"'x_mean' is not all finite floats"),
+        (lambda a: _resaved(a, project=a["project"][0]), r"'project' \(\d+,\) and 'expand' .* are not matrices"),
+    ],
+)  # fmt: skip
+def test_a_damaged_predictor_is_one_error_when_the_artifact_loads(windowed, tmp_path, change, match) -> None:
+    """The predictor comes with the artifact (fetched ones too): a file that is not one is refused with the fix when
+    it loads, never a shape error in a request."""
+    stored = windowed.path / WINDOWS_DIR / PREDICTOR_FILE
+    with np.load(stored) as data:
+        arrays = {k: data[k] for k in data.files}
+    changed = change(arrays)
+    if changed is None:
+        (tmp_path / PREDICTOR_FILE).write_bytes(stored.read_bytes()[:80])
+    else:
+        np.savez(tmp_path / PREDICTOR_FILE, **changed)
+    with pytest.raises(UserError, match=match) as refused:
+        load_statistics(tmp_path)
+    assert refused.value.hint == "rebuild the artifact's windows stage, or fetch the artifact again"
+
+
+def test_statistics_for_other_norms_are_refused_when_the_decoder_loads(windowed, tmp_path) -> None:
+    statistics = load_statistics(windowed.path / WINDOWS_DIR)
+    graphs = WindowGraphs.of_folder(windowed.path / WINDOWS_DIR)
+    assert WindowedDecoder(Synthesizer(windowed), graphs, statistics).statistics is statistics
+    table = StatsTable(["tiny_0"], np.array([50.0], np.float32), *np.ones((2, 1, 1, statistics.channels + 1), np.float32))
+    table.save(tmp_path / "norm_stats.npz")
+    other = load_statistics(tmp_path)  # an older artifact's table: read when there is no predictor
+    assert isinstance(other, StatsTable) and other.channels == statistics.channels + 1
+    with pytest.raises(UserError, match=rf"cover {other.channels} norm channels; its graphs read {statistics.channels}"):
+        WindowedDecoder(Synthesizer(windowed), graphs, other)
+    np.savez(
+        tmp_path / "norm_stats.npz",
+        voices=np.array(["tiny_0"]),
+        frames=np.array([50.0]),
+        mean=np.ones((1, 2, 3)),
+        var=np.ones((1, 2, 3)),
+    )
+    with pytest.raises(UserError, match=r"norm_stats\.npz is not a statistics table: 'mean' \(1, 2, 3\)"):
+        load_statistics(tmp_path)
 
 
 def test_predicted_statistics_follow_each_calibration_utterance_better_than_their_average(windowed, probe) -> None:

@@ -5,9 +5,12 @@ then still load it; benchmarks/norm_stats_reach.py compares groups of norms with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from kokoro_opt.errors import UserError, read_arrays
 
 
 def stats_from_moments(mean: np.ndarray, var: np.ndarray, eps: float = 1e-5) -> np.ndarray:
@@ -24,6 +27,7 @@ def pooled(moments: list[tuple[float, np.ndarray, np.ndarray]]) -> tuple[np.ndar
 
 
 STATS_FILE = "norm_stats.npz"
+STATISTICS_HINT = "rebuild the artifact's windows stage, or fetch the artifact again"
 NEIGHBOURS = 16  # calibration utterances pooled per bucket (measured: 8 / 16 / 24 by frames, docs/serving.md)
 
 
@@ -62,10 +66,22 @@ class StatsTable:
     def save(self, path: Any) -> None:
         np.savez(path, voices=np.array(self.voices), frames=self.frames, mean=self.mean, var=self.var)
 
+    @property
+    def channels(self) -> int:
+        """How many norm channels it holds statistics for."""
+        return self.mean.shape[2]
+
     @classmethod
-    def load(cls, path: Any) -> StatsTable:
-        with np.load(path) as data:
-            return cls([str(v) for v in data["voices"]], data["frames"], data["mean"], data["var"])
+    def load(cls, path: Path, hint: str = STATISTICS_HINT) -> StatsTable:
+        """The table an older `windows` stage saved; a file that is not one is one UserError naming what is wrong."""
+        data = read_arrays(path, hint, ("voices", "frames", "mean", "var"))
+        voices, frames, mean, var = data["voices"], data["frames"], data["mean"], data["var"]
+        numbers = all(np.issubdtype(a.dtype, np.floating) and np.isfinite(a).all() for a in (frames, mean, var))
+        shape = (len(voices), len(frames), mean.shape[-1] if mean.ndim == 3 else -1)
+        if not (numbers and voices.ndim == frames.ndim == 1 and mean.shape == var.shape == shape and (frames > 0).all()):
+            wanted = f"finite, ({len(voices)} voices, {len(frames)} lengths, C)"
+            raise UserError(f"{path} is not a statistics table: 'mean' {mean.shape}, 'var' {var.shape} must be {wanted}", hint)
+        return cls([str(v) for v in voices], frames, mean, var)
 
     def weights(self, pack: np.ndarray, packs: dict[str, np.ndarray]) -> np.ndarray:
         """How much of each voice a pack is (a blend is a weighted sum of packs): least squares, exact for blends.

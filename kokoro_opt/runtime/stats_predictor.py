@@ -16,11 +16,13 @@ last: the median error here is 0.7% of a channel's deviation for the mean and 1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kokoro_opt.runtime.norm_stats import stats_from_moments
+from kokoro_opt.errors import UserError, read_arrays
+from kokoro_opt.runtime.norm_stats import STATISTICS_HINT, stats_from_moments
 
 PREDICTOR_FILE = "norm_predictor.npz"
 F0_EDGES = np.geomspace(60.0, 600.0, 13)  # Hz: the share of steps voiced in each band
@@ -101,13 +103,40 @@ class StatsPredictor:
     def save(self, path: Any) -> None:
         np.savez(path, **{name: getattr(self, name) for name in STORED})
 
+    @property
+    def channels(self) -> int:
+        """How many norm channels it predicts statistics for."""
+        return self.expand.shape[1] // 2
+
     @classmethod
-    def load(cls, path: Any) -> StatsPredictor:
-        with np.load(path) as data:
-            return cls(**{name: data[name] for name in STORED})
+    def load(cls, path: Path, hint: str = STATISTICS_HINT) -> StatsPredictor:
+        """The predictor a `windows` stage saved; a file that is not one (it may come with a fetched artifact) is
+        one UserError naming what is wrong, never a shape error in a request."""
+        arrays = read_arrays(path, hint, STORED)
+        problem = _shape_problem(arrays)
+        if problem:
+            raise UserError(f"{path} is not a statistics predictor: {problem}", hint)
+        return cls(**{name: arrays[name] for name in STORED})
 
 
 STORED = ("x_mean", "x_scale", "project", "expand", "y_mean", "y_scale")
+
+
+def _shape_problem(arrays: dict[str, np.ndarray]) -> str | None:
+    """What makes the stored arrays not one predictor: shapes that do not chain, or values that are not finite."""
+    for name in STORED:
+        if not np.issubdtype(arrays[name].dtype, np.floating) or not np.isfinite(arrays[name]).all():
+            return f"'{name}' is not all finite floats"
+    project, expand = arrays["project"], arrays["expand"]
+    if project.ndim != 2 or expand.ndim != 2 or expand.shape[1] % 2:
+        return f"'project' {project.shape} and 'expand' {expand.shape} are not matrices to (mean, log-variance)"
+    (features, rank), outputs = project.shape, expand.shape[1]
+    wanted = {"x_mean": (features,), "x_scale": (features,), "expand": (rank, outputs)}
+    wanted |= {"y_mean": (outputs,), "y_scale": (outputs,)}
+    for name, shape in wanted.items():
+        if arrays[name].shape != shape:
+            return f"'{name}' is {arrays[name].shape}, where 'project' {project.shape} needs {shape}"
+    return None
 
 
 def _scale(std: np.ndarray) -> np.ndarray:

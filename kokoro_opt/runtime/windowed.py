@@ -25,7 +25,7 @@ import numpy as np
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.edges import final_silence_tokens
 from kokoro_opt.runtime.feeds import model_feeds
-from kokoro_opt.runtime.norm_stats import STATS_FILE, StatsTable
+from kokoro_opt.runtime.norm_stats import STATISTICS_HINT, STATS_FILE, StatsTable
 from kokoro_opt.runtime.session import make_session
 from kokoro_opt.runtime.stats_predictor import PREDICTOR_FILE, StatsPredictor
 from kokoro_opt.voices import style_for
@@ -195,6 +195,9 @@ class WindowGraphs:
 class Statistics(Protocol):
     """Where a job's norm_stats come from: a StatsPredictor (the windows stage's), or an older artifact's table."""
 
+    @property
+    def channels(self) -> int: ...
+
     def for_job(self, front: FrontOutput, pack: np.ndarray, packs: dict[str, np.ndarray]) -> np.ndarray: ...
 
 
@@ -245,6 +248,18 @@ class WindowedDecoder:
         self.whole_session = session(whole) if whole is not None else None
         self._window_inputs = {i.name for i in self.generator_session.get_inputs()}
         self._front_inputs = [i.name for i in self.front_session.get_inputs()]
+        if statistics is not None:
+            self._check_channels(statistics)
+
+    def _check_channels(self, statistics: Statistics) -> None:
+        """Statistics for another generator's norms would fail in every request: refuse them when loading."""
+        reader = self.constants_session or self.generator_session
+        [wanted] = [i.shape[1] for i in reader.get_inputs() if i.name == STATS_INPUT]
+        if statistics.channels != wanted:
+            raise UserError(
+                f"the windows stage's statistics cover {statistics.channels} norm channels; its graphs read {wanted}",
+                STATISTICS_HINT,
+            )
 
     @property
     def decodes_whole(self) -> bool:
