@@ -40,6 +40,15 @@ class Chunk:
     token_ids: list[int]  # without the 0 pads, len <= max_tokens
 
 
+# Kokoro's pause and quote symbols: a chunk of these alone is spoken as a breath, so it has nothing to say
+_PAUSES = frozenset(' ;:,.!?¡¿—…"«»“”()')
+
+
+def says_something(chunk: Chunk) -> bool:
+    """Whether a chunk has a sound besides pauses ("..." or "?!" alone do not; "%" and "5." do)."""
+    return bool(chunk.token_ids) and any(symbol not in _PAUSES for symbol in chunk.phonemes)
+
+
 Span = tuple[int, int]
 Splitter = Callable[[str, int, int], list[Span]]
 
@@ -365,7 +374,7 @@ def chunk_text(
             chunks.append(chunk)
             rest = _trimmed(text, [end, head[1]]) + sentences[k + 1 :]
     chunks += chunker.pack(rest, min(chunk_tokens, max_tokens))
-    return [c for c in chunks if c.token_ids]  # punctuation espeak cannot voice yields nothing to synthesise
+    return [c for c in chunks if says_something(c)]
 
 
 def chunk_phonemes(phonemes: str, vocab: dict[str, int], max_tokens: int = CONTEXT_TOKENS) -> list[Chunk]:
@@ -373,4 +382,4 @@ def chunk_phonemes(phonemes: str, vocab: dict[str, int], max_tokens: int = CONTE
     _check(vocab, max_tokens=max_tokens)
     chunker = _Chunker(phonemes, vocab, lambda s: s, (_clause_spans, _word_spans))
     chunks = chunker.pack(_phoneme_sentence_spans(phonemes, 0, len(phonemes)), max_tokens)
-    return [c for c in chunks if c.token_ids]
+    return [c for c in chunks if says_something(c)]

@@ -81,13 +81,11 @@ def test_fp32_speaks(fp32) -> None:
 def test_edge_inputs_never_give_nan_or_silence(fp32) -> None:
     synth = Synthesizer(fp32.artifact)
     long_text = " ".join(["The quick brown fox jumps over the lazy dog."] * 12)
-    for text in ("Yes.", "?!", long_text, "Dr. Smith paid $3.50 on March 3, 2024."):
-        try:
-            result = synth.synthesize(text, voice="jm_kumo")
-        except UserError as exc:  # punctuation only may have nothing to say: it must say so clearly
-            assert text == "?!" and "nothing to say" in str(exc), (text, exc)
-            continue
+    for text in ("Yes.", long_text, "Dr. Smith paid $3.50 on March 3, 2024."):
+        result = synth.synthesize(text, voice="jm_kumo")
         assert np.all(np.isfinite(result.audio)) and np.abs(result.audio).max() > 1e-3
+    with pytest.raises(UserError, match="nothing to say"):  # punctuation alone says so clearly
+        synth.synthesize("?!", voice="jm_kumo")
 
 
 def test_a_small_first_chunk_is_timed_off_its_sentence_and_tune_drops_it(fp32) -> None:

@@ -215,6 +215,8 @@ def test_nothing_to_voice_is_a_short_silence(url: str) -> None:
         if fmt == "wav":
             audio, rate = sf.read(io.BytesIO(response.content))
             assert rate == 24_000 and len(audio) == 2_400 and not np.any(audio)
+    pauses = speech(url, input="… ?!", response_format="wav", stream=False)  # pauses alone: not a breath
+    assert not np.any(sf.read(io.BytesIO(pauses.content))[0])
     events = speech(url, input="|", stream_format="sse").text
     assert '"speech.audio.done"' in events
 

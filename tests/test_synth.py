@@ -45,8 +45,12 @@ def test_long_text_is_split_not_truncated(tiny_artifact) -> None:
 def test_synthesize_checks_its_input(tiny_artifact) -> None:
     with pytest.raises(UserError, match="speed"):
         synthesize(tiny_artifact, "Hello.", voice="tiny_0", speed=10)
+    for nothing in ("   ", "-", "...", "?!", "(…)"):  # pauses alone would be a breath: not what was asked for
+        with pytest.raises(UserError, match="nothing to say"):
+            synthesize(tiny_artifact, nothing, voice="tiny_0")
     with pytest.raises(UserError, match="nothing to say"):
-        synthesize(tiny_artifact, "   ", voice="tiny_0")
+        synthesize(tiny_artifact, phonemes="…", voice="tiny_0")
+    assert synthesize(tiny_artifact, "%", voice="tiny_0").seconds > 0  # a symbol with a name is spoken
     with pytest.raises(UserError, match="exactly one"):
         synthesize(tiny_artifact, "Hi", phonemes="hˈI", voice="tiny_0")
     result = synthesize(tiny_artifact, phonemes="həlˈO wˈɜɹld.", voice="tiny_0(1)+tiny_1(1)")
