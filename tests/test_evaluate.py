@@ -425,3 +425,19 @@ def test_a_tuned_pick_reads_no_evaluation_records(tiny_artifact, tmp_path: Path)
     (root / TUNED_FILE).write_text(json.dumps(tuned))
     picked = resolve_artifact("best", root, "postgresql://kokoro:secret@127.0.0.1:1/mlflow")
     assert picked.artifact.id == tiny_artifact.id and "tuned by study 's'" in picked.reason
+
+
+def test_a_windowed_artifact_is_also_scored_as_a_stream_hears_it(tiny_recipe, artifacts_root, fast, store) -> None:
+    """Beside its whole decoding: the stream's first audio, and its audio against the reference's same samples."""
+    from tests.test_passes import build_with
+    from tests.test_windows import WINDOWS
+
+    windowed = build_with(tiny_recipe, artifacts_root, "t-windows", [{"kind": "simplify"}, WINDOWS]).artifact
+    [result] = evaluate_artifacts([windowed], fast, tracking_uri=store)
+    m = result.metrics
+    assert m["served_windowed"] == 1.0 and not result.is_reference
+    assert m["windowed_ttfa_p50"] - m["windowed_ttfa_model_p50"] == pytest.approx(m["frontend_seconds"])
+    assert m["windowed_ttfa_model_p50"] > 0 and m["speedup_vs_reference"] > 0
+    # the stream's own audio is scored: predicted statistics move it off the reference, which the whole decoding equals
+    assert m["mcd_mean"] == 0.0 and 0 < m["windowed_mcd_mean"] < 50 and 0 < m["windowed_phrase_mcd_mean"] < 50
+    assert math.isfinite(m["windowed_high_band_db_max"]) and m["windowed_pesq_scored"] == m["pesq_scored"]
