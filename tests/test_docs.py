@@ -1,5 +1,6 @@
 """The docs name what exists: every project file and relative link in the README and docs/ (the dated measurement
-logs are history and may name what was removed since), and every benchmark script listed in docs/benchmarks.md."""
+logs are history and may name what was removed since), every benchmark script listed in docs/benchmarks.md, and
+each command summed up in `kokoro-opt --help`."""
 
 from __future__ import annotations
 
@@ -36,3 +37,13 @@ def test_every_benchmark_script_is_listed() -> None:
     listed = set(re.findall(r"^\| `(\w+\.py)` \|", (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8"), re.M))
     scripts = {p.name for p in (ROOT / "benchmarks").glob("*.py") if p.name != "__init__.py"}
     assert scripts == listed, (sorted(scripts - listed), sorted(listed - scripts))
+
+
+def test_each_command_is_summed_up_in_one_paragraph() -> None:
+    """`kokoro-opt --help` shows a command's first docstring paragraph, line breaks included: one sentence reads well."""
+    import inspect
+
+    from kokoro_opt.cli import app
+
+    broken = [c.callback.__name__ for c in app.registered_commands if "\n" in inspect.getdoc(c.callback).split("\n\n")[0]]
+    assert not broken, broken

@@ -65,8 +65,9 @@ def push(
     artifact: Annotated[Path, typer.Argument(help="artifact folder, or a recipe's folder (its newest build)")],
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI, e.g. http://mlflow.internal:5000")] = None,
 ) -> None:
-    """Log an artifact folder (and the fp32 export it was built from) to MLflow's artifact store, so
-    other machines serve or evaluate it by id without building it."""
+    """Log an artifact folder (and the fp32 export it was built from) to MLflow's artifact store.
+
+    Other machines then fetch, serve or evaluate it by id without building it."""
     from kokoro_opt.artifacts import open_artifact
 
     _push(open_artifact(artifact), tracking_uri)
