@@ -10,8 +10,9 @@ valid across them and are re-checked, not re-made (locks.py).
 What a pass leaves beside the model is declared too, and the build engine (build.py) holds it to that:
 `produces` (the side files it may write), `consumes` (those it reads from its input when present),
 `carries` (those of its input that stay true of its output: the engine copies them, the pass never
-does), `grants` (capabilities its output has, manifest.Capabilities) and `keeps` (its input's
-capabilities that survive it). Which stage may follow which follows from the last two (`check_order`).
+does), `grants` (capabilities its output has, manifest.Capabilities), `keeps` (its input's
+capabilities that survive it) and `needs` (those its input must have). Which stage may follow which follows from
+the last three (`check_order`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Pass:
     carries: tuple[str, ...] = ()  # side files of its input still true of its output: the engine copies them
     grants: tuple[str, ...] = ()  # capabilities its output has
     keeps: tuple[str, ...] = ()  # capabilities of its input its output keeps
+    needs: tuple[str, ...] = ()  # capabilities its input must have (a stage before it granted them)
     # run(..., decisions=None | locked) measures decisions or applies locked ones, and returns
     # record["decisions"] (+ "decision_scores") for the recipe's lock (locks.py)
     decides: bool = False
@@ -145,10 +147,18 @@ def code_key(module: str) -> str:
 
 
 def check_order(kinds: list[str], passes: dict[str, Pass]) -> None:
-    """Refuse a chain where a stage drops a capability an earlier stage made, naming both stages."""
+    """Refuse a chain where a stage drops a capability an earlier stage made, naming both stages, or where a
+    stage needs a capability no stage before it made, naming a stage that makes it."""
     held: dict[str, str] = {}  # capability -> the stage that made it
     for kind in kinds:
         p = passes[kind]
+        for cap in p.needs:
+            if cap not in held:
+                makers = sorted(other.kind for other in passes.values() if cap in other.grants)
+                raise UserError(
+                    f"stage '{kind}' needs what a '{makers[0]}' stage makes ({cap}), and no stage before it does",
+                    f"put '{kind}' after a '{makers[0]}' stage",
+                )
         dropped = {cap: maker for cap, maker in held.items() if cap not in p.keeps and cap not in p.grants}
         if dropped:
             cap, maker = next(iter(dropped.items()))

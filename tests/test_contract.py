@@ -95,6 +95,17 @@ def test_a_stage_cannot_follow_one_whose_capability_it_drops() -> None:
         check_order(["windows", "ort", "simplify"], passes)
 
 
+def test_a_stage_that_needs_a_capability_follows_a_stage_that_makes_it() -> None:
+    make = Pass("windows", _Config, lambda *a: {}, grants=("windowed",))
+    fuse = Pass("fuse", _Config, lambda *a: {}, grants=("fused",), keeps=("windowed",), needs=("windowed",))
+    rewrite = Pass("simplify", _Config, lambda *a: {})
+    passes = {p.kind: p for p in (make, fuse, rewrite)}
+    check_order(["simplify", "windows", "fuse"], passes)
+    for kinds in (["fuse"], ["simplify", "fuse", "windows"]):
+        with pytest.raises(UserError, match=r"stage 'fuse' needs what a 'windows' stage makes \(windowed\)"):
+            check_order(kinds, passes)
+
+
 def test_a_gate_budget_is_out_of_the_decision_key_but_in_the_cache_key() -> None:
     """Loosening the windows gate re-checks the locked statistics (a new output) without measuring them again."""
     from kokoro_opt.passes import PASSES

@@ -333,6 +333,10 @@ def test_a_stage_that_rewrites_the_graph_cannot_follow_windows(tiny_recipe) -> N
         chain_of(parse_recipe(data))
     data["stages"] = [{"kind": "edges"}, WINDOWS, {"kind": "ort"}]
     assert [p.kind for p in chain_of(parse_recipe(data))] == ["edges", "windows", "ort"]
+    data["stages"] = [{"kind": "fuse"}]  # refused before any weights are read, not after the export
+    with pytest.raises(UserError, match=r"stage 'fuse' needs what a 'windows' stage makes \(windowed\)") as refused:
+        chain_of(parse_recipe(data))
+    assert refused.value.hint == "put 'fuse' after a 'windows' stage"
 
 
 def test_the_predictor_recovers_a_linear_law_and_survives_a_round_trip(tmp_path) -> None:

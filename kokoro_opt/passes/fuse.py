@@ -111,6 +111,7 @@ PASS = Pass(
     carries=(*CARRIED, WINDOWS_DIR),  # the model and its windowed graphs are the input's, unchanged
     grants=("fused",),
     keeps=("edges", "windowed"),
+    needs=("windowed",),
     judged_by=tuple(SpeechGate.model_fields),
     reads=("kokoro_opt/data/eval_corpus.yaml", "kokoro_opt/runtime/glue/chains.c"),
 )
