@@ -8,6 +8,7 @@ import numpy as np
 import soundfile as sf
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.paths import output_file
 
 
 def align(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -39,13 +40,7 @@ def to_pcm16(audio: np.ndarray) -> bytes:
 
 def wav_target(path: str | Path) -> Path:
     """Where a WAV file may be written, checked before any work goes into it; else one UserError saying why."""
-    path = Path(path)
-    if path.suffix.lower() != ".wav" or path.is_dir():
-        raise UserError(f"{str(path) or 'the output'} is not a .wav file name", "name the output like hello.wav")
-    folder = next((p for p in path.parents if p.exists()), Path("."))
-    if not folder.is_dir():
-        raise UserError(f"{folder} is a file, not a folder", "write the .wav into a folder")
-    return path
+    return output_file(path, ".wav", "hello.wav")
 
 
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:

@@ -6,6 +6,7 @@ started from another folder must read (and hash) the same files.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kokoro_opt.errors import UserError
@@ -22,3 +23,17 @@ def project_file(relative: str) -> Path:
             "install kokoro-opt from a checkout of the project (pip install -e .): it holds calibration/ and recipes/",
         )
     return candidate
+
+
+def output_file(path: str | Path, suffix: str, example: str) -> Path:
+    """Where a file the user named may be written, checked before any work goes into it: its name ends in `suffix`,
+    it is not a folder, and the folder it goes into is one (or will be, under one) this process can write to."""
+    path = Path(path)
+    if path.suffix.lower() != suffix or path.is_dir():
+        raise UserError(f"{str(path) or 'the output'} is not a {suffix} file name", f"name the output like {example}")
+    folder = next((p for p in path.parents if p.exists()), Path("."))
+    if not folder.is_dir():
+        raise UserError(f"{folder} is a file, not a folder", f"write the {suffix} file into a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write into {folder}", "choose a folder you can write to")
+    return path

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 
 import numpy as np
@@ -52,7 +51,7 @@ def openai_voice_map(voices: list[str]) -> dict[str, str]:
     return mapping
 
 
-_TERM = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*(?:\(\s*([0-9]*\.?[0-9]+)\s*\))?\s*$")
+_TERM = re.compile(r"^ *([A-Za-z0-9_\-]+) *(?:\( *([0-9]*\.?[0-9]+) *\))? *$")
 
 
 def parse_blend(spec: str) -> list[tuple[str, float]]:
@@ -62,16 +61,26 @@ def parse_blend(spec: str) -> list[tuple[str, float]]:
         match = _TERM.match(part)
         if not match:
             raise UserError(f"cannot read voice '{spec}'", "write a name or a blend like jf_alpha(2)+jm_kumo(1)")
-        weight = float(match.group(2)) if match.group(2) else 1.0
-        if not math.isfinite(weight):  # 309 digits and more
-            raise UserError(f"voice '{spec}' has a weight too large for a number", "weights are relative: jf_alpha(2)+jm_kumo(1)")
-        terms.append((match.group(1), weight))
-    largest = max(w for _, w in terms)
-    if largest <= 0:
-        raise UserError(f"voice blend '{spec}' has zero total weight", "give at least one voice a positive weight")
-    scaled = [(name, w / largest) for name, w in terms]  # first to at most 1: a sum of large weights would overflow
-    total = sum(w for _, w in scaled)
-    return [(name, w / total) for name, w in scaled]
+        written = match.group(2) or "1"
+        if not _weight_fits(written):
+            raise UserError(
+                f"voice '{spec}' gives {match.group(1)} a weight of {written[:20]}{'...' * (len(written) > 20)}",
+                "weights are relative numbers above 0 such as 2 or 0.5 (drop a voice rather than weigh it 0), "
+                "within 300 digits of the point",
+            )
+        terms.append((match.group(1), float(written)))
+    total = sum(w for _, w in terms)
+    return [(name, w / total) for name, w in terms]
+
+
+def _weight_fits(written: str) -> bool:
+    """A weight above 0 that a float holds as a positive finite number: at most 300 digits before the point, and
+    at most 299 zeros after it before a digit that is not 0 (the OpenAPI document's pattern, serve/openapi.py)."""
+    whole, _, fraction = written.partition(".")
+    if whole := whole.lstrip("0"):
+        return len(whole) <= 300
+    significant = fraction.lstrip("0")
+    return bool(significant) and len(fraction) - len(significant) <= 299
 
 
 def blend_voice(spec: str, packs: dict[str, np.ndarray], aliases: dict[str, str] | None = None) -> np.ndarray:

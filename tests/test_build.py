@@ -264,3 +264,21 @@ def test_an_id_prefix_two_artifacts_share_is_refused(tiny_artifact, tmp_path: Pa
     assert artifact_by_id("aaaa0000aaaa0002", root).id == "aaaa0000aaaa0002"
     with pytest.raises(UserError, match="an empty artifact id"):
         artifact_by_id("", root)
+
+
+def test_an_interrupted_command_says_what_it_kept(capsys) -> None:
+    """Ctrl-C exits with 130; only a command that keeps its finished work says how to go on from it."""
+    import typer
+
+    from kokoro_opt.cli.app import user_errors
+
+    def build() -> None:
+        raise KeyboardInterrupt
+
+    def say() -> None:
+        raise KeyboardInterrupt
+
+    for command, said in ((build, "interrupted: completed stages stay cached; rerun"), (say, "interrupted\n")):
+        with pytest.raises(typer.Exit) as stopped:
+            user_errors(command)()
+        assert stopped.value.exit_code == 130 and said in capsys.readouterr().err

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import re
 import shutil
+import socket
 import struct
 import subprocess
 import threading
@@ -160,10 +162,11 @@ def test_voices_blends_and_openai_names(url: str) -> None:
     a = speech(url, input="Hi.", voice="tiny_0", response_format="pcm", stream=False).content
     b = speech(url, input="Hi.", voice="tiny_1", response_format="pcm", stream=False).content
     assert a != b
-    # weights are relative, however large: two of 1e308 (whose sum overflows a float) blend like 1 and 1
+    # weights are relative, however large or small: two of 1e299 or of 1e-300 blend like 1 and 1
     even = speech(url, input="Hi.", voice="tiny_0+tiny_1", response_format="pcm", stream=False).content
-    huge = "tiny_0(1" + "0" * 308 + ")+tiny_1(1" + "0" * 308 + ")"
-    assert speech(url, input="Hi.", voice=huge, response_format="pcm", stream=False).content == even
+    for weight in ("1" + "0" * 299, "0." + "0" * 299 + "1"):
+        blend = f"tiny_0({weight})+tiny_1({weight})"
+        assert speech(url, input="Hi.", voice=blend, response_format="pcm", stream=False).content == even
 
 
 @pytest.mark.parametrize(
@@ -181,13 +184,18 @@ def test_voices_blends_and_openai_names(url: str) -> None:
         ({"input": "x " * 3000}, 400, "input"),
         ({"input": "a" * 1_000_000}, 413, None),  # the body's size: before any field is read
         ({"input": "Hi.", "voice": "tiny_0(" + "9" * 400 + ")"}, 400, "voice"),  # a weight float() makes inf of
+        ({"input": "Hi.", "voice": "tiny_0(0)+tiny_1"}, 400, "voice"),  # a weight that changes nothing
+        ({"input": "Hi.", "voice": "tiny_0\t"}, 400, "voice"),  # spaces only, as the OpenAPI pattern says
+        ({"input": "Hi.", "speeed": 0.5}, 400, "speeed"),  # a misspelt argument would change nothing
+        ({"input": "Hi.", "response_format": "\ud800"}, 400, "response_format"),  # quoted back, not a 500
         ({"input": "1234567890" * 400}, 413, "input"),  # 4,000 characters, 21,000 phoneme tokens
         ({"input": "Hi.", "speed": "2"}, 400, "speed"),  # types are strict, as the OpenAPI document says
         ({"input": "Hi.", "stream": "yes"}, 400, "stream"),
     ],
 )
 def test_bad_input_is_an_openai_error_and_server_keeps_serving(url: str, body: dict, status: int, param: str) -> None:
-    response = httpx.post(f"{url}/v1/audio/speech", json=body, timeout=60)
+    content = json.dumps(body)  # escaped: a lone surrogate ("\ud800") is valid JSON, though not UTF-8
+    response = httpx.post(f"{url}/v1/audio/speech", content=content, headers={"Content-Type": "application/json"}, timeout=60)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["param"] == param
@@ -217,8 +225,27 @@ def test_nothing_to_voice_is_a_short_silence(url: str) -> None:
             assert rate == 24_000 and len(audio) == 2_400 and not np.any(audio)
     pauses = speech(url, input="… ?!", response_format="wav", stream=False)  # pauses alone: not a breath
     assert not np.any(sf.read(io.BytesIO(pauses.content))[0])
+    separators = speech(url, input="\x1c\x1f\x85", response_format="wav", stream=False)  # str.isspace's, not blank
+    assert separators.status_code == 200 and not np.any(sf.read(io.BytesIO(separators.content))[0])
+    assert speech(url, input="\ufeff\u3000", stream=False).status_code == 400  # blank, as the OpenAPI `input` says
     events = speech(url, input="|", stream_format="sse").text
     assert '"speech.audio.done"' in events
+
+
+def test_an_endless_body_is_dropped_after_a_bounded_read(url: str) -> None:
+    """A body past the limit is read (and dropped) up to 8 MB, so a client still sending sees the 413; past that the
+    server stops reading. Here a client announces 1 GB and keeps sending: it is cut off long before 64 MB."""
+    host, port = url.removeprefix("http://").split(":")
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1073741824\r\n\r\n")  # fmt: skip
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
+            while sent < 64 << 20:  # a server still reading takes it all; one that stopped closes or stops taking it
+                sock.sendall(b" " * (1 << 20))
+                sent += 1 << 20
+    assert sent < 64 << 20
+    assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200
 
 
 def test_a_body_nested_past_json_s_recursion_is_a_400(url: str) -> None:

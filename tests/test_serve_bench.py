@@ -57,3 +57,42 @@ def test_a_server_that_fails_to_start_reports_its_whole_error(tiny_artifact) -> 
     assert message.endswith("serve an artifact built with it, or drop --windowed")
     # without an `error:` block (a crash), the traceback's last line names the exception
     assert spawn.startup_error("Traceback (most recent call last):\n  ...\nMemoryError: out\n") == "MemoryError: out"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--json", "samples.txt"], "samples.txt is not a .json file name"),
+        (["--text", "  "], "--text is empty"),
+        (["--requests", "0"], "Invalid value for '--requests'"),
+        (["--max-queue", "2", "--artifact", "artifacts/fp32"], "--max-queue 2 --artifact artifacts/fp32 set up a server"),
+    ],
+)  # fmt: skip
+def test_bench_refuses_what_it_would_not_use_before_it_measures(args: list[str], says: str) -> None:
+    result = CliRunner().invoke(app, ["bench-serve", "--url", "http://127.0.0.1:9", "--clients", "1", *args])
+    assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+
+
+def test_a_bench_whose_requests_failed_exits_with_an_error(url: str, tmp_path) -> None:
+    samples = tmp_path / "runs" / "bench.json"
+    args = ["--url", url, "--clients", "1", "--requests", "1", "--no-full", "--no-phrases", "--json", str(samples)]
+    result = CliRunner().invoke(app, ["bench-serve", *args, "--voice", "nobody"])
+    assert result.exit_code == 2 and "1 of 1 requests failed (first: HTTP 400: unknown voice 'nobody'" in result.output
+    assert json.loads(samples.read_text())[0]["samples"][0]["status"] == 400  # kept: what failed is worth reading
+    wrong_base = CliRunner().invoke(app, ["bench-serve", "--url", f"{url}/v1", "--clients", "1"])
+    assert wrong_base.exit_code == 2 and "not a kokoro-opt server's address" in wrong_base.output
+
+
+def test_serve_on_a_port_in_use_is_one_error_before_the_artifact_loads(tiny_artifact) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "kokoro_opt.cli", "serve", "--artifact", str(tiny_artifact.path), "--port", str(port)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert "warmed up" not in done.stderr and "Traceback" not in done.stderr

@@ -236,3 +236,15 @@ def test_keys_are_compared_whole() -> None:
 
     assert keys_match("s3cret", "s3cret") and keys_match("ключ", "ключ")
     assert not any(keys_match(given, "s3cret") for given in ("s3cre", "s3cret ", "S3cret", "", "s3cret" * 100))
+
+
+def test_a_client_that_stops_in_its_headers_is_closed(tiny_artifact) -> None:
+    """uvicorn's keep-alive timer stops at any byte: half a request's headers held a connection forever. They must
+    arrive within the body timeout, as the body must; a request sent in time on the same server is served."""
+    config = ServeConfig(body_timeout=1.0, audio_cache_mb=0)
+    with running(resolve_artifact(str(tiny_artifact.path)), config) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=120) as stalled:
+            stalled.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: app")
+            assert stalled.recv(100) == b""  # closed, with no answer to half a request
+        assert httpx.post(f"{url}/v1/audio/speech", json=body(SHORT, stream=False), timeout=120).status_code == 200

@@ -15,6 +15,8 @@ from kokoro_opt.voices import blend_voice, parse_blend
 def test_parse_blend_normalises_weights() -> None:
     assert parse_blend("a(2)+b(1)") == [("a", pytest.approx(2 / 3)), ("b", pytest.approx(1 / 3))]
     assert parse_blend("solo") == [("solo", 1.0)]
+    with pytest.raises(UserError, match=r"voice 'a\(0\)\+b' gives a a weight of 0"):  # it would change nothing
+        parse_blend("a(0)+b")
     with pytest.raises(UserError, match="cannot read voice"):
         parse_blend("a(2)+")
 

@@ -35,6 +35,14 @@ def _print_error(message: str, hint: str | None = None) -> None:
     err.print(f"[bold red]error:[/] {escape(message + (f' — {hint}' if hint else ''))}", highlight=False)
 
 
+# what an interrupted command keeps, for the commands that keep something
+ON_INTERRUPT = {
+    "build": "completed stages stay cached; rerun the same command to resume",
+    "evaluate": "evaluations already logged are skipped when the same command runs again",
+    "tune": "finished trials stay in the study; rerun the same command to go on",
+}
+
+
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Print UserError as one line and exit 2: no traceback for mistakes in input. So too a path that is a file
     where a folder belongs (or the reverse), and what MLflow refuses (a tracking URI it cannot use)."""
@@ -55,7 +63,8 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             _print_error(f"MLflow: {str(exc).splitlines()[0][:400]}", "check --tracking-uri or MLFLOW_TRACKING_URI")
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            err.print("interrupted: completed stages stay cached; rerun the same command to resume")
+            kept = ON_INTERRUPT.get(command.__name__)
+            err.print(f"interrupted: {kept}" if kept else "interrupted")
             raise typer.Exit(130) from None
 
     return wrapper

@@ -93,10 +93,12 @@ def serve(
 @user_errors
 def bench_serve(
     url: Annotated[str | None, typer.Option(help="a running server, e.g. http://127.0.0.1:8880 (default: start one)")] = None,
-    artifact: Annotated[str, typer.Option(help="the artifact a started server serves: " + ARTIFACT_HELP)] = "best",
+    artifact: Annotated[
+        str | None, typer.Option(help="the artifact a started server serves (default best): " + ARTIFACT_HELP)
+    ] = None,
     artifacts: ArtifactsRoot = Path("artifacts"),
     clients: Annotated[str, typer.Option(help="concurrent streaming clients per scenario, comma separated")] = "1,4",
-    requests: Annotated[int, typer.Option(help="requests per client")] = 3,
+    requests: Annotated[int, typer.Option(min=1, help="requests per client")] = 3,
     text: Annotated[str | None, typer.Option(help="text to speak (default: a 4-sentence paragraph)")] = None,
     voice: Annotated[str, typer.Option(help="voice")] = "alloy",
     response_format: Annotated[str, typer.Option("--format", help="pcm or wav")] = "pcm",
@@ -124,8 +126,9 @@ def bench_serve(
     ] = False,
 ) -> None:
     """Benchmark the server: TTFA p50/p95, full-response time, RTF, gaps and underruns, streaming vs not."""
-    import json
-
+    from kokoro_opt.artifacts import write_json_atomic
+    from kokoro_opt.errors import UserError
+    from kokoro_opt.paths import output_file
     from kokoro_opt.serve import bench
 
     if url is None:  # the server's own rules, checked before one is started for nothing
@@ -134,9 +137,15 @@ def bench_serve(
         ServeConfig(windowed=windowed is not False, workers=workers)  # the artifact decides the rest when it starts
     counts = bench.client_counts(clients)
     bench.check_format(response_format)  # before a server is started for it
+    if text is not None and not text.strip():
+        raise UserError("--text is empty", "give words to speak, or omit --text for the default paragraph")
+    if json_out is not None:
+        output_file(json_out, ".json", "bench.json")  # before the run, not after it
     flags = bench.server_flags(cap_edges, windowed, workers, tracking_uri)
+    flags += [f"--max-queue {max_queue}"] * (max_queue is not None and url is not None)
+    flags += [f"--artifact {artifact}"] * (artifact is not None and url is not None)
     queue = max_queue if max_queue is not None else max(counts)
-    args = bench.serve_args(url, artifact, artifacts, queue, flags, capacity)
+    args = bench.serve_args(url, artifact or "best", artifacts, queue, flags, capacity)
     scenarios, served = bench.run(
         url,
         args,
@@ -151,9 +160,12 @@ def bench_serve(
         phrases=bench.PHRASES if phrases and not capacity else (),
         probe=capacity,
     )
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(json_out, bench.to_json(scenarios))
+        console.print(f"wrote {json_out}")
+    if failed := bench.failures(scenarios):  # not a measurement of the server's speed, nor a capacity to keep
+        raise UserError(failed, "the errors are under the table")
     if capacity:
         kept, where = bench.keep_probe_result(scenarios, served, artifacts)
         console.print(f"this machine sustains {kept.describe()}; `serve` admits that many by default ({where})")
-    if json_out:
-        json_out.write_text(json.dumps(bench.to_json(scenarios), indent=2), encoding="utf-8")
-        console.print(f"wrote {json_out}")

@@ -180,6 +180,8 @@ def _server_info(url: str, api_key: str | None) -> dict[str, Any]:
     with httpx.Client(base_url=url, timeout=10.0, headers=headers) as client:
         try:
             ready = client.get("/ready")
+            if ready.status_code == 404:
+                raise UserError(f"{url} has no /ready: it is not a kokoro-opt server's address", "pass its base URL, without /v1")
             if ready.status_code != 200:
                 raise UserError(f"the server at {url} is not ready ({ready.status_code})", "wait for /ready, or check its log")
             models = client.get("/v1/models")
@@ -293,6 +295,17 @@ def render_phrases(scenarios: list[Scenario], console: Console) -> None:
 
 def to_json(scenarios: list[Scenario]) -> list[dict[str, Any]]:
     return [{**x.summary(), "wall_s": x.wall, "samples": [asdict(s) for s in x.samples]} for x in scenarios]
+
+
+def failures(scenarios: list[Scenario]) -> str | None:
+    """What failed, when any request did (other than a 429, which a full queue answers): a run with failures
+    measured something else than the server's speed."""
+    summaries = [x.summary() for x in scenarios]
+    failed = sum(s["errors"] for s in summaries)
+    if not failed:
+        return None
+    first = next((m for s in summaries for m in s["error_messages"] if not m.startswith("HTTP 429")), "see the table")
+    return f"{failed} of {sum(s['requests'] for s in summaries)} requests failed (first: {first})"
 
 
 def check_format(response_format: str) -> None:

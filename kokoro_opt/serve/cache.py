@@ -3,8 +3,10 @@ synthesis.
 
 Screen readers speak the same short phrases ("button", "checkbox checked", "link, Settings") thousands
 of times an hour; a repeat is answered from here in milliseconds instead of a front and a generator
-run. Synthesis is deterministic for a given input, voice and speed, so a stored body is what the
-engine would make again (a streamed one joined at the seams of that run).
+run. Whole decoding is deterministic for a given input, voice and speed, so a stored body is what the
+engine would make again (a streamed one joined at the seams of that run). A windowed stream's windows are
+sized by the machine's speed and the listener's buffer at that moment, so a stored one is one of several
+renderings that differ a little where their windows were cut (docs/serving.md, the audio cache).
 
 A request sent with `Cache-Control: no-cache` is always synthesized (the benchmark measures synthesis
 that way); its result is still stored. With `no-store` it is neither answered from here nor kept.

@@ -31,17 +31,19 @@ def voice_entries(voices: list[str], aliases: dict[str, str]) -> list[dict[str, 
     return entries
 
 
+# White space as ECMAScript's regular expressions (the OpenAPI document's) and Python's agree on it; `\s` differs
+BLANK = r"\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 MAX_VOICE_CHARS = 1000  # a blend of many voices fits; the body limit stays far off
 MAX_MODEL_CHARS = 256
 MAX_INSTRUCTIONS_CHARS = 4096
 
 
 class SpeechRequest(BaseModel):
-    """OpenAI's `audio.speech.create` body; unknown fields are ignored like OpenAI-compatible servers do.
-    Types are strict (a speed of "2" is refused, as the JSON schema says), so the OpenAPI document
-    generated from this model is exactly what the server accepts."""
+    """OpenAI's `audio.speech.create` body. An unknown field is refused, as OpenAI does: a misspelt `speeed` would
+    otherwise be a setting that silently changes nothing. Types are strict (a speed of "2" is refused, as the JSON
+    schema says), so the OpenAPI document generated from this model is exactly what the server accepts."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field(
         default="kokoro",
@@ -114,6 +116,8 @@ def error_response(
     code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
+    # a message may quote what the client sent, lone surrogates included, which UTF-8 cannot carry
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -125,6 +129,9 @@ def validation_message(errors: list[Any]) -> tuple[str, str | None]:
     param = loc[0] if loc else None
     if first.get("type") == "missing":
         return f"missing required parameter '{param}'", param
+    if first.get("type") == "extra_forbidden":
+        known = ", ".join(SpeechRequest.model_fields)
+        return f"unrecognized request argument '{param}': the arguments are {known}", param
     return f"invalid value for '{param}': {first.get('msg', 'invalid')}", param
 
 

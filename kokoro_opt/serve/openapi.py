@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.encoders import MEDIA_TYPES, supported_formats
-from kokoro_opt.serve.openai_compat import MAX_VOICE_CHARS, ErrorBody, ErrorDetail, SpeechRequest
+from kokoro_opt.serve.openai_compat import BLANK, MAX_VOICE_CHARS, ErrorBody, ErrorDetail, SpeechRequest
 
 DESCRIPTION = (
     "OpenAI-compatible text to speech (`POST /v1/audio/speech`) with Kokoro. Errors are OpenAI's "
@@ -147,20 +147,26 @@ def speech_responses() -> dict[int | str, dict[str, Any]]:
 
 
 def voice_pattern(names: Iterable[str]) -> str:
-    """The voices the server accepts, as a regular expression: a name, or a blend of names with positive
-    weights, `a(2)+b(0.5)+c` (voices.parse_blend; a blend whose weights are all zero is refused, and a weight of
-    309 digits or more is no float)."""
-    name = "(?:" + "|".join(re.escape(n) for n in sorted(set(names), key=lambda n: (-len(n), n))) + ")"
-    positive = r"(?:0*[1-9][0-9]{0,299}(?:\.[0-9]+)?|0*\.[0-9]*[1-9][0-9]*)"
+    """The voices the server accepts, as a regular expression: a name in any case, or a blend of names with
+    positive weights, `a(2)+b(0.5)+c` (voices.parse_blend). A weight is a float above 0: at most 300 digits before
+    its point (309 are no float) and at most 299 zeros after it before a digit that is not (past 1e-308 it is 0)."""
+    ordered = sorted(set(names), key=lambda n: (-len(n), n))
+    name = "(?:" + "|".join("".join(_any_case(c) for c in n) for n in ordered) + ")"
+    positive = r"(?:0*[1-9][0-9]{0,299}(?:\.[0-9]+)?|0*\.0{0,299}[1-9][0-9]*)"
     term = rf" *{name} *(?:\( *{positive} *\) *)?"
     return rf"^{term}(?:\+{term})*$"
+
+
+def _any_case(c: str) -> str:
+    """One character of a name, as the server reads it: "Alloy" and "JF_ALPHA" are alloy and jf_alpha."""
+    return f"[{c.lower()}{c.upper()}]" if c.lower() != c.upper() else re.escape(c)
 
 
 def speech_body(voices: Iterable[str], config: ServeConfig) -> dict[str, Any]:
     """The request body of POST /v1/audio/speech, for this artifact's voices and this server's limits."""
     schema = SpeechRequest.model_json_schema()
     props = schema["properties"]
-    props["input"].update(minLength=1, maxLength=config.max_input_chars, pattern=r"\S")
+    props["input"].update(minLength=1, maxLength=config.max_input_chars, pattern=f"[^{BLANK}]")
     props["input"]["description"] = (
         f"The text to speak: up to {config.max_input_chars} characters with at least one that is not a space, "
         f"and up to {config.max_input_tokens} phoneme tokens after normalization (413 past that)"

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+import h11
 import httpx
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
@@ -49,16 +53,62 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+def headers_within(seconds: float) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol, but a request's headers must arrive within `seconds` of the connection being
+    ready for them (opened, or its last response sent); else it is closed. uvicorn's own keep-alive timer stops at
+    any byte, so a client that sent half its headers, or a byte now and then, held its connection forever."""
+
+    class HeadersWithin(H11Protocol):
+        _waits = 0  # how many times this connection began to wait for a request's headers
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._wait_for_headers()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._wait_for_headers()
+
+        def _wait_for_headers(self) -> None:
+            self._waits += 1
+            self.loop.call_later(seconds, self._headers_due, self._waits)
+
+        def _headers_due(self, wait: int) -> None:
+            if wait == self._waits and self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadersWithin
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the artifact loads: a port in use or an unknown host is one error at once,
+    not a log line after the model has loaded and warmed up."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise UserError(f"cannot listen on {host}: {exc.strerror}", "pass --host an address of this machine") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart need not wait for TIME_WAIT
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}", "stop what uses it, or pass another --port") from None
+    return sock
+
+
 def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.0.1", port: int = 8880) -> None:
     """Serve until SIGTERM or Ctrl-C (then drain, see `DrainingServer`); the artifact loads and warms up
     while /health already answers."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if host not in LOOPBACK and not config.api_key:
         log.warning("listening on %s without an API key: anyone who can reach it can use it (set --api-key)", host)
+    sock = listening_socket(host, port)
     app = create_app(selection, config)
     # after the drain nothing should be left: what still runs (past the drain timeout) is cut after 1 s
-    settings = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=1)
-    DrainingServer(settings, app.state.serve).run()
+    settings = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=1,
+                              http=headers_within(config.body_timeout))  # fmt: skip
+    DrainingServer(settings, app.state.serve).run(sockets=[sock])
     if (error := app.state.serve.engine.error) is not None:  # the artifact did not load: the process ends with it
         raise error if isinstance(error, UserError) else UserError(f"loading the artifact failed: {error!r}")
 
@@ -67,7 +117,9 @@ class ServerThread:
     """uvicorn on a daemon thread, on a free loopback port by default; `url` once started."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on"))
+        service = getattr(app.state, "serve", None)
+        http = headers_within(service.config.body_timeout) if service is not None else "h11"
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", http=http))
         self.host = host
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.url = ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
@@ -26,12 +27,24 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.encoders import MEDIA_TYPES, make_encoder, supported_formats
 from kokoro_opt.serve.engine import Stream
-from kokoro_opt.serve.openai_compat import ApiError, SpeechRequest, sse_delta, sse_done, sse_event, validation_message
+from kokoro_opt.serve.openai_compat import (
+    BLANK,
+    ApiError,
+    SpeechRequest,
+    sse_delta,
+    sse_done,
+    sse_event,
+    validation_message,
+)
 
 if TYPE_CHECKING:
     from kokoro_opt.serve.service import Service
 
 log = logging.getLogger("kokoro_opt.serve")
+# blank as the OpenAPI document says (openai_compat.BLANK), not as str.isspace: that also counts U+001C-U+001F and
+# U+0085, control characters, which are read as spaces and answered with silence like the others
+_BLANK = re.compile(f"[{BLANK}]*")
+_CLOSE = {"Connection": "close"}
 _DRAIN_LIMIT = 8 * 1024 * 1024  # an oversized body is read (and dropped) up to this, so the client sees the 413
 SILENCE_SECONDS = 0.1  # the answer to input with nothing to voice (only symbols espeak does not read)
 
@@ -60,21 +73,23 @@ class AudioStreamResponse(StreamingResponse):
 async def read_json(request: Request, limit: int, seconds: float) -> dict[str, Any]:
     """The body as a JSON object, read within `seconds` (a stalled upload would hold its connection open)."""
     body = bytearray()
-    too_big = False
+    received = 0
     try:
         async with asyncio.timeout(seconds):
             async for part in request.stream():
-                if not too_big:
+                received += len(part)
+                if received <= limit:
                     body += part
-                    too_big = len(body) > limit
-                if too_big and len(body) + len(part) > _DRAIN_LIMIT:
+                elif received > _DRAIN_LIMIT:
                     break
     except TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {seconds:g} s", code="request_timeout") from None
+        if received <= limit:
+            raise ApiError(408, f"the request body did not arrive within {seconds:g} s", code="request_timeout",
+                           headers=_CLOSE) from None  # fmt: skip
     except ClientDisconnect:  # gone before its body was complete: nobody reads the answer
         raise ApiError(400, "the client closed the connection before its body was complete", code="client_closed") from None
-    if too_big:
-        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+    if received > limit:  # closing the connection: uvicorn would otherwise read the rest of the body to reuse it
+        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large", headers=_CLOSE)
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -97,7 +112,7 @@ def parse(data: dict[str, Any], config: ServeConfig) -> SpeechRequest:
                        param="response_format")  # fmt: skip
     if req.stream_format == "sse":
         req.stream = True  # events are a stream by definition
-    if not req.input.strip():
+    if _BLANK.fullmatch(req.input):
         raise ApiError(400, "input is empty: give some text to speak", param="input")
     if len(req.input) > config.max_input_chars:
         raise ApiError(400, f"input is {len(req.input)} characters; the limit is {config.max_input_chars}",
