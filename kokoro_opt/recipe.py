@@ -354,6 +354,8 @@ def load_recipe(path: str | Path) -> Recipe:
     """Read, merge (`extends:`) and validate a recipe; every problem becomes one UserError line."""
     path = Path(path)
     data = read_recipe_yaml(path)
+    if not {"study", "storage", "trials", "space"}.isdisjoint(data) and "stages" not in data:
+        raise UserError(f"{path} is a tuning recipe, not a build recipe", "kokoro-opt tune it; build recipes/int8-mixed.yaml")
     data.setdefault("name", path.stem)
     recipe = parse_recipe(data, str(path))
     weights_path = recipe.weights.path

@@ -46,7 +46,9 @@ def read_recipe_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     parent = data.pop("extends", None)
     extra_stages = data.pop("append_stages", None)
     if parent is not None:
-        parent_path = (path.parent / str(parent)).resolve()
+        if not isinstance(parent, str):
+            raise UserError(f"{path}: field 'extends' must be one recipe file", "write extends: fp32.yaml")
+        parent_path = (path.parent / parent).resolve()
         if not parent_path.is_file():
             raise UserError(f"{path}: extends {parent}, which is not a file ({parent_path})", "fix the extends: path")
         inherited = read_recipe_yaml(parent_path, (*seen, path.resolve()))

@@ -188,10 +188,13 @@ def artifact_by_id(spec: str, root: Path, tracking_uri: str | None = None, say: 
 
     found = _by_id(root, spec) or fetch_artifact(spec, root, tracking_uri, say or _stderr)
     if found is None:
-        raise UserError(
-            f"no artifact '{spec}' under {root} nor pushed to the MLflow store",
-            "pass a folder, an artifact id, or 'best'; on the machine that built it: kokoro-opt push <folder> --tracking-uri URI",
+        recipe = root / spec
+        hint = (
+            f"{recipe} is that recipe's folder: pass it, or one of its builds"
+            if recipe.is_dir()
+            else "check the id; on the machine that built it: kokoro-opt push <folder> --tracking-uri URI"
         )
+        raise UserError(f"no artifact '{spec}' under {root} nor pushed to the MLflow store", hint)
     return found
 
 

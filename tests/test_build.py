@@ -158,10 +158,41 @@ def test_cli_mistakes_outside_recipes_are_one_line_too(tiny_artifact, tmp_path: 
         # nothing listens on port 9: at once, not after MLflow's minutes of retries
         (["push", str(tiny_artifact.path), "--tracking-uri", "http://127.0.0.1:9"], "does not answer"),
         (["fetch", "abcdef12", "--tracking-uri", "foo://bar", "--artifacts", str(tmp_path / "f")], "MLflow: "),
+        # checked before the build whose evaluation it would log
+        (
+            [
+                "build",
+                str(ROOT / "recipes" / "tiny.yaml"),
+                "--artifacts",
+                str(tmp_path / "b"),
+                "--tracking-uri",
+                "http://127.0.0.1:9",
+            ],
+            "does not answer",
+        ),
+        (["build", str(ROOT / "recipes" / "tune-cpu.yaml")], "is a tuning recipe, not a build recipe"),
+        (["tune", "--show", "--seed", "3"], "--show alone runs no trial: --seed would change nothing"),
+        (["serve", "--public-metrics"], "--public-metrics changes nothing without --api-key"),
+        # a recipe's name where its folder or an id belongs: the hint names the folder
+        (
+            [
+                "say",
+                "Hi.",
+                "-o",
+                str(tmp_path / "hi.wav"),
+                "--artifact",
+                tiny_artifact.path.parent.name,
+                "--artifacts",
+                str(tiny_artifact.path.parent.parent),
+            ],
+            f"{tiny_artifact.path.parent} is that recipe's folder",
+        ),
     ]
     for args, message in cases:
         result = run_cli(*args)
-        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+        said = " ".join(result.stderr.split())  # the console wraps long lines
+        assert result.returncode == 2 and message in said and "Traceback" not in said, (args, result.stderr)
+    assert not (tmp_path / "b").exists()
     damaged = tmp_path / "copy" / tiny_artifact.path.name
     shutil.copytree(tiny_artifact.path, damaged)
     (damaged / "model.onnx").write_bytes(b"not a model")
@@ -182,6 +213,9 @@ def test_cli_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "unknown field 'export.opsett'" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "a").exists()
+    bad.write_text("extends: [fp32.yaml]\n")
+    result = run_cli("build", str(bad), "--artifacts", str(tmp_path / "a"))
+    assert result.returncode == 2 and "field 'extends' must be one recipe file" in result.stderr
 
     voice = tmp_path / "voice.yaml"
     voice.write_text(f"extends: {ROOT / 'recipes' / 'tiny.yaml'}\nname: voice\nweights:\n  source: tiny\n  voices: [af_nobody]\n")

@@ -33,6 +33,10 @@ def build(
     from kokoro_opt.recipe import load_recipe
 
     parsed = load_recipe(recipe)
+    if push or (evaluate and parsed.evaluate.enabled):  # a store that does not answer: before the build, not after
+        from kokoro_opt.evaluate.tracking_store import require_answers
+
+        require_answers(tracking_uri)
     result = run_build(parsed, artifacts, console=err, lock=lock_path(recipe), reanalyze=reanalyze)
     table = Table(title=f"{parsed.name} -> {result.artifact.path}")
     for column in ("stage", "key", "cached", "seconds"):

@@ -137,7 +137,9 @@ def tune(
     storage: Annotated[str | None, typer.Option(help="Optuna RDB URL, e.g. postgresql://... (default: the recipe's)")] = None,
     study: Annotated[str | None, typer.Option(help="study name (default: the recipe's)")] = None,
     seed: Annotated[int | None, typer.Option(help="sampler seed (default: the recipe's); use another one per machine")] = None,
-    show: Annotated[bool, typer.Option("--show", help="print the Pareto front; without --trials, only that")] = False,
+    show: Annotated[
+        bool, typer.Option("--show", help="print the Pareto front and write its plots; without --trials, only that")
+    ] = False,
     artifacts: ArtifactsRoot = Path("artifacts"),
     tracking_uri: TrackingUri = None,
 ) -> None:
@@ -145,6 +147,12 @@ def tune(
     from kokoro_opt.tune import run_tuning, show_front
 
     if show and trials is None:
+        from kokoro_opt.errors import UserError
+
+        ignored = [name for name, value in (("--workers", workers != 1), ("--seed", seed is not None),
+                                            ("--tracking-uri", tracking_uri is not None)) if value]  # fmt: skip
+        if ignored:
+            raise UserError(f"--show alone runs no trial: {', '.join(ignored)} would change nothing", "drop it, or add --trials")
         show_front(recipe, storage=storage, study_name=study, root=artifacts, console=console)
         return
     run_tuning(recipe, trials=trials, workers=workers, storage=storage, study_name=study, seed=seed, root=artifacts,

@@ -84,6 +84,11 @@ def _database_answers(uri: str, scheme: str) -> None:
         raise UserError(f"the tracking database at {where} does not answer ({type(exc).__name__})", _HINT) from None
 
 
+def require_answers(tracking_uri: str | None) -> None:
+    """Fail now if the tracking store cannot answer: before work whose results would be logged to it."""
+    _answers(resolve_tracking_uri(tracking_uri))
+
+
 def open_client(uri: str) -> Any:
     from mlflow.tracking import MlflowClient
 

@@ -79,6 +79,8 @@ class ServeConfig:
             raise UserError("crossfade_ms, audio_cache_mb and drain_timeout must be >= 0")
         if not (self.request_timeout > 0 and self.body_timeout > 0):
             raise UserError("request_timeout and body_timeout must be > 0 seconds")
+        if self.public_metrics and not self.api_key:  # /metrics is public already
+            raise UserError("--public-metrics changes nothing without --api-key", "set --api-key, or drop --public-metrics")
 
     @property
     def pieces(self) -> int:
