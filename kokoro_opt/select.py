@@ -125,14 +125,21 @@ def read_tuned(path: Path) -> dict[str, Any]:
 def evaluated_selection(root: Path, tracking_uri: str | None) -> Selection | None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     from kokoro_opt.machine import fingerprint
 
     # The evaluation records are read in a child process: importing MLflow holds ~200 MB that a server would
     # keep for its lifetime (`bench-serve --windowed`, peak RSS: 690-701 MB with `--artifact best`, 497-505 MB
     # given the same artifact's path; AMD EPYC)
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-        best = child.submit(_best_evaluated, root, tracking_uri, fingerprint()["id"]).result()
+    try:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+            best = child.submit(_best_evaluated, root, tracking_uri, fingerprint()["id"]).result()
+    except (BrokenProcessPool, BrokenPipeError, EOFError) as exc:  # the child died: no answer and no error of its own
+        raise UserError(
+            f"reading the evaluation records to pick 'best' failed: its process ended ({type(exc).__name__})",
+            "pass --artifact <folder> instead of best, or check that this account can run kokoro-opt evaluate",
+        ) from None
     if best is None:
         return None
     artifact = _by_id(root, best["artifact_id"])
