@@ -221,6 +221,8 @@ def open_artifact(path: str | Path) -> Artifact:
 def not_an_artifact(path: str | Path) -> UserError:
     """What a path given as an artifact is instead, and what to pass."""
     folder, wanted = Path(path), "pass artifacts/<recipe>/<id> or artifacts/<recipe>"
+    if not str(path).strip():
+        return UserError("the artifact given is an empty name", wanted)
     if folder.suffix in (".yaml", ".yml") and folder.is_file():
         return UserError(f"{path} is a recipe, not an artifact", f"build it first: kokoro-opt build {path}")
     if not folder.exists():

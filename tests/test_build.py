@@ -173,6 +173,7 @@ def test_cli_mistakes_outside_recipes_are_one_line_too(tiny_artifact, tmp_path: 
         (["build", str(ROOT / "recipes" / "tune-cpu.yaml")], "is a tuning recipe, not a build recipe"),
         (["tune", "--show", "--seed", "3"], "--show alone runs no trial: --seed would change nothing"),
         (["serve", "--public-metrics"], "--public-metrics changes nothing without --api-key"),
+        (["voices", "--artifact", ""], "the artifact given is an empty name"),
         # a recipe's name where its folder or an id belongs: the hint names the folder
         (
             [

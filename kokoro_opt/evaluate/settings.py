@@ -19,4 +19,4 @@ def evaluate_config(manifest: Any, **overrides: Any) -> Any:
         return EvaluateConfig(**{**base, **given})  # validated: --runs 0 is refused, not run
     except ValidationError as exc:
         problems = "; ".join(f"--{'.'.join(map(str, e['loc']))} {e['msg'].lower()}" for e in exc.errors())
-        raise UserError(f"evaluation settings: {problems}", "see kokoro-opt evaluate --help") from None
+        raise UserError(f"evaluation settings: {problems}", "see the command's --help") from None
