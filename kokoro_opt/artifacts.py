@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -38,6 +39,7 @@ from kokoro_opt.manifest import (
     read_manifest,
 )
 
+log = logging.getLogger("kokoro_opt.store")
 MODEL_FILES = ("model.onnx", "model.ort", "model.mlpackage")
 LOCKS = ".locks"
 TEMPORARY = ".tmp"
@@ -61,9 +63,36 @@ def versions() -> dict[str, str]:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")  # its own: two writers must not share one
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def files_mismatch(found: dict[str, FileEntry], expected: dict[str, FileEntry]) -> str | None:
+    """The first way a folder's files (`file_hashes`) differ from what its manifest lists; None when they match."""
+    for name, entry in sorted(expected.items()):
+        if name not in found:
+            return f"{name} is missing"
+        if found[name].sha256 != entry.sha256:
+            return f"{name} does not match its manifest (sha256 {found[name].sha256[:12]}... != {entry.sha256[:12]}...)"
+    extra = sorted(set(found) - set(expected))
+    return f"{extra[0]} is not in its manifest" if extra else None
+
+
+def folder_damage(folder: Path) -> str | None:
+    """What makes a finished folder untrustworthy now: a manifest this version cannot read, or a file changed,
+    missing or added since it was written. None: intact. Hashing its files is what reusing it costs (~0.3 s per
+    250 MB), paid so that a damaged stage output is built again instead of carried into a new artifact."""
+    try:
+        manifest = read_manifest(folder)
+    except UserError as exc:
+        return exc.message
+    if link := next((p for p in folder.rglob("*") if p.is_symlink()), None):  # it could lead anywhere
+        return f"{link.relative_to(folder)} is a symbolic link"
+    return files_mismatch(file_hashes(folder), manifest.files)
 
 
 @contextlib.contextmanager
@@ -79,6 +108,19 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def remove_stale_temporaries(root: Path) -> None:
+    """The temporary folders killed builds left under a store (or the weights cache), whatever they were building:
+    one whose slot nobody holds the lock of is no one's. `build_folder` clears only its own slot's."""
+    import fcntl
+
+    for stale in sorted((root / TEMPORARY).glob("*")) if (root / TEMPORARY).is_dir() else []:
+        slot = root / LOCKS / stale.name.rsplit("-", 1)[0]
+        with contextlib.suppress(OSError), open(slot, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # OSError: a build of that slot is running now
+            shutil.rmtree(stale, ignore_errors=True)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 Fill = Callable[[Path], tuple[dict[str, Any], dict[str, Any]]]
 
 
@@ -90,7 +132,7 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None) -> Path:
     and gets cleaned up by the next build of that folder. The lock and the temporary folder go under `root`
     (default: a store's, two levels up from <root>/<recipe>/<id>).
     """
-    if (final / MANIFEST).is_file():
+    if (final / MANIFEST).is_file() and folder_damage(final) is None:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     slot = f"{final.parent.name}-{final.name}"  # unique in the store: <recipe>-<id>, _cache-<kind>-<key>
@@ -99,8 +141,10 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None) -> Path:
     locks.mkdir(exist_ok=True)
     temporary.mkdir(exist_ok=True)
     with _exclusive(locks / slot):
-        if (final / MANIFEST).is_file():  # another process finished it while we waited
-            return final
+        if (final / MANIFEST).is_file():  # another process finished it while we waited, or it was damaged since
+            if (damage := folder_damage(final)) is None:
+                return final
+            log.warning("%s: %s; building it again", final, damage)
         for stale in temporary.glob(f"{slot}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = temporary / f"{slot}-{uuid.uuid4().hex[:12]}"

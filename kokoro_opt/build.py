@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from kokoro_opt.artifacts import MODEL_FILES, Artifact, link_or_copy, versions
+from kokoro_opt.artifacts import MODEL_FILES, Artifact, link_or_copy, remove_stale_temporaries, versions
 from kokoro_opt.contract import Pass, check_order, declared_outputs
 from kokoro_opt.errors import UserError
 from kokoro_opt.export import PASS as EXPORT
@@ -41,7 +41,7 @@ from kokoro_opt.manifest import MANIFEST, RECORD_FILES, STAGE_LOG, Capabilities,
 from kokoro_opt.passes import PASSES
 from kokoro_opt.recipe import Recipe
 from kokoro_opt.store import Store
-from kokoro_opt.weights.sources import ResolvedWeights, resolve_weights
+from kokoro_opt.weights.sources import ResolvedWeights, cache_root, resolve_weights
 
 RUNTIME_FILES = ("voices.npz", "kokoro.json")  # every artifact's: what speaking needs besides the model
 
@@ -142,11 +142,12 @@ class _Engine:
         runner: Callable[[Path], dict[str, Any]],
         reference_export: str,
     ) -> Artifact:
-        cached = self.store.has_stage(p.kind, key)
         started = time.perf_counter()
         chain = [*self.chain, ChainStep(kind=p.kind, key=key)]
+        ran: list[bool] = []  # the cache had no intact output: it was built here (another build may have waited)
 
         def fill(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+            ran.append(True)
             prepare_output(source, tmp)
             with third_party_output(tmp / STAGE_LOG):
                 record = runner(tmp)
@@ -166,7 +167,7 @@ class _Engine:
 
         artifact = self.store.put_stage(p.kind, key, fill)
         self.chain = chain
-        self.steps.append({"kind": p.kind, "key": key, "cached": cached, "seconds": round(time.perf_counter() - started, 2)})
+        self.steps.append({"kind": p.kind, "key": key, "cached": not ran, "seconds": round(time.perf_counter() - started, 2)})
         self.records.append(artifact.build.stages[-1] if artifact.build.stages else {"stage": p.kind})
         return artifact
 
@@ -178,7 +179,19 @@ def _now() -> str:
 def _decision_runner(p: Pass, decisions: dict[str, Any] | None) -> Callable[[Any, Any, Path], dict[str, Any]]:
     if not p.decides:
         return p.run
-    return lambda source, cfg, out: p.run(source, cfg, out, decisions=decisions)  # type: ignore[call-arg]
+    if decisions is None:
+        return lambda source, cfg, out: p.run(source, cfg, out, decisions=None)  # type: ignore[call-arg]
+
+    def apply_locked(source: Any, cfg: Any, out: Path) -> dict[str, Any]:
+        try:
+            return p.run(source, cfg, out, decisions=decisions)  # type: ignore[call-arg]
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:  # a lock is a file anyone can edit
+            raise UserError(
+                f"the lock's decisions for stage '{p.kind}' do not fit it ({type(exc).__name__}: {exc})",
+                "restore the lock from git, or rebuild with --reanalyze to measure and lock them again",
+            ) from None
+
+    return apply_locked
 
 
 def build(
@@ -194,6 +207,8 @@ def build(
     console = console or Console(stderr=True)
     console.file = console.file  # bound to the terminal now: a stage's own stderr goes to its log (third_party_output)
     passes = chain_of(recipe)
+    for store_root in (root, cache_root()):
+        remove_stale_temporaries(store_root)
     engine = _Engine(Store(root), fingerprint())
     locked = read_locks(lock) if lock is not None and not reanalyze else {}
     new_locks: dict[str, StageLock] = {}
@@ -242,11 +257,15 @@ def build(
         progress.update(task, advance=1, description=f"{recipe.name}: done")
     written = None
     if lock is not None and new_locks:
-        for slot, (output, names) in decided.items():  # the files first: the lock names their sha256
-            new_locks[slot] = replace(new_locks[slot], files=keep_files(lock, slot, output, names))
-        write_lock(lock, recipe.name, {**read_lock(lock), **new_locks})
-        written = lock
-        console.print(f"wrote {lock}: the measured decisions; commit it so other machines build the same artifact")
+        try:
+            for slot, (output, names) in decided.items():  # the files first: the lock names their sha256
+                new_locks[slot] = replace(new_locks[slot], files=keep_files(lock, slot, output, names))
+            write_lock(lock, recipe.name, {**read_lock(lock), **new_locks})
+            written = lock
+            console.print(f"wrote {lock}: the measured decisions; commit it so other machines build the same artifact")
+        except OSError as exc:  # the artifact is built and cached: say what is not kept, and go on
+            console.print(f"could not write {lock} ({exc.strerror}): the measured decisions are not locked; "
+                          "make its folder writable and build again to keep them", markup=False)  # fmt: skip
     return BuildResult(artifact=artifact, weights=weights, stages=engine.steps, lock_written=written)
 
 

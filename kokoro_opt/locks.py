@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kokoro_opt.artifacts import write_json_atomic
-from kokoro_opt.errors import UserError, read_json
+from kokoro_opt.errors import UserError, first_problem, read_json
 
 LOCK_VERSION = 1
 
@@ -89,10 +89,15 @@ def read_lock(path: Path) -> dict[str, StageLock]:
         return {}
     hint = "delete it, or rebuild with --reanalyze to rewrite it"
     data = read_json(path, hint, f"lock file {path}")
+    from pydantic import TypeAdapter, ValidationError
+
     try:
-        return {slot: StageLock(**entry) for slot, entry in data["stages"].items()}
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"lock file {path} is not readable ({exc!r})", hint) from None
+        entries = TypeAdapter(dict[str, StageLock]).validate_python(data["stages"])
+    except KeyError:
+        raise UserError(f"lock file {path} has no 'stages'", hint) from None
+    except ValidationError as exc:
+        raise UserError(f"lock file {path}, under 'stages': {first_problem(exc)}", hint) from None
+    return entries
 
 
 def parent_locks(lock: Path) -> list[Path]:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kokoro_opt.artifacts import Artifact, build_folder, file_hashes, open_artifact
+from kokoro_opt.artifacts import Artifact, build_folder, file_hashes, files_mismatch, open_artifact
 from kokoro_opt.errors import UserError, read_json
 from kokoro_opt.evaluate.tracking_store import (
     EXPERIMENT_PREFIX,
@@ -108,17 +108,9 @@ def verify_folder(folder: Path, manifest: Manifest, origin: str, hint: str | Non
     for name in expected:
         _check_relative(name, origin)
     _regular_files(folder, origin)
-    found = file_hashes(folder)
     hint = hint or "the copy was changed or damaged: push it again from the machine that built it (kokoro-opt push)"
-    for name, entry in sorted(expected.items()):
-        if name not in found:
-            raise UserError(f"{origin}: {name} is missing", hint)
-        if found[name].sha256 != entry.sha256:
-            problem = f"{name} does not match its manifest (sha256 {found[name].sha256[:12]}... != {entry.sha256[:12]}...)"
-            raise UserError(f"{origin}: {problem}", hint)
-    extra = sorted(set(found) - set(expected))
-    if extra:
-        raise UserError(f"{origin}: {extra[0]} is not in its manifest", hint)
+    if problem := files_mismatch(file_hashes(folder), expected):
+        raise UserError(f"{origin}: {problem}", hint)
 
 
 def _label(artifact: Artifact) -> str:
@@ -266,10 +258,7 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
     artifact_id = check_artifact_id(str(tags.get("artifact_id", "")), f"{run_origin}: its artifact id")
     origin = f"artifact {artifact_id} ({run_origin})"
     final = _safe_place(root, tags.get("store_place", ""), artifact_id, origin)
-    if (final / MANIFEST).is_file():
-        local = open_artifact(final)
-        verify_folder(local.path, local.manifest, f"artifact {artifact_id} at {final}")
-        return local
+    damaged = f"the pushed copy was changed or damaged: delete {run_origin} and push it again from the machine that built it"
 
     def fill(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         listed = _listing(client, run.info.run_id, origin)
@@ -277,7 +266,7 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
             raise UserError(f"{origin}: no {MANIFEST} in its files", "push it again with this version of kokoro-opt")
         if (listed[MANIFEST] or 0) > _MANIFEST_LIMIT:  # the listing's size, before a byte of it is downloaded
             raise UserError(f"{origin}: its {MANIFEST} is {listed[MANIFEST]} bytes", _PUSH_AGAIN)
-        with tempfile.TemporaryDirectory(prefix=".fetch-", dir=root) as download:
+        with tempfile.TemporaryDirectory(prefix=".fetch-", dir=tmp) as download:  # a killed fetch's goes with tmp
             manifest = _read_manifest(client, run.info.run_id, download, origin)
             if manifest.id != artifact_id:
                 raise UserError(f"{origin}: its manifest is for artifact {manifest.id}", "push it again")
@@ -286,7 +275,7 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
             name = tags.get("artifact_name", "?")
             say(f"fetching {name} {artifact_id} ({total / 1e6:.0f} MB) from MLflow run {run.info.run_id}")
             folder = Path(client.download_artifacts(run.info.run_id, FOLDER, download))
-            verify_folder(folder, manifest, origin)
+            verify_folder(folder, manifest, origin, damaged)
             for file, size in listed.items():
                 if file != MANIFEST and (got := (folder / file).stat().st_size) != size:
                     raise UserError(f"{origin}: {file} arrived with {got} bytes, not {size}", "fetch it again")
@@ -297,7 +286,7 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
         return manifest.model_dump(mode="json", exclude={"files"}), record  # build_folder hashes the files again
 
     root.mkdir(parents=True, exist_ok=True)
-    return open_artifact(build_folder(final, fill))
+    return open_artifact(build_folder(final, fill))  # a local copy, unless damaged since: then fetched again
 
 
 def fetch_artifact(spec: str, root: Path, tracking_uri: str | None = None, say: Say = print) -> Artifact | None:

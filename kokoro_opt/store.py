@@ -43,9 +43,6 @@ class Store:
     def peer_path(self, name: str) -> Path:
         return self.root / PEERS / name
 
-    def has_stage(self, kind: str, key: str) -> bool:
-        return (self.stage_path(kind, key) / MANIFEST).is_file()
-
     def stage(self, kind: str, key: str) -> Artifact | None:
         folder = self.stage_path(kind, key)
         return open_artifact(folder) if (folder / MANIFEST).is_file() else None

@@ -119,3 +119,58 @@ def test_a_gate_budget_is_out_of_the_decision_key_but_in_the_cache_key() -> None
         assert windows.cache_key(other, "in") != windows.cache_key(base, "in"), judged
     measured_otherwise = WindowsStage(kind="windows", calibration_sentences=3)
     assert windows.decision_key(measured_otherwise, "in") != windows.decision_key(base, "in")
+
+
+_KEY = "make000000000000"
+
+
+def _rerun(store: Store, p: Pass) -> tuple[bool, bytes]:
+    engine = _Engine(store, {"id": "here"})
+    out = engine.run(p, _KEY, None, lambda out: (out / "model.onnx").write_bytes(b"model") and {}, "e")
+    return engine.steps[-1]["cached"], (out.path / "model.onnx").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda folder: (folder / "model.onnx").write_bytes(b"modem"),  # a changed byte, same size
+        lambda folder: (folder / "model.onnx").unlink(),
+        lambda folder: (folder / "stray.bin").write_bytes(b"x"),
+        lambda folder: (folder / "manifest.json").write_text('{"id": "'),  # unreadable
+    ],
+)
+def test_a_cached_output_damaged_since_is_built_again_not_carried_on(tmp_path: Path, damage) -> None:
+    """A stage output is trusted by its manifest's file hashes, checked when it is reused: a damaged one would
+    otherwise go into every artifact built from it under a fresh manifest, and 'build it again' would fix nothing."""
+    store, p = Store(tmp_path), Pass("make", _Config, lambda *a: {})
+    assert _rerun(store, p) == (False, b"model") and _rerun(store, p) == (True, b"model")
+    damage(store.stage_path("make", _KEY))
+    assert _rerun(store, p) == (False, b"model")  # built again, from scratch
+    assert _rerun(store, p) == (True, b"model")
+
+
+def test_a_killed_build_s_temporary_folders_are_removed_unless_their_build_runs(tmp_path: Path) -> None:
+    import fcntl
+
+    from kokoro_opt.artifacts import LOCKS, TEMPORARY, remove_stale_temporaries
+
+    (tmp_path / LOCKS).mkdir()
+    left, running = tmp_path / TEMPORARY / "_cache-export-aaaa-0123456789ab", tmp_path / TEMPORARY / "t-bbbb-0123456789ab"
+    for folder in (left, running):
+        (folder / "big").mkdir(parents=True)
+    with open(tmp_path / LOCKS / "t-bbbb", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a build of that slot holds it
+        remove_stale_temporaries(tmp_path)
+    assert not left.exists() and running.exists()
+
+
+def test_locked_decisions_that_do_not_fit_their_stage_are_one_error(tmp_path: Path) -> None:
+    """A lock is a file anyone can edit: decisions of the right JSON types but the wrong content stop the build with
+    the fix, not a traceback from inside the pass."""
+    from kokoro_opt.build import _decision_runner
+
+    p = Pass("make", _Config, lambda source, cfg, out, decisions=None: {"int8": decisions["int8"][0]}, decides=True)
+    assert _decision_runner(p, {"int8": ["a"]})(None, None, tmp_path) == {"int8": "a"}
+    for wrong in ({"other": 1}, {"int8": 5}, {"int8": []}):
+        with pytest.raises(UserError, match=r"the lock's decisions for stage 'make' do not fit it .*--reanalyze"):
+            _decision_runner(p, wrong)(None, None, tmp_path)

@@ -278,7 +278,15 @@ def test_a_childs_lock_entry_overrides_its_parents_and_a_broken_lock_is_one_erro
     entries = read_locks(lock_path(child))
     assert entries["2-quantize"] == (read_lock(lock_path(child))["2-quantize"], lock_path(child))
     assert entries["3-windows"][1] == lock_path(parent)  # what the child does not hold comes from its parent
-    for broken in ("{", '{"stages": {"2-quantize": {"bogus": 1}}}', "[" * 100_000):
+    cases = [
+        ("{", "is not readable JSON"),
+        ("[" * 100_000, "is not readable"),
+        ('{"stages": {"2-quantize": {"bogus": 1}}}', "under 'stages': field '2-quantize.decision_key': Field required"),
+        ('{"stages": {"2-quantize": {"decision_key": "k", "decisions": "int8"}}}', "field '2-quantize.decisions'"),
+        ('{"stages": {"2-quantize": {"decision_key": "k", "decisions": {}, "files": ["a"]}}}', "'2-quantize.files'"),
+    ]
+    for broken, says in cases:
         lock_path(child).write_text(broken)
-        with pytest.raises(UserError, match=r"is not readable.*--reanalyze"):
+        with pytest.raises(UserError, match=r"--reanalyze") as refused:
             read_locks(lock_path(child))
+        assert str(lock_path(child)) in refused.value.message and says in refused.value.message

@@ -85,11 +85,17 @@ def fetch(
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI it was pushed to")] = None,
 ) -> None:
     """Fetch a pushed artifact into the store, verifying every file against its manifest."""
-    from kokoro_opt.remote import verify_folder
+    from kokoro_opt.errors import UserError
+    from kokoro_opt.remote import fetch_artifact, verify_folder
     from kokoro_opt.select import artifact_by_id
 
     found = artifact_by_id(artifact_id, artifacts, tracking_uri, say=say_line)
-    verify_folder(found.path, found.manifest, f"artifact {found.id} at {found.path}")  # also one that was already here
+    try:
+        verify_folder(found.path, found.manifest, f"artifact {found.id} at {found.path}")  # also one already here
+    except UserError:  # changed or damaged since it came: fetched again, when it was pushed
+        say_line(f"{found.path} does not match its manifest: fetching it again")
+        found = fetch_artifact(found.id, artifacts, tracking_uri, say_line) or found
+        verify_folder(found.path, found.manifest, f"artifact {found.id} at {found.path}")
     console.print(f"{found.name} {found.id}: {found.path} (every file matches its manifest)", highlight=False)
 
 

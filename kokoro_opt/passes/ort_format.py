@@ -31,6 +31,7 @@ def convert(models: list[Path], work: Path, cfg: OrtFormatStage) -> dict[str, Pa
     result = subprocess.run(
         [
             sys.executable,
+            "-P",  # the current folder off the import path: a file of the user's named like a module would shadow it
             "-m",
             "onnxruntime.tools.convert_onnx_models_to_ort",
             str(work),
