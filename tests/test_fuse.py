@@ -178,8 +178,9 @@ def test_without_a_c_compiler_it_speaks_through_model_onnx(fused_artifact, tmp_p
 def test_the_stage_needs_the_windows_stage(tiny_recipe, artifacts_root) -> None:
     from kokoro_opt.errors import UserError
 
-    with pytest.raises(UserError, match="after the windows stage"):
-        build_with(tiny_recipe, artifacts_root, "t-fuse-alone", [*INT8[:3], FUSE])
+    with pytest.raises(UserError, match=r"stage 'fuse' needs what a 'windows' stage makes \(windowed\)"):
+        build_with(tiny_recipe, artifacts_root, "t-fuse-alone", [*INT8[:3], FUSE])  # before any stage runs
+    assert not (artifacts_root / "t-fuse-alone").exists()
 
 
 def _damaged_copy(fused_artifact, tmp_path, change) -> Any:
