@@ -104,6 +104,8 @@ def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.
     if host not in LOOPBACK and not config.api_key:
         log.warning("listening on %s without an API key: anyone who can reach it can use it (set --api-key)", host)
     sock = listening_socket(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    log.info("listening on http://%s:%d (Ctrl-C to stop)", shown, sock.getsockname()[1])  # uvicorn's own line needs its bind
     app = create_app(selection, config)
     # after the drain nothing should be left: what still runs (past the drain timeout) is cut after 1 s
     settings = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=1,
