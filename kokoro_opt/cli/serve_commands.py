@@ -62,6 +62,7 @@ def serve(
     from kokoro_opt.serve import ServeConfig, serve_forever
     from kokoro_opt.serve.config import mode_reason
 
+    ServeConfig(api_key=api_key, public_metrics=public_metrics)  # flags wrong on their own: before any artifact is sought
     selection = resolve_artifact(artifact, artifacts, tracking_uri)
     chosen = selection.artifact
     err.print(f"serving {chosen.name} artifact {chosen.id} ({chosen.path}): {selection.reason}")

@@ -148,8 +148,9 @@ def speech_responses() -> dict[int | str, dict[str, Any]]:
 
 def voice_pattern(names: Iterable[str]) -> str:
     """The voices the server accepts, as a regular expression: a name in any case, or a blend of names with
-    positive weights, `a(2)+b(0.5)+c` (voices.parse_blend). A weight is a float above 0: at most 300 digits before
-    its point (309 are no float) and at most 299 zeros after it before a digit that is not (past 1e-308 it is 0)."""
+    positive weights, `a(2)+b(0.5)+c` (voices.parse_blend). A weight is a number above 0 with at most 300 digits
+    before its point and at most 299 zeros after it before a digit that is not, the server's rule on the digits
+    (a float holds those as finite and above 0)."""
     ordered = sorted(set(names), key=lambda n: (-len(n), n))
     name = "(?:" + "|".join("".join(_any_case(c) for c in n) for n in ordered) + ")"
     positive = r"(?:0*[1-9][0-9]{0,299}(?:\.[0-9]+)?|0*\.0{0,299}[1-9][0-9]*)"
