@@ -253,7 +253,8 @@ def checked_kokoro(meta: dict[str, Any], path: Path) -> dict[str, Any]:
 def open_artifact(path: str | Path) -> Artifact:
     """Open an artifact folder, or a recipe folder (its newest build)."""
     folder = Path(path)
-    if folder.is_dir() and not (folder / MANIFEST).is_file():
+    inside = folder.resolve().name.startswith(("_", "."))  # the store's own folders (_cache, _peers, .tmp): no recipe's
+    if folder.is_dir() and not (folder / MANIFEST).is_file() and not inside:
         builds = sorted((p for p in folder.iterdir() if (p / MANIFEST).is_file()), key=lambda p: p.stat().st_mtime)
         if builds:
             folder = builds[-1]

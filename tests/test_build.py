@@ -174,6 +174,11 @@ def test_cli_mistakes_outside_recipes_are_one_line_too(tiny_artifact, tmp_path: 
         (["tune", "--show", "--seed", "3"], "--show alone runs no trial: --seed would change nothing"),
         (["serve", "--public-metrics"], "--public-metrics changes nothing without --api-key"),
         (["voices", "--artifact", ""], "the artifact given is an empty name"),
+        # measuring commands: what they are given and where results go, before anything is built or measured
+        (["evaluate", str(ROOT / "recipes" / "tiny.yaml"), "--runs", "0", "--artifacts", str(tmp_path / "b")], "--runs"),
+        (["evaluate", str(tiny_artifact.path), "--peer", "bogus"], "unknown peer(s) bogus"),
+        (["compare", str(tiny_artifact.path), "--tracking-uri", "http://127.0.0.1:9"], "does not answer"),
+        (["evaluate", str(tiny_artifact.path.parent.parent / "_cache")], "_cache is not an artifact folder"),
         # a recipe's name where its folder or an id belongs: the hint names the folder
         (
             [
@@ -197,9 +202,10 @@ def test_cli_mistakes_outside_recipes_are_one_line_too(tiny_artifact, tmp_path: 
     damaged = tmp_path / "copy" / tiny_artifact.path.name
     shutil.copytree(tiny_artifact.path, damaged)
     (damaged / "model.onnx").write_bytes(b"not a model")
-    result = run_cli("evaluate", str(damaged), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
-    assert result.returncode == 2 and "model.onnx does not match its manifest" in result.stderr, result.stderr
-    assert "build it again" in result.stderr
+    for command in ("evaluate", "compare"):
+        result = run_cli(command, str(damaged), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
+        assert result.returncode == 2 and "model.onnx does not match its manifest" in result.stderr, result.stderr
+        assert "build it again" in result.stderr
     renamed = tmp_path / "elsewhere" / "good"  # no fetch could place it: refused before anything is sent
     shutil.copytree(tiny_artifact.path, renamed)
     result = run_cli("push", str(renamed), "--tracking-uri", f"sqlite:///{tmp_path / 'new' / 'p.db'}")

@@ -55,7 +55,7 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             _print_error(exc.message, exc.hint)
             raise typer.Exit(2) from None
         except (NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as exc:
-            _print_error(f"{exc.strerror}: {exc.filename}", "check --artifacts, -o and KOKORO_OPT_CACHE")
+            _print_error(f"{exc.strerror}: {exc.filename}", "check the paths given: --artifacts, -o, sqlite URIs, the cache")
             raise typer.Exit(2) from None
         except Exception as exc:
             if not type(exc).__module__.startswith("mlflow."):

@@ -24,8 +24,9 @@ Peer = Annotated[list[str] | None, typer.Option(help="add one peer: kokoro-onnx-
 
 
 def _peers(all_peers: bool, chosen: list[str] | None) -> tuple[str, ...]:
-    from kokoro_opt.evaluate.runners import PEERS
+    from kokoro_opt.evaluate.runners import PEERS, check_peers
 
+    check_peers(chosen or ())  # before anything is built or measured
     return PEERS if all_peers else tuple(chosen or ())
 
 
@@ -53,10 +54,14 @@ def evaluate(
     from kokoro_opt.evaluate.report import results_json
     from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
     from kokoro_opt.evaluate.settings import evaluate_config
+    from kokoro_opt.evaluate.tracking_store import require_answers
     from kokoro_opt.remote import REBUILD, verify_folder
     from kokoro_opt.targets import evaluation_targets
 
     overrides = {"runs": runs, "warmup": warmup, "threads": threads, "sentences": sentences, "phrases": phrases, "asr": asr}
+    evaluate_config(None, **overrides)  # the settings given, checked before a recipe is built or anything measured
+    _peers(peers, peer)
+    require_answers(tracking_uri)  # where the results go: before minutes of measuring, not after
     results: list[Any] = []
     for i, artifact in enumerate(evaluation_targets(targets, artifacts, tracking_uri, err, say_line)):
         config = evaluate_config(artifact.manifest, **overrides)
@@ -100,10 +105,17 @@ def compare(
     from kokoro_opt.evaluate.report import DETAIL_COLUMNS, print_machine, results_json, results_table
     from kokoro_opt.evaluate.run import compare_artifacts
     from kokoro_opt.evaluate.settings import evaluate_config
+    from kokoro_opt.evaluate.tracking_store import require_answers
     from kokoro_opt.machine import fingerprint
+    from kokoro_opt.remote import REBUILD, verify_folder
     from kokoro_opt.store import Store
 
+    if log:
+        require_answers(tracking_uri)  # where the comparison goes: before the measuring, not after
     chosen = [open_artifact(f) for f in folders] if folders else Store(artifacts).artifacts()
+    for artifact in chosen:  # a damaged folder is not measured, as evaluate refuses it
+        if artifact.manifest.files:
+            verify_folder(artifact.path, artifact.manifest, f"artifact {artifact.id} at {artifact.path}", REBUILD)
     config = evaluate_config(
         chosen[0].manifest if chosen else None,
         runs=runs, warmup=warmup, threads=threads, sentences=sentences, phrases=phrases, asr=asr,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +31,12 @@ REFERENCE_LABEL = "fp32 export"
 PEER_INT8 = "kokoro-onnx-int8"
 PEER_TORCH = "pytorch-eager"
 PEERS = (PEER_INT8, PEER_TORCH)
+
+
+def check_peers(peers: Iterable[str]) -> None:
+    """Refuse a peer name this version does not measure, naming the ones it does."""
+    if unknown := sorted(set(peers) - set(PEERS)):
+        raise UserError(f"unknown peer(s) {', '.join(unknown)}", f"choose from: {', '.join(PEERS)}")
 
 
 @dataclass
@@ -291,9 +297,7 @@ def runner_groups(
         if ref is not None and ref_id != artifact.id:
             group.append(_onnx_runner(open_artifact(ref), REFERENCE_LABEL, ref_id))
         groups.append(group)
-    unknown = set(peers) - set(PEERS)
-    if unknown:
-        raise UserError(f"unknown peer(s) {', '.join(sorted(unknown))}", f"choose from: {', '.join(PEERS)}")
+    check_peers(peers)
     if PEER_INT8 in peers:
         groups.append(_int8_group(root, artifacts, say))
     if PEER_TORCH in peers:

@@ -133,7 +133,7 @@ def front_table(study: Any, names: list[str], metric: str, rule: BestConfig) -> 
     for t in study.get_trials(deepcopy=False):
         counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
     summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-    table = Table(title=f"study '{study.study_name}': Pareto front of {summary} trials (* = served)", box=box.SIMPLE_HEAD)
+    table = Table(title=f"study '{study.study_name}': Pareto front of {summary} trials (* = the pick)", box=box.SIMPLE_HEAD)
     quality = "quality" in names
     for column in (
         "trial",
@@ -154,12 +154,16 @@ def front_table(study: Any, names: list[str], metric: str, rule: BestConfig) -> 
             f"{t.number}{'*' if best is not None and t.number == best.number else ''}",
             name,
             _session_cell(s.get("session", {})),
-            f"{chunking.get('first_chunk_tokens')}/{chunking.get('chunk_tokens')}/{chunking.get('crossfade_ms'):g}",
+            f"{chunking.get('first_chunk_tokens')}/{chunking.get('chunk_tokens')}/{chunking.get('crossfade_ms'):g}"
+            + (f" w{chunking['first_window_steps']}" if chunking.get("first_window_steps") else ""),
             _ms(t.values[0]),
             f"{t.values[1]:.3f}",
             *([f"{t.values[2]:.2f}"] if quality else []),
             f"{score[t.number]:.2f}" if t.number in score else "-",
         ]
         table.add_row(*row)
-    table.caption = "chunks = first/later tokens/crossfade ms; score: the recipe's best rule, lowest wins"
+    table.caption = (
+        "chunks = first/later tokens/crossfade ms, w = first window steps; score: the recipe's best rule, lowest wins; "
+        "the pick is served only where it beat the defaults side by side (tuned.json: applied)"
+    )
     return table
