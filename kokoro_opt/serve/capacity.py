@@ -41,7 +41,7 @@ def ttfa_limit(alone: dict[str, Any] | None) -> float:
 
 
 def sustains(summary: dict[str, Any], limit: float = TTFA_P95_LIMIT) -> bool:
-    """Whether one streaming scenario (bench.Scenario.summary) kept every listener fed, first audio within `limit`."""
+    """Whether one streaming scenario (scenario.Scenario.summary) kept every listener fed, first audio within `limit`."""
     complete = summary["ok"] == summary["requests"] and not summary["rejected_429"] and not summary["errors"]
     return complete and summary["underruns"] == 0 and summary["ttfa_p95"] <= limit
 
