@@ -90,9 +90,14 @@ def folder_damage(folder: Path) -> str | None:
         manifest = read_manifest(folder)
     except UserError as exc:
         return exc.message
-    if link := next((p for p in folder.rglob("*") if p.is_symlink()), None):  # it could lead anywhere
+    if link := first_link(folder):
         return f"{link.relative_to(folder)} is a symbolic link"
     return files_mismatch(file_hashes(folder), manifest.files)
+
+
+def first_link(folder: Path) -> Path | None:
+    """A symbolic link anywhere in a folder about to be trusted (it could lead anywhere); None: plain files only."""
+    return next((p for p in folder.rglob("*") if p.is_symlink()), None)
 
 
 @contextlib.contextmanager

@@ -22,14 +22,13 @@ evaluate it against its reference, not only serve it.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kokoro_opt.artifacts import Artifact, build_folder, file_hashes, files_mismatch, open_artifact
+from kokoro_opt.artifacts import Artifact, build_folder, file_hashes, files_mismatch, first_link, open_artifact
 from kokoro_opt.errors import UserError, read_json
 from kokoro_opt.evaluate.tracking_store import (
     EXPERIMENT_PREFIX,
@@ -89,11 +88,8 @@ def _check_relative(name: str, origin: str) -> str:
 
 def _regular_files(folder: Path, origin: str) -> None:
     """No symlink anywhere in a folder that is about to be trusted: one could point outside it."""
-    for base, dirs, files in os.walk(folder):
-        for entry in (*dirs, *files):
-            if (Path(base) / entry).is_symlink():
-                name = (Path(base) / entry).relative_to(folder)
-                raise UserError(f"{origin}: {name} is a symbolic link", "an artifact holds plain files only")
+    if link := first_link(folder):
+        raise UserError(f"{origin}: {link.relative_to(folder)} is a symbolic link", "an artifact holds plain files only")
 
 
 REBUILD = "the folder was changed or damaged: build it again (kokoro-opt build <its recipe>)"
