@@ -223,6 +223,12 @@ class Artifact:
         settings, ...). Checked where it is read, as a fetched artifact's files are untrusted."""
         return checked_kokoro(read_json_object(self.path / "kokoro.json", _FETCH_AGAIN), self.path / "kokoro.json")
 
+    @property
+    def voice_names(self) -> list[str]:
+        """The voices voices.npz holds, by name only: no pack is read."""
+        with np.load(self.path / "voices.npz") as packs:
+            return list(packs.files)
+
     def voice_packs(self) -> dict[str, np.ndarray]:
         """Each voice's style table: (positions, 1, style width) floats, one shape for all, every value finite."""
         path = self.path / "voices.npz"

@@ -11,8 +11,8 @@ What a pass leaves beside the model is declared too, and the build engine (build
 `produces` (the side files it may write), `consumes` (those it reads from its input when present),
 `carries` (those of its input that stay true of its output: the engine copies them, the pass never
 does), `grants` (capabilities its output has, manifest.Capabilities), `keeps` (its input's
-capabilities that survive it) and `needs` (those its input must have). Which stage may follow which follows from
-the last three (`check_order`).
+capabilities that survive it), `needs` (those its input must have) and `after` (stages whose output it rewrites).
+Which stage may follow which follows from the last four (`check_order`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class Pass:
     grants: tuple[str, ...] = ()  # capabilities its output has
     keeps: tuple[str, ...] = ()  # capabilities of its input its output keeps
     needs: tuple[str, ...] = ()  # capabilities its input must have (a stage before it granted them)
+    after: tuple[str, ...] = ()  # stages that must come before it: it rewrites what only they make
     # run(..., decisions=None | locked) measures decisions or applies locked ones, and returns
     # record["decisions"] (+ "decision_scores") for the recipe's lock (locks.py)
     decides: bool = False
@@ -148,10 +149,16 @@ def code_key(module: str) -> str:
 
 def check_order(kinds: list[str], passes: dict[str, Pass]) -> None:
     """Refuse a chain where a stage drops a capability an earlier stage made, naming both stages, or where a
-    stage needs a capability no stage before it made, naming a stage that makes it."""
+    stage needs a capability or a stage no stage before it made or was, naming a stage that would be."""
     held: dict[str, str] = {}  # capability -> the stage that made it
-    for kind in kinds:
+    for i, kind in enumerate(kinds):
         p = passes[kind]
+        missing = [before for before in p.after if before not in kinds[:i]]
+        if missing:
+            raise UserError(
+                f"stage '{kind}' rewrites what a '{missing[0]}' stage makes, and no stage before it is one",
+                f"put '{kind}' after a '{missing[0]}' stage (its order: {', '.join(p.after)}, then '{kind}')",
+            )
         for cap in p.needs:
             if cap not in held:
                 makers = sorted(other.kind for other in passes.values() if cap in other.grants)

@@ -1,13 +1,15 @@
-"""Locating the project's committed data (calibration/, recipes/) from the package.
+"""Locating files: the project's committed data (calibration/, recipes/), files the user names for output, and the
+database file of an SQLite store URL.
 
-Relative to the project checkout that holds this package, never the current directory: a build
-started from another folder must read (and hash) the same files.
+Committed data is found relative to the project checkout that holds this package, never the current directory: a
+build started from another folder must read (and hash) the same files.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import unquote
 
 from kokoro_opt.errors import UserError
 
@@ -37,3 +39,17 @@ def output_file(path: str | Path, suffix: str, example: str) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UserError(f"cannot write into {folder}", "choose a folder you can write to")
     return path
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of an `sqlite:///` URL (an MLflow store, an Optuna storage), absolute against the working
+    directory; None for any other URL. An in-memory database is refused: what is written there ends with the process."""
+    if not url.lower().startswith("sqlite:"):
+        return None
+    path = unquote(url[len("sqlite:///") :]) if url.startswith("sqlite:///") else ""
+    if not path.split("?")[0] or path.startswith(":memory:") or "mode=memory" in path:
+        raise UserError(
+            f"{url!r} is an in-memory database: nothing written to it outlives this command",
+            "name a file: sqlite:///experiments/mlflow.db (relative) or sqlite:////abs/path.db",
+        )
+    return Path(path).resolve()

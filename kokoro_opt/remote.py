@@ -33,6 +33,7 @@ from kokoro_opt.errors import UserError, read_json
 from kokoro_opt.evaluate.tracking_store import (
     EXPERIMENT_PREFIX,
     KIND_TAG,
+    download_quietly,
     existing_client,
     experiment_id,
     machine_tags,
@@ -240,7 +241,7 @@ def _check_listing(listed: dict[str, int | None], manifest: Manifest, origin: st
 
 
 def _read_manifest(client: Any, run_id: str, download: str, origin: str) -> Manifest:
-    path = Path(client.download_artifacts(run_id, f"{FOLDER}/{MANIFEST}", download))
+    path = Path(download_quietly(client, run_id, f"{FOLDER}/{MANIFEST}", download))
     if path.stat().st_size > _MANIFEST_LIMIT:
         raise UserError(f"{origin}: its {MANIFEST} is {path.stat().st_size} bytes", _PUSH_AGAIN)
     manifest = parse_manifest(read_json(path, "push it again", f"{origin}: {path.name}"), origin)

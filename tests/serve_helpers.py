@@ -37,7 +37,7 @@ def held_after_first_job(engine: Any) -> Iterator[threading.Event]:
         engine.mode.step = step
 
 
-def record_evaluations(tracking_uri: str, metrics: list[tuple[str, dict[str, float]]]) -> None:
+def record_evaluations(tracking_uri: str, metrics: list[tuple[str, dict[str, float | None]]]) -> None:
     """Finished evaluation records as `best` and `tune` read them, one per (artifact id, metrics), each within the
     quality budget unless its metrics say otherwise: for artifacts this machine cannot evaluate (a Mac's Core ML),
     or that a test ranks by figures it chooses."""
@@ -50,5 +50,6 @@ def record_evaluations(tracking_uri: str, metrics: list[tuple[str, dict[str, flo
     for artifact_id, chosen in metrics:
         run = client.create_run(experiment, tags={KIND_TAG: "evaluation", "artifact_id": artifact_id, "is_reference": "false"})
         for key, value in ({"rtf_p50": 0.1, "bad_outputs": 0.0, "pesq_mean": 4.2} | chosen).items():
-            client.log_metric(run.info.run_id, key, value)
+            if value is not None:  # None: a metric that evaluation did not have
+                client.log_metric(run.info.run_id, key, value)
         client.set_terminated(run.info.run_id)

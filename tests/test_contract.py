@@ -106,6 +106,18 @@ def test_a_stage_that_needs_a_capability_follows_a_stage_that_makes_it() -> None
             check_order(kinds, passes)
 
 
+def test_a_stage_that_rewrites_another_stages_output_comes_after_it() -> None:
+    """The fuse stage cuts the generator at the chains the snake and quantize stages make: without them it could
+    only fail once it runs, after every stage before it."""
+    from kokoro_opt.passes import PASSES
+
+    check_order(["simplify", "snake", "quantize", "windows", "fuse"], PASSES)
+    with pytest.raises(UserError, match=r"stage 'fuse' rewrites what a 'quantize' stage makes"):
+        check_order(["simplify", "snake", "windows", "fuse"], PASSES)
+    with pytest.raises(UserError, match=r"stage 'fuse' rewrites what a 'snake' stage makes"):
+        check_order(["quantize", "windows", "fuse"], PASSES)
+
+
 def test_a_gate_budget_is_out_of_the_decision_key_but_in_the_cache_key() -> None:
     """Loosening the windows gate re-checks the locked statistics (a new output) without measuring them again."""
     from kokoro_opt.passes import PASSES

@@ -324,6 +324,7 @@ def test_evaluate_cli_skips_what_is_already_logged(evaluated: EvalResult, tiny_a
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 0, done.output
     assert f"already evaluated with these settings (MLflow run {evaluated.run_id})" in " ".join(done.output.split())
+    assert "Downloading artifacts" not in done.output  # the logged profile is read back without MLflow's progress bar
     lines = done.stdout.splitlines()
     table = next(i for i, line in enumerate(lines) if line.strip() == "evaluation")  # the table's title
     assert describe(fingerprint()) in lines and lines.index(describe(fingerprint())) < table
@@ -400,7 +401,9 @@ def test_best_and_tuned_settings_follow_a_recipe_built_again(tiny_recipe, tmp_pa
 @pytest.mark.parametrize(
     ("uri", "match"),
     [("postgresql://kokoro:secret@127.0.0.1:1/mlflow", "tracking database at postgresql://127.0.0.1:1/mlflow does not answer"),
-     ("garbage", "is not a tracking store MLflow writes"), ("file:///somewhere", "is not a tracking store MLflow writes")],
+     ("garbage", "is not a tracking store MLflow writes"), ("file:///somewhere", "is not a tracking store MLflow writes"),
+     ("sqlite:///", "is an in-memory database"), ("sqlite://", "is an in-memory database"),
+     ("sqlite:///:memory:", "is an in-memory database")],
 )  # fmt: skip
 def test_a_tracking_store_that_cannot_answer_is_one_line_at_once(uri: str, match: str) -> None:
     """MLflow would retry a database that does not answer for minutes, and take a bare word for a folder of the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import io
 import json
 import re
@@ -21,6 +22,7 @@ import soundfile as sf
 from kokoro_opt.voices import OPENAI_VOICES
 from tests.serve_helpers import held_after_first_job, metric
 
+JSON = {"content-type": "application/json"}
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
 
 LONG = " ".join(f"Sentence number {w} is here, and it keeps going." for w in ("one", "two", "three"))
@@ -250,7 +252,7 @@ def test_an_endless_body_is_dropped_after_a_bounded_read(url: str) -> None:
 
 def test_a_body_nested_past_json_s_recursion_is_a_400(url: str) -> None:
     for body in ('{"input": ' + "[" * 3000 + "]" * 3000 + "}", '{"input": "Hi.", "x": ' + '{"a": ' * 3000 + "1" + "}" * 3001):
-        response = httpx.post(f"{url}/v1/audio/speech", content=body.encode(), timeout=60)
+        response = httpx.post(f"{url}/v1/audio/speech", content=body.encode(), headers=JSON, timeout=60)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["code"] == "invalid_json" and "nests too deeply" in response.json()["error"]["message"]
     assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200
@@ -265,19 +267,34 @@ def test_control_characters_are_spaces_not_the_end_of_the_text(url: str) -> None
 
 
 def test_malformed_json_and_unknown_route(url: str) -> None:
-    response = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "hi"', headers={"content-type": "application/json"})
+    post = functools.partial(httpx.post, f"{url}/v1/audio/speech", headers=JSON)
+    response = post(content=b'{"input": "hi"')
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
-    response = httpx.post(f"{url}/v1/audio/speech", content=b"[1, 2]")
+    response = post(content=b"[1, 2]")
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
-    response = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "Hi \\ud800"}')  # JSON carries a lone surrogate
+    response = post(content=b'{"input": "Hi \\ud800"}')  # JSON carries a lone surrogate
     assert response.status_code == 400 and response.json()["error"]["param"] == "input"
     for literal in (b"NaN", b"Infinity"):  # Python's JSON reads them; no speed is either
-        response = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "Hi.", "speed": ' + literal + b"}")
+        response = post(content=b'{"input": "Hi.", "speed": ' + literal + b"}")
         assert response.status_code == 400 and response.json()["error"]["param"] == "speed"
         assert "finite" in response.json()["error"]["message"], response.text
     response = httpx.get(f"{url}/v1/nothing")
     assert response.status_code == 404 and "error" in response.json()
     assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"])
+def test_a_body_not_sent_as_json_is_refused(url: str, content_type: str | None) -> None:
+    """A web page may POST these types to a server on the listener's machine without asking first (a CORS simple
+    request); only JSON is read, which a browser sends across origins only after a preflight this server refuses."""
+    headers = {"content-type": content_type} if content_type else {}
+    response = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "Hi.", "voice": "alloy"}', headers=headers)
+    error = response.json()["error"]
+    assert response.status_code == 415 and error["code"] == "unsupported_media_type", response.text
+    assert "application/json" in error["message"] and response.headers["connection"] == "close"
+    sent_as_json = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "Hi.", "stream": false}',
+                              headers={"content-type": "application/json; charset=utf-8"})  # fmt: skip
+    assert sent_as_json.status_code == 200
 
 
 def test_long_input_is_not_truncated(url: str) -> None:

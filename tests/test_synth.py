@@ -57,3 +57,22 @@ def test_synthesize_checks_its_input(tiny_artifact) -> None:
         synthesize(tiny_artifact, "Hi", phonemes="hˈI", voice="tiny_0")
     result = synthesize(tiny_artifact, phonemes="həlˈO wˈɜɹld.", voice="tiny_0(1)+tiny_1(1)")
     assert result.sample_rate == 24000 and np.all(np.isfinite(result.audio))
+
+
+def test_profiles_are_written_to_the_temporary_folder_not_the_working_one(tiny_artifact, tmp_path, monkeypatch) -> None:
+    """A run killed before it reads its profile back leaves the file behind (tens of MB on the real model)."""
+    import tempfile
+    from pathlib import Path
+
+    from kokoro_opt.runtime.session import SessionSettings
+
+    monkeypatch.chdir(tmp_path)
+    synth = Synthesizer(tiny_artifact, SessionSettings(intra_op_num_threads=1, enable_profiling=True))
+    synth.synthesize("Hi.", voice=synth.voices[0])
+    traces = synth.end_profiling()
+    try:
+        assert traces and all(t.parent == Path(tempfile.gettempdir()) and t.is_file() for t in traces)
+        assert len(set(traces)) == len(traces) and list(tmp_path.iterdir()) == []
+    finally:
+        for trace in traces:
+            trace.unlink(missing_ok=True)

@@ -170,9 +170,14 @@ def test_quality_gate_pairs_ort_and_never_invents_a_number(tiny_artifact: Any, t
     _fake(root, tiny_artifact, "int8-bad", [{"kind": "quantize", "key": "b000000000000001"}])
     _fake(root, tiny_artifact, "int8-unmeasured", [{"kind": "quantize", "key": "u000000000000001"}])
     _fake(root, tiny_artifact, "int8-phrases", [{"kind": "quantize", "key": "p000000000000001"}])
+    _fake(root, tiny_artifact, "int8-windowed", [{"kind": "windows", "key": "w000000000000001"}])
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     record_evaluations(uri, [(q, {"pesq_mean": 4.1}), (ort, {"pesq_mean": 4.0}), ("b000000000000001", {"pesq_mean": 3.1}),
-                             ("p000000000000001", {"pesq_mean": 4.2, "phrase_pesq_mean": 3.4})])  # fmt: skip
+                             ("p000000000000001", {"pesq_mean": 4.2, "phrase_pesq_mean": 3.4}),
+                             # served windowed: heard as its stream, whatever its whole decoding scores
+                             ("w000000000000001", {"pesq_mean": 4.3, "served_windowed": 1.0, "windowed_pesq_mean": 3.5}),
+                             # a larger evaluation without a reference does not hide the one that scored it
+                             (q, {"pesq_mean": None, "utterances": 99.0})])  # fmt: skip
     recipe = parse_tune_recipe({"name": "gate", "quality": {"evaluate_missing": False}})
     said: list[str] = []
     found = {c.name: c for c in gather_candidates(recipe, root, uri, said.append)}
@@ -181,7 +186,14 @@ def test_quality_gate_pairs_ort_and_never_invents_a_number(tiny_artifact: Any, t
     assert found["int8-q"].formats == {"onnx": q, "ort": ort} and found["int8-q"].quality == 4.1
     assert any("int8-bad" in m and "3.10 < budget 3.8" in m for m in said)
     assert any("int8-phrases" in m and "short-phrase PESQ 3.40 < budget 3.6" in m for m in said)
+    assert any("int8-windowed" in m and "windowed PESQ 3.50 < budget 3.8" in m for m in said)
     assert any("int8-unmeasured" in m and "no evaluation record" in m for m in said)
+
+    # a voice the artifacts lack would fail every trial: it is found before the study starts
+    voiceless = parse_tune_recipe({"name": "gate", "measure": {"voice": "zz_nobody"}, "quality": {"evaluate_missing": False}})
+    said.clear()
+    assert gather_candidates(voiceless, root, uri, said.append) == []
+    assert any("tiny" in m and "no voice 'zz_nobody' (measure.voice)" in m for m in said)
 
 
 # ---- real studies on the tiny artifact ------------------------------------------------------------------
@@ -253,6 +265,10 @@ def test_tune_writes_tuned_json_resumes_without_duplicates_and_serve_uses_it(tun
     assert _trial_runs(env, "e2e") == [0, 1, 3]  # one MLflow run per finished trial, none for the killed one
     third = _run(env, recipe, trials=3)
     assert third.ran == 0 and _trial_runs(env, "e2e") == [0, 1, 3]
+    assert third.comparison is None  # tuned.json holds this study's winner, measured already
+    elsewhere = json.loads((env["root"] / "tuned.json").read_text()) | {"study_key": "another-storage"}
+    (env["root"] / "tuned.json").write_text(json.dumps(elsewhere))  # a same-named study of another storage
+    assert _run(env, recipe, trials=3).comparison is not None
     records = StudyRecords(env["uri"], f"sqlite:///{env['base']}/optuna.db", third.study)
     assert {r.data.tags["machine.id"] for r in records._find("tags.kokoro_opt_kind = 'tuning-trial'")} == {here["id"]}
     parent = records.client.get_run(records.parent())
@@ -278,6 +294,20 @@ def test_tune_writes_tuned_json_resumes_without_duplicates_and_serve_uses_it(tun
     changed = _recipe(env, "e2e", space={**yaml.safe_load(recipe.read_text())["space"], "chunk_tokens": [24]})
     with pytest.raises(UserError, match="different space"):
         _run(env, changed)
+    shown = CliRunner().invoke(app, ["tune", str(changed), "--show", "--artifacts", str(env["root"])])
+    assert shown.exit_code == 2 and "different space" in shown.output  # judged by one recipe's rules, not another's
+    with pytest.raises(UserError, match="in-memory database"):
+        _run(env, recipe, storage="sqlite:///:memory:")
+
+
+def test_trials_that_all_fail_stop_the_run_with_an_error(tune_env: dict[str, Any]) -> None:
+    env = tune_env
+    recipe = _recipe(env, "mute", trials=8)
+    data = yaml.safe_load(recipe.read_text()) | {"measure": {"paragraph": "...", "rtf_text": "..."}}
+    recipe.write_text(yaml.safe_dump(data), encoding="utf-8")  # nothing to say: every trial fails the same way
+    with pytest.raises(UserError, match=r"5 trials in a row failed, the last with: .*measure.paragraph has nothing to say"):
+        _run(env, recipe)
+    assert not (env["root"] / "tuned.json").exists() or json.loads((env["root"] / "tuned.json").read_text())["study"] != "mute"
 
 
 def test_two_worker_processes_share_one_study(tune_env: dict[str, Any]) -> None:

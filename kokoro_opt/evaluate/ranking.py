@@ -55,12 +55,14 @@ def best_evaluated(
 TTFA_TIE = 0.03  # speed-ups within 3% of the fastest are a tie: the sooner first audio wins
 
 
+SERVED_KEYS = ("pesq_mean", "phrase_pesq_mean", "ttfa_p50")  # what a listener gets differs between the modes
+
+
 def served(metrics: dict[str, float]) -> dict[str, float]:
     """The metrics of the mode `serve` uses for this artifact: windowed where it streams windowed by default
     (evaluate logs `served_windowed`), else the whole decoding's."""
     prefix = "windowed_" if metrics.get("served_windowed") == 1.0 else ""
-    keys = ("pesq_mean", "phrase_pesq_mean", "ttfa_p50")
-    return {key: metrics[prefix + key] for key in keys if prefix + key in metrics} | {"windowed": float(bool(prefix))}
+    return {key: metrics[prefix + key] for key in SERVED_KEYS if prefix + key in metrics} | {"windowed": float(bool(prefix))}
 
 
 def _fastest_passing(

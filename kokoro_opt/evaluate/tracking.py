@@ -22,6 +22,7 @@ from kokoro_opt.evaluate.report import EvalResult, mel_png, ops_json, ops_png, p
 from kokoro_opt.evaluate.tracking_store import (
     EXPERIMENT_PREFIX,
     KIND_TAG,
+    download_quietly,
     existing_client,
     experiment_id,
     machine_from_tags,
@@ -141,7 +142,7 @@ def _logged_ops(client: Any, run: Any) -> dict[str, float]:
     """The per-op profile of a logged evaluation (profile/ops.json); {} if it has none."""
     try:
         with tempfile.TemporaryDirectory(prefix="kokoro-opt-ops-") as tmp:
-            local = client.download_artifacts(run.info.run_id, OPS_FILE, tmp)
+            local = download_quietly(client, run.info.run_id, OPS_FILE, tmp)
             return {row["op"]: row["seconds"] for row in json.loads(Path(local).read_text(encoding="utf-8"))["ops"]}
     except Exception:  # an older run or a store without the file: the profile is optional
         return {}

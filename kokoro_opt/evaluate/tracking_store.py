@@ -9,9 +9,10 @@ import os
 from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.paths import sqlite_file
 
 STORE = Path("experiments")
 KIND_TAG = "kokoro_opt_kind"
@@ -23,15 +24,11 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(STORE / 'mlflow.db').resolve()}"
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    return Path(unquote(uri[len("sqlite:///") :])) if uri.startswith("sqlite:///") else None
-
-
 def existing_client(tracking_uri: str | None) -> tuple[str, Any] | None:
     """(resolved URI, client) of the tracking store, or None when it is an SQLite file that does not exist
     yet: nothing was logged, and looking must not create an empty store."""
     uri = resolve_tracking_uri(tracking_uri)
-    db = _sqlite_path(uri)
+    db = sqlite_file(uri)
     if db is not None and not db.exists():
         return None
     return uri, open_client(uri)
@@ -89,13 +86,26 @@ def require_answers(tracking_uri: str | None) -> None:
     _answers(resolve_tracking_uri(tracking_uri))
 
 
+def download_quietly(client: Any, run_id: str, path: str, into: str) -> str:
+    """A small file of a run, without the progress bar MLflow draws for every download (noise among our messages)."""
+    previous = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        return str(client.download_artifacts(run_id, path, into))
+    finally:
+        if previous is None:
+            del os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"]
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = previous
+
+
 def open_client(uri: str) -> Any:
     from mlflow.tracking import MlflowClient
 
     _answers(uri)
     for name in ("mlflow", "alembic"):  # schema migration chatter on a new store
         logging.getLogger(name).setLevel(logging.WARNING)
-    db = _sqlite_path(uri)
+    db = sqlite_file(uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
     return MlflowClient(tracking_uri=uri)
@@ -123,7 +133,7 @@ def experiment_id(client: Any, uri: str, name: str) -> str:
             if found.tags.get(key) != value:  # an experiment made by an earlier kokoro-opt
                 client.set_experiment_tag(found.experiment_id, key, value)
         return str(found.experiment_id)
-    db = _sqlite_path(uri)
+    db = sqlite_file(uri)
     # Beside the SQLite file, not in the cwd's ./mlruns; a server picks its own artifact store.
     location = (db.parent / "mlruns" / name).resolve().as_uri() if db is not None else None
     return str(client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_TAGS))
@@ -149,4 +159,4 @@ def machine_from_tags(tags: dict[str, str]) -> dict[str, Any]:
 def tracking_location(tracking_uri: str | None) -> str:
     uri = resolve_tracking_uri(tracking_uri)
     parsed = urlparse(uri)
-    return str(_sqlite_path(uri)) if parsed.scheme == "sqlite" else uri
+    return str(sqlite_file(uri)) if parsed.scheme == "sqlite" else uri

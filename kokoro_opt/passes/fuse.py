@@ -112,6 +112,7 @@ PASS = Pass(
     grants=("fused",),
     keeps=("edges", "windowed"),
     needs=("windowed",),
+    after=("snake", "quantize"),  # it cuts the generator at the INT8 norm-Snake-quantize chains they make
     judged_by=tuple(SpeechGate.model_fields),
     reads=("kokoro_opt/data/eval_corpus.yaml", "kokoro_opt/runtime/glue/chains.c"),
 )

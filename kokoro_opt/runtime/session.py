@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+import uuid
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -85,6 +87,9 @@ def make_session(
     options.enable_mem_pattern = False
     if settings.enable_profiling:
         options.enable_profiling = True
+        # In the temporary folder, not the working one (a killed run would leave tens of MB there), under a name of
+        # its own: sessions made within one millisecond would otherwise write the same file.
+        options.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"kokoro-opt-profile-{uuid.uuid4().hex[:12]}")
     if spinning == "in_run":
         options.add_session_config_entry("session.force_spinning_stop", "1")
     elif spinning == "never":

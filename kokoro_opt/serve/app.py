@@ -10,10 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -115,7 +113,7 @@ def _v1(service: Service) -> APIRouter:
         assert service.engine.synth is not None
         return JSONResponse({"voices": voice_entries(service.engine.synth.voices, service.aliases)})
 
-    voice_names = [*_voice_names(service.selection.artifact.path), *OPENAI_VOICES]
+    voice_names = [*service.selection.artifact.voice_names, *OPENAI_VOICES]
     speech_docs = {**openapi.speech_responses(), **common}
 
     @router.post("/audio/speech", response_class=Response, responses=speech_docs,
@@ -148,11 +146,6 @@ class _Gate:
             await self.app(scope, receive, send)
         finally:
             self.service.open_requests -= 1
-
-
-def _voice_names(folder: Path) -> list[str]:
-    with np.load(folder / "voices.npz") as packs:  # the names only: no pack is read
-        return list(packs.files)
 
 
 def _error_handlers(app: FastAPI, metrics: Metrics) -> None:

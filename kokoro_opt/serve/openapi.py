@@ -80,6 +80,7 @@ _ERRORS: dict[int, tuple[str, bool]] = {  # status -> (when, carries Retry-After
         "than the server's --max-input-tokens (the message names both numbers)",
         False,
     ),
+    415: ("The body is not sent as `Content-Type: application/json`", False),
     429: ("Too many requests in progress", True),
     500: ("Synthesis failed", False),
     503: ("Not ready (loading or warming up), failed to load, or shutting down", True),
@@ -143,7 +144,7 @@ def speech_responses() -> dict[int | str, dict[str, Any]]:
         "its last chunk), or whole with its length (`stream: false`); with `stream_format: sse`, "
         "`speech.audio.delta` events then `speech.audio.done` (missing when the stream was cut)"
     )
-    return {200: {"description": description, "content": {**audio, **events}}, **errors(400, 408, 413, 429, 500, 503, 504)}
+    return {200: {"description": description, "content": {**audio, **events}}, **errors(400, 408, 413, 415, 429, 500, 503, 504)}
 
 
 def voice_pattern(names: Iterable[str]) -> str:

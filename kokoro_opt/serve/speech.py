@@ -71,7 +71,15 @@ class AudioStreamResponse(StreamingResponse):
 
 
 async def read_json(request: Request, limit: int, seconds: float) -> dict[str, Any]:
-    """The body as a JSON object, read within `seconds` (a stalled upload would hold its connection open)."""
+    """The body as a JSON object, read within `seconds` (a stalled upload would hold its connection open).
+
+    Only a body sent as JSON: a web page may POST `text/plain` to a server on this machine without asking it first
+    (a CORS "simple request"), where `application/json` needs a preflight this server never answers."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        sent = f"as {media!r}" if media else "without a content type"
+        raise ApiError(415, f"the body is sent {sent}; send it as application/json (Content-Type header)",
+                       code="unsupported_media_type", headers=_CLOSE)  # fmt: skip
     body = bytearray()
     received = 0
     try:

@@ -84,6 +84,9 @@ class Bench:
         if voice not in synth.packs:
             raise UserError(f"voice '{voice}' is not in artifact {synth.artifact.id}", f"use one of {', '.join(synth.voices)}")
         self.pack = synth.packs[voice]
+        for field in ("paragraph", "rtf_text"):
+            if not self.engine.plan(getattr(measure, field)):
+                raise UserError(f"measure.{field} has nothing to say", "give it words, not only punctuation")
 
     def ttfa(self) -> float:
         clear_phoneme_cache()  # each TTFA run is a new request: phonemizing is measured, not recalled

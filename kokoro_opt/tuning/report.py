@@ -15,7 +15,7 @@ from kokoro_opt.artifacts import write_json_atomic
 from kokoro_opt.select import TUNED_FILE
 from kokoro_opt.tuning.config import BestConfig
 from kokoro_opt.tuning.measure import Comparison
-from kokoro_opt.tuning.records import redact
+from kokoro_opt.tuning.records import redact, study_key
 from kokoro_opt.tuning.space import TrialSettings
 
 MAXIMIZE = "MAXIMIZE"
@@ -60,6 +60,7 @@ def tuned_json(study: Any, storage: str, trial: Any, settings: TrialSettings, na
         "model_format": attrs["model_format"],
         "study": study.study_name,
         "storage": redact(storage),
+        "study_key": study_key(storage, study),  # storage, name and creation uid: one study among same-named ones
         "trial": trial.number,
         "session": asdict(settings.session),
         "chunking": settings.chunking,

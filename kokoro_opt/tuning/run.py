@@ -15,14 +15,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.machine import fingerprint
+from kokoro_opt.paths import sqlite_file
 from kokoro_opt.tables import print_table
 from kokoro_opt.tuning.config import load_tune_recipe
 from kokoro_opt.tuning.measure import Comparison, SessionCache, compare_with_defaults
-from kokoro_opt.tuning.records import StudyRecords, best_effort, save_plots
+from kokoro_opt.tuning.records import StudyRecords, best_effort, save_plots, study_key
 from kokoro_opt.tuning.report import front_table, pick_best, previous_tuned, ratio_line, tuned_json, write_tuned
 from kokoro_opt.tuning.space import ResolvedSpace
 from kokoro_opt.tuning.study import (
-    SPACE_ATTR,
     WorkerArgs,
     finished,
     is_surplus,
@@ -31,7 +31,7 @@ from kokoro_opt.tuning.study import (
     objective_names,
     open_study,
     run_worker,
-    sqlite_file,
+    study_space,
     trial_record,
     trial_settings,
 )
@@ -174,7 +174,8 @@ def _finish(result: TuneResult, recipe: Any, resolved: ResolvedSpace, url: str, 
     result.best = best
     settings = trial_settings(best.user_attrs)
     data = previous_tuned(root)
-    if result.ran == 0 and data and data.get("study") == study.study_name and data.get("trial") == best.number:
+    same_study = data is not None and data.get("study_key") == study_key(url, study)
+    if result.ran == 0 and same_study and data.get("trial") == best.number:
         say(f"{root / 'tuned.json'} already holds trial {best.number} of this study: not measured again")
         result.tuned_path = root / "tuned.json"
     else:
@@ -210,14 +211,14 @@ def show_front(recipe_path: str | Path, *, storage: str | None = None, study_nam
     if name not in optuna.study.get_all_study_names(store):
         raise UserError(f"no study '{name}' in the storage", f"run it first: kokoro-opt tune {recipe_path}")
     study = optuna.load_study(study_name=name, storage=store)
-    resolved = ResolvedSpace.from_json(study.user_attrs[SPACE_ATTR])
+    resolved = study_space(study, recipe)
     print_table(console, front_table(study, objective_names(resolved), resolved.quality_metric, recipe.best))
     say = _say(console)
     written = save_plots(study, plots / name, ("TTFA p50 (s)", "RTF p50"), say)
     if written:
         say(f"plots: {', '.join(str(p) for p in written)}")
     tuned = previous_tuned(root)
-    if tuned and tuned.get("study") == name and "ttfa_ratio" in tuned:
+    if tuned and tuned.get("study_key") == study_key(url, study) and "ttfa_ratio" in tuned:
         console.print(
             f"tuned.json: trial {tuned.get('trial')} on {tuned.get('artifact')}; " + ratio_line(tuned["vs_defaults"]),
             highlight=False,

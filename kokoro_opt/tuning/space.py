@@ -123,12 +123,13 @@ def quality_of(
 ) -> tuple[float, str] | None:
     """(metric value, why it passes) or None (with the logged reason). Never a made-up number: the
     reference passes by definition, anything else needs an evaluation record (made now if allowed)."""
+    from kokoro_opt.evaluate.ranking import SERVED_KEYS, served
     from kokoro_opt.tuning.records import recorded_evaluation
 
     label = f"{artifact.name} {artifact.id[:8]}"
     if _is_reference(artifact):
         return REFERENCE_QUALITY[quality.metric], "the fp32 reference: within the budget by definition"
-    metrics, source = recorded_evaluation(tracking_uri, artifact.id), "MLflow evaluation record"
+    metrics, source = recorded_evaluation(tracking_uri, artifact.id, METRIC_KEYS[quality.metric]), "MLflow evaluation record"
     if metrics is None and quality.evaluate_missing:
         from kokoro_opt.evaluate.run import evaluate_artifacts
         from kokoro_opt.evaluate.settings import evaluate_config
@@ -141,6 +142,10 @@ def quality_of(
     if metrics is None:
         say(f"{label}: no evaluation record of its quality, skipped (run kokoro-opt evaluate on it)")
         return None
+    heard = served(metrics)  # a windowed artifact is heard as its stream: judged by its windowed scores only
+    mode = "windowed " if heard["windowed"] else ""
+    if mode:
+        metrics = {k: v for k, v in metrics.items() if k not in SERVED_KEYS} | heard
     value = metrics.get(METRIC_KEYS[quality.metric])
     if value is None or not math.isfinite(value):
         say(f"{label}: its evaluation has no {METRIC_KEYS[quality.metric]} (no fp32 reference or ASR), skipped")
@@ -149,16 +154,16 @@ def quality_of(
         say(f"{label}: NaN or silent output in its evaluation, skipped")
         return None
     if quality.metric == "pesq" and value < quality.min_pesq:
-        say(f"{label}: PESQ {value:.2f} < budget {quality.min_pesq}, skipped")
+        say(f"{label}: {mode}PESQ {value:.2f} < budget {quality.min_pesq}, skipped")
         return None
     phrases = metrics.get("phrase_pesq_mean")
     if phrases is not None and math.isfinite(phrases) and phrases < quality.min_phrase_pesq:
-        say(f"{label}: short-phrase PESQ {phrases:.2f} < budget {quality.min_phrase_pesq}, skipped")
+        say(f"{label}: {mode}short-phrase PESQ {phrases:.2f} < budget {quality.min_phrase_pesq}, skipped")
         return None
     if quality.metric == "wer_delta" and value > quality.max_wer_delta:
         say(f"{label}: WER delta {value:.3f} > budget {quality.max_wer_delta}, skipped")
         return None
-    return float(value), f"{METRIC_KEYS[quality.metric]} {value:.3f} within the budget ({source})"
+    return float(value), f"{mode}{METRIC_KEYS[quality.metric]} {value:.3f} within the budget ({source})"
 
 
 def ort_source(artifact: Artifact) -> str | None:
@@ -177,6 +182,8 @@ def gather_candidates(recipe: TuneRecipe, root: Path, tracking_uri: str | None, 
             say(f"{artifact.name} {artifact.id[:8]}: {artifact.model_file.name} does not run on ONNX Runtime, skipped")
         elif fmt not in recipe.space.model_format:
             say(f"{artifact.name} {artifact.id[:8]}: .{fmt} is not in space.model_format, skipped")
+        elif recipe.measure.voice and recipe.measure.voice not in artifact.voice_names:
+            say(f"{artifact.name} {artifact.id[:8]}: has no voice '{recipe.measure.voice}' (measure.voice), skipped")
         elif (q := quality_of(artifact, recipe.quality, tracking_uri, root, say)) is not None:
             passing.append((artifact, fmt, *q))
     groups: dict[str, Candidate] = {}

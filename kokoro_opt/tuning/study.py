@@ -25,6 +25,7 @@ from typing import Any
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.machine import fingerprint
+from kokoro_opt.paths import sqlite_file
 from kokoro_opt.tuning.config import SamplerConfig, TuneRecipe, WorkersConfig, load_tune_recipe
 from kokoro_opt.tuning.measure import Bench, SessionCache
 from kokoro_opt.tuning.records import StudyRecords, best_effort
@@ -47,15 +48,6 @@ def load_optuna() -> Any:
 
 def objective_names(resolved: ResolvedSpace) -> list[str]:
     return ["ttfa_p50", "rtf_p50", "quality"] if resolved.quality_objective else ["ttfa_p50", "rtf_p50"]
-
-
-def sqlite_file(url: str) -> Path | None:
-    """The database file of a `sqlite:///` storage URL, resolved against the working directory (cwd-proof, like the
-    MLflow store); None for any other storage."""
-    if not url.startswith("sqlite:///"):
-        return None
-    db = Path(url[len("sqlite:///") :])
-    return db if db.is_absolute() else db.resolve()
 
 
 def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
@@ -136,6 +128,20 @@ def claimed(study: Any, stale_after: float, before: int | None = None) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False, states=states) if (before is None or t.number < before) and holds(t))
 
 
+def study_space(study: Any, recipe: TuneRecipe) -> ResolvedSpace:
+    """The space pinned in a study this recipe made; any other study is refused (its front would be judged by
+    another recipe's rules)."""
+    name = study.study_name
+    if SPACE_ATTR not in study.user_attrs:
+        raise UserError(f"study '{name}' exists but was not created by kokoro-opt tune", "pass another --study")
+    if study.user_attrs.get(HASH_ATTR) != recipe.space_hash():
+        raise UserError(
+            f"study '{name}' was created with a different space, measurement or quality rule than {recipe.name}",
+            "restore the recipe, or start a new study with --study NAME",
+        )
+    return ResolvedSpace.from_json(study.user_attrs[SPACE_ATTR])
+
+
 def open_study(
     recipe: TuneRecipe, storage: Any, name: str, root: Path, tracking_uri: str | None, say: Say
 ) -> tuple[Any, ResolvedSpace]:
@@ -143,14 +149,7 @@ def open_study(
     optuna = load_optuna()
     if name in optuna.study.get_all_study_names(storage):
         study = optuna.load_study(study_name=name, storage=storage)
-        if SPACE_ATTR not in study.user_attrs:
-            raise UserError(f"study '{name}' exists but was not created by kokoro-opt tune", "pass another --study")
-        if study.user_attrs.get(HASH_ATTR) != recipe.space_hash():
-            raise UserError(
-                f"study '{name}' was created with a different space, measurement or quality rule",
-                "restore the recipe, or start a new study with --study NAME",
-            )
-        resolved = ResolvedSpace.from_json(study.user_attrs[SPACE_ATTR])
+        resolved = study_space(study, recipe)
         missing = set(resolved.space.providers) - set(available_providers(resolved.space, lambda _: None))
         if missing:
             raise UserError(
@@ -350,4 +349,10 @@ def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = N
             time.sleep(min(1.0, recipe.workers.heartbeat_seconds / 2))
             continue
         study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=[after])
+    if failures >= MAX_CONSECUTIVE_FAILURES:  # a setup problem, not noise: the exit status says so
+        last = max((t for t in study.get_trials(deepcopy=False) if t.state.name == "FAIL"), key=lambda t: t.number)
+        raise UserError(
+            f"{failures} trials in a row failed, the last with: {last.user_attrs.get('error', 'see the messages above')}",
+            "fix what it names, then run the same command again: the study resumes",
+        )
     return cache
