@@ -82,14 +82,18 @@ def files_mismatch(found: dict[str, FileEntry], expected: dict[str, FileEntry]) 
     return f"{extra[0]} is not in its manifest" if extra else None
 
 
-def folder_damage(folder: Path) -> str | None:
-    """What makes a finished folder untrustworthy now: a manifest this version cannot read, or a file changed,
-    missing or added since it was written. None: intact. Hashing its files is what reusing it costs (~0.3 s per
-    250 MB), paid so that a damaged stage output is built again instead of carried into a new artifact."""
-    try:
-        manifest = read_manifest(folder)
-    except UserError as exc:
-        return exc.message
+REBUILD = "the folder was changed or damaged: build it again (kokoro-opt build <its recipe>)"
+
+
+def folder_damage(folder: Path, manifest: Manifest | None = None) -> str | None:
+    """What makes a finished folder untrustworthy now: a manifest this version cannot read, a symbolic link, or a
+    file changed, missing or added since it was written. None: intact. Hashing its files is what reusing it costs
+    (~0.3 s per 250 MB), paid so that a damaged stage output is built again instead of carried into a new artifact."""
+    if manifest is None:
+        try:
+            manifest = read_manifest(folder)
+        except UserError as exc:
+            return exc.message
     if link := first_link(folder):
         return f"{link.relative_to(folder)} is a symbolic link"
     return files_mismatch(file_hashes(folder), manifest.files)
@@ -133,17 +137,17 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None) -> Path:
     """Run `fill(tmp)` in a temporary folder, write the manifest and build record it returns, rename into place.
 
     `fill` returns (manifest fields, build record); the manifest's `files` are hashed here. A folder with a
-    manifest is complete by construction; anything else (a killed build's temporary folder) is never read
-    and gets cleaned up by the next build of that folder. The lock and the temporary folder go under `root`
-    (default: a store's, two levels up from <root>/<recipe>/<id>).
+    manifest is complete by construction, and reused while its files still match it (`folder_damage`); a
+    damaged one is built again, with a warning. A killed build's temporary folder is never read: the next build
+    of that folder, or any build's start (`remove_stale_temporaries`), removes it. The lock and the temporary
+    folder go under `root` (default: a store's, two levels up from <root>/<recipe>/<id>).
     """
     if (final / MANIFEST).is_file() and folder_damage(final) is None:
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
     slot = f"{final.parent.name}-{final.name}"  # unique in the store: <recipe>-<id>, _cache-<kind>-<key>
     root = root if root is not None else final.parent.parent
     locks, temporary = root / LOCKS, root / TEMPORARY
-    locks.mkdir(exist_ok=True)
+    locks.mkdir(parents=True, exist_ok=True)
     temporary.mkdir(exist_ok=True)
     with _exclusive(locks / slot):
         if (final / MANIFEST).is_file():  # another process finished it while we waited, or it was damaged since
@@ -161,6 +165,7 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None) -> Path:
             write_json_atomic(tmp / BUILD_RECORD, BuildRecord.model_validate(record).model_dump(mode="json"))
             if final.exists():
                 shutil.rmtree(final)
+            final.parent.mkdir(parents=True, exist_ok=True)  # only now: a fill that failed leaves no empty folder
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -206,6 +211,12 @@ class Artifact:
         speech within the stage's default_budget (the whole decoding's quality, recipe.WHOLE_QUALITY)."""
         return self.capabilities.windowed and self.kokoro.get("windows", {}).get(WINDOWED_BY_DEFAULT) is True
 
+    def check_intact(self, hint: str = REBUILD) -> None:
+        """Refuse a folder changed or damaged since its manifest was written (not measured, served or pushed as
+        what its id names). A manifest of an older version, without file hashes, has nothing to check against."""
+        if self.manifest.files and (damage := folder_damage(self.path, self.manifest)):
+            raise UserError(f"artifact {self.id} at {self.path}: {damage}", hint)
+
     @cached_property
     def build(self) -> BuildRecord:
         return read_build_record(self.path)
@@ -225,9 +236,15 @@ class Artifact:
 
     @property
     def voice_names(self) -> list[str]:
-        """The voices voices.npz holds, by name only: no pack is read."""
-        with np.load(self.path / "voices.npz") as packs:
-            return list(packs.files)
+        """The voices voices.npz holds, sorted, by name only: no pack is read (`voice_packs` checks them)."""
+        import zipfile
+
+        path = self.path / "voices.npz"
+        try:
+            with zipfile.ZipFile(path) as archive:
+                return sorted(name.removesuffix(".npy") for name in archive.namelist())
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise UserError(f"{path} is not readable ({type(exc).__name__})", _FETCH_AGAIN) from None
 
     def voice_packs(self) -> dict[str, np.ndarray]:
         """Each voice's style table: (positions, 1, style width) floats, one shape for all, every value finite."""

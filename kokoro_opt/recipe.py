@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.recipe_yaml import explain, read_recipe_yaml
+from kokoro_opt.recipe_yaml import explain, read_recipe_yaml, require_kind
 
 DEFAULT_SENTENCES = [
     "The birch canoe slid on the smooth planks.",
@@ -354,8 +354,7 @@ def load_recipe(path: str | Path) -> Recipe:
     """Read, merge (`extends:`) and validate a recipe; every problem becomes one UserError line."""
     path = Path(path)
     data = read_recipe_yaml(path)
-    if not {"study", "storage", "trials", "space"}.isdisjoint(data) and "stages" not in data:
-        raise UserError(f"{path} is a tuning recipe, not a build recipe", "kokoro-opt tune it; build recipes/int8-mixed.yaml")
+    require_kind(data, path, "build")
     data.setdefault("name", path.stem)
     recipe = parse_recipe(data, str(path))
     weights_path = recipe.weights.path

@@ -21,6 +21,19 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return merged
 
 
+BUILD_ONLY, TUNING_ONLY = {"stages", "weights", "export"}, {"study", "storage", "trials", "space", "measure"}
+
+
+def require_kind(data: dict[str, Any], path: Path, kind: str) -> None:
+    """Refuse a recipe of the other kind ("build" or "tuning"), told by fields only that kind has: given to the
+    wrong command it would fail on its first unknown field, a message that does not say what happened."""
+    build, tuning = not BUILD_ONLY.isdisjoint(data), not TUNING_ONLY.isdisjoint(data)
+    if kind == "build" and tuning and not build:
+        raise UserError(f"{path} is a tuning recipe, not a build recipe", "kokoro-opt tune it; build recipes/int8-mixed.yaml")
+    if kind == "tuning" and build and not tuning:
+        raise UserError(f"{path} is a build recipe, not a tuning recipe", "kokoro-opt build it; tune e.g. recipes/tune-cpu.yaml")
+
+
 def read_yaml_mapping(path: Path, kind: str, example: str) -> dict[str, Any]:
     """A YAML file that must hold a mapping; every problem is one UserError naming the file."""
     if path.is_dir():

@@ -5,9 +5,10 @@ its recipe, its place in the store (`<recipe>/<id>`, or `_cache/export-<key>` fo
 export) and the machine that built it. Its files: the folder under `artifact/` (model, manifest,
 precision map, calibration, voices, `kokoro.json`) and, from `build --push`, the recipe's lock under
 `lock/` (which decisions the build applied; the folder alone is what serving needs). Fetching downloads
-into a temporary folder inside the store, checks every file against the sha256 in the manifest (no
-file missing, none extra, none changed) and only then renames it into place: a tampered or damaged
-copy is refused, naming the file, and leaves nothing behind.
+into the build's temporary folder inside the store (`.tmp/<slot>-*`, removed with it), checks every file against
+the sha256 in the manifest (no file missing, none extra, none changed) and only then renames it into place: a
+tampered or damaged copy is refused, naming the file, and leaves nothing behind. A local copy damaged since it
+arrived is fetched again.
 
 What a tracking server serves is untrusted: an artifact id is a plain name (no path characters), a
 run's store place is `<folder>/<name>` inside the store and ends with its id, every file a run lists
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kokoro_opt.artifacts import Artifact, build_folder, file_hashes, files_mismatch, first_link, open_artifact
+from kokoro_opt.artifacts import REBUILD, Artifact, build_folder, folder_damage, open_artifact
 from kokoro_opt.errors import UserError, read_json
 from kokoro_opt.evaluate.tracking_store import (
     EXPERIMENT_PREFIX,
@@ -87,15 +88,6 @@ def _check_relative(name: str, origin: str) -> str:
         raise UserError(f"{origin}: refusing the file name {name!r} (outside its folder)", _PUSH_AGAIN) from None
 
 
-def _regular_files(folder: Path, origin: str) -> None:
-    """No symlink anywhere in a folder that is about to be trusted: one could point outside it."""
-    if link := first_link(folder):
-        raise UserError(f"{origin}: {link.relative_to(folder)} is a symbolic link", "an artifact holds plain files only")
-
-
-REBUILD = "the folder was changed or damaged: build it again (kokoro-opt build <its recipe>)"
-
-
 def verify_folder(folder: Path, manifest: Manifest, origin: str, hint: str | None = None) -> None:
     """Every file the manifest lists, with its sha256, and nothing else; UserError naming the first problem.
     `hint`: what to do about it (default: push it again, for a fetched copy)."""
@@ -104,9 +96,8 @@ def verify_folder(folder: Path, manifest: Manifest, origin: str, hint: str | Non
         raise UserError(f"{origin}: its manifest lists no file hashes", "push it again with this version of kokoro-opt")
     for name in expected:
         _check_relative(name, origin)
-    _regular_files(folder, origin)
     hint = hint or "the copy was changed or damaged: push it again from the machine that built it (kokoro-opt push)"
-    if problem := files_mismatch(file_hashes(folder), expected):
+    if problem := folder_damage(folder, manifest):
         raise UserError(f"{origin}: {problem}", hint)
 
 
@@ -151,7 +142,6 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path
         "store_place": _store_place(artifact.path),
         **machine_tags(artifact.build.machine or fingerprint()),
     }
-    _regular_files(artifact.path, f"artifact {artifact.id}")
     size = sum(entry.size for entry in artifact.manifest.files.values())
     say(f"pushing {_label(artifact)} {artifact.id} ({size / 1e6:.0f} MB) to {uri}")
     experiment = experiment_id(client, uri, EXPERIMENT)

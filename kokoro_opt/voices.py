@@ -51,7 +51,7 @@ def openai_voice_map(voices: list[str]) -> dict[str, str]:
     return mapping
 
 
-_TERM = re.compile(r"^ *([A-Za-z0-9_\-]+) *(?:\( *([0-9]*\.?[0-9]+) *\))? *$")
+_TERM = re.compile(r"^ *([A-Za-z0-9_\-]+) *(?:\( *([0-9]*\.?[0-9]+) *\))? *\Z")  # \Z: `$` passes a final newline
 
 
 def parse_blend(spec: str) -> list[tuple[str, float]]:

@@ -88,7 +88,7 @@ def test_build_folder_is_atomic(tmp_path: Path) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         build_folder(final, crash)
-    assert not final.exists() and list((tmp_path / "recipe").iterdir()) == [] and list((tmp_path / ".tmp").iterdir()) == []
+    assert not (tmp_path / "recipe").exists() and list((tmp_path / ".tmp").iterdir()) == []  # not even an empty folder
 
     def ok(out: Path) -> tuple[dict, dict]:
         (out / "model.onnx").write_bytes(b"whole")
@@ -206,6 +206,9 @@ def test_cli_mistakes_outside_recipes_are_one_line_too(tiny_artifact, tmp_path: 
         result = run_cli(command, str(damaged), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
         assert result.returncode == 2 and "model.onnx does not match its manifest" in result.stderr, result.stderr
         assert "build it again" in result.stderr
+    fetched = run_cli("fetch", tiny_artifact.id, "--artifacts", str(tmp_path), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
+    said = " ".join(fetched.stderr.split())  # built here and never pushed: nothing to fetch it from
+    assert fetched.returncode == 2 and "model.onnx does not match its manifest" in said and "build it again" in said, said
     renamed = tmp_path / "elsewhere" / "good"  # no fetch could place it: refused before anything is sent
     shutil.copytree(tiny_artifact.path, renamed)
     result = run_cli("push", str(renamed), "--tracking-uri", f"sqlite:///{tmp_path / 'new' / 'p.db'}")

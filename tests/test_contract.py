@@ -3,6 +3,7 @@ declared side files are carried forward by the engine, undeclared ones refused, 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -176,13 +177,26 @@ def test_a_killed_build_s_temporary_folders_are_removed_unless_their_build_runs(
     assert not left.exists() and running.exists()
 
 
-def test_locked_decisions_that_do_not_fit_their_stage_are_one_error(tmp_path: Path) -> None:
-    """A lock is a file anyone can edit: decisions of the right JSON types but the wrong content stop the build with
-    the fix, not a traceback from inside the pass."""
-    from kokoro_opt.build import _decision_runner
+def test_locked_decisions_that_do_not_fit_their_stage_are_one_error() -> None:
+    """A lock is a file anyone can edit: decisions of the right JSON types but the wrong shape stop the build with
+    the fix, before the pass reads them, not with a traceback from inside it."""
+    import json
 
-    p = Pass("make", _Config, lambda source, cfg, out, decisions=None: {"int8": decisions["int8"][0]}, decides=True)
-    assert _decision_runner(p, {"int8": ["a"]})(None, None, tmp_path) == {"int8": "a"}
-    for wrong in ({"other": 1}, {"int8": 5}, {"int8": []}):
-        with pytest.raises(UserError, match=r"the lock's decisions for stage 'make' do not fit it .*--reanalyze"):
-            _decision_runner(p, wrong)(None, None, tmp_path)
+    from kokoro_opt.passes import PASSES
+    from kokoro_opt.paths import PROJECT_ROOT
+
+    lock = PROJECT_ROOT / "recipes" / "int8-mixed.lock.json"
+    for slot, entry in json.loads(lock.read_text(encoding="utf-8"))["stages"].items():
+        PASSES[slot.split(":")[1]].check_decisions(entry["decisions"], lock)  # the committed lock fits
+    quantize, windows = PASSES["quantize"], PASSES["windows"]
+    cases = [
+        (quantize, {"other": 1}, "field 'int8_units': Field required"),
+        (quantize, {"int8_units": 5}, "field 'int8_units'"),
+        (quantize, {"int8_units": [], "calibration": {"ranges": {}}}, "field 'calibration.ranges.data'"),
+        (quantize, {"int8_units": [], "calibration": {"ranges": {"data": {}}, "output_ranges": {"t": ["a"]}}},
+         "field 'calibration.output_ranges.t.1'"),
+        (windows, {"statistics": ["x"]}, "field 'statistics'"),
+    ]  # fmt: skip
+    for p, wrong, says in cases:
+        with pytest.raises(UserError, match=rf"the decisions of stage '{p.kind}' do not fit it \({re.escape(says)}.*--reanalyze"):
+            p.check_decisions(wrong, lock)

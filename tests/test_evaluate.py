@@ -403,7 +403,7 @@ def test_best_and_tuned_settings_follow_a_recipe_built_again(tiny_recipe, tmp_pa
     [("postgresql://kokoro:secret@127.0.0.1:1/mlflow", "tracking database at postgresql://127.0.0.1:1/mlflow does not answer"),
      ("garbage", "is not a tracking store MLflow writes"), ("file:///somewhere", "is not a tracking store MLflow writes"),
      ("sqlite:///", "is an in-memory database"), ("sqlite://", "is an in-memory database"),
-     ("sqlite:///:memory:", "is an in-memory database")],
+     ("sqlite:///:memory:", "is an in-memory database"), ("sqlite://x.db", "is an in-memory database")],
 )  # fmt: skip
 def test_a_tracking_store_that_cannot_answer_is_one_line_at_once(uri: str, match: str) -> None:
     """MLflow would retry a database that does not answer for minutes, and take a bare word for a folder of the
@@ -444,3 +444,15 @@ def test_a_windowed_artifact_is_also_scored_as_a_stream_hears_it(tiny_recipe, ar
     # the stream's own audio is scored: predicted statistics move it off the reference, which the whole decoding equals
     assert m["mcd_mean"] == 0.0 and 0 < m["windowed_mcd_mean"] < 50 and 0 < m["windowed_phrase_mcd_mean"] < 50
     assert math.isfinite(m["windowed_high_band_db_max"]) and m["windowed_pesq_scored"] == m["pesq_scored"]
+
+
+def test_the_commit_an_evaluation_records_is_the_checkout_s_not_the_working_folder_s(tmp_path, monkeypatch) -> None:
+    import subprocess
+
+    from kokoro_opt.evaluate.tracking import _git_commit
+    from kokoro_opt.paths import PROJECT_ROOT
+
+    here = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=PROJECT_ROOT, check=False)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)  # started from a folder of another repository
+    monkeypatch.chdir(tmp_path)
+    assert _git_commit() == (here.stdout.strip() if here.returncode == 0 else None)

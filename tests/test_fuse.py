@@ -252,8 +252,10 @@ def test_a_plan_whose_constants_do_not_cover_the_channels_is_refused(fused_artif
 
 
 def test_a_generator_without_int8_chains_is_refused_with_the_fix(tiny_recipe, artifacts_root) -> None:
-    """Snake without the quantize stage leaves float chains only: nothing for the kernels, and one clear error."""
+    """Snake without the quantize stage leaves float chains only: nothing for the kernels, and one clear error
+    before any weights are read (contract.Pass.after)."""
     from kokoro_opt.errors import UserError
 
-    with pytest.raises(UserError, match=r"cannot cut whole_generator\.onnx: no norm-Snake-quantize chains.*quantize"):
+    with pytest.raises(UserError, match=r"stage 'fuse' rewrites what a 'quantize' stage makes") as refused:
         build_with(tiny_recipe, artifacts_root, "t-fuse-float", [INT8[0], INT8[1], WINDOWS, FUSE])
+    assert "put 'fuse' after a 'quantize' stage" in refused.value.hint

@@ -157,6 +157,23 @@ def test_first_chunks_are_served_first(tiny_artifact) -> None:
     assert [n for _, n in order[:4]] == [0, 0, 0, 0] and len({i for i, _ in order[:4]}) == 4
 
 
+def test_what_the_server_answers_without_reading_a_body_closes_the_connection(url: str) -> None:
+    """A 404, 405 or 401 is sent before the body is read: the connection is closed instead of reading the rest of
+    a body announced at any size, sent at any pace (uvicorn would read it all to reuse the connection)."""
+    host, port = url.removeprefix("http://").split(":")
+    for path in ("/nowhere", "/health", "/v1/audio/speech/"):  # 404, 405, 404 (no redirect naming the client's Host)
+        with socket.create_connection((host, int(port)), timeout=60) as client:
+            client.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n{{".encode())
+            answer = b""
+            while part := client.recv(65536):  # until the server closes the connection
+                answer += part
+        head = answer.split(b"\r\n\r\n", 1)[0].lower()
+        assert head.startswith((b"http/1.1 404", b"http/1.1 405")) and b"connection: close" in head, answer
+        assert b"location" not in head
+    for probe in ("/health", "/ready"):  # monitors that probe with HEAD
+        assert httpx.head(f"{url}{probe}").status_code == 200
+
+
 def test_voices_blends_and_openai_names(url: str) -> None:
     for voice in ("tiny_1", "tiny_0(2)+tiny_1(1)", "shimmer", "Echo", "alloy(1)+onyx(1)", {"id": "sage"}):
         response = speech(url, input="Hi.", voice=voice, response_format="pcm", stream=False)
@@ -188,6 +205,7 @@ def test_voices_blends_and_openai_names(url: str) -> None:
         ({"input": "Hi.", "voice": "tiny_0(" + "9" * 400 + ")"}, 400, "voice"),  # a weight float() makes inf of
         ({"input": "Hi.", "voice": "tiny_0(0)+tiny_1"}, 400, "voice"),  # a weight that changes nothing
         ({"input": "Hi.", "voice": "tiny_0\t"}, 400, "voice"),  # spaces only, as the OpenAPI pattern says
+        ({"input": "Hi.", "voice": "alloy\n"}, 400, "voice"),  # nor a final newline, which Python's `$` lets by
         ({"input": "Hi.", "speeed": 0.5}, 400, "speeed"),  # a misspelt argument would change nothing
         ({"input": "Hi.", "response_format": "\ud800"}, 400, "response_format"),  # quoted back, not a 500
         ({"input": "1234567890" * 400}, 413, "input"),  # 4,000 characters, 21,000 phoneme tokens

@@ -83,6 +83,19 @@ def test_a_bench_whose_requests_failed_exits_with_an_error(url: str, tmp_path) -
     assert wrong_base.exit_code == 2 and "not a kokoro-opt server's address" in wrong_base.output
 
 
+def test_a_capacity_probe_fails_only_on_what_a_lone_listener_cannot_get() -> None:
+    """Past the count a machine carries, requests may time out: that is what a probe looks for, not a failure."""
+    from kokoro_opt.serve.bench import failures
+    from kokoro_opt.serve.scenario import Sample, Scenario
+
+    fed = Scenario("stream", 1, [Sample(200, 0.1, 1.0, 2.0)])
+    overloaded = Scenario("stream", 8, [Sample(200, 0.1, 1.0, 2.0), Sample(504, error="the request took too long")])
+    assert failures([fed, overloaded], probe=True) is None
+    assert failures([fed, overloaded]) == "1 of 3 requests failed (first: HTTP 504: the request took too long)"
+    refused = Scenario("stream", 1, [Sample(400, error="unknown voice 'nobody'")])
+    assert failures([refused], probe=True) == "1 of 1 requests failed (first: HTTP 400: unknown voice 'nobody')"
+
+
 def test_serve_on_a_port_in_use_is_one_error_before_the_artifact_loads(tiny_artifact) -> None:
     import socket
     import subprocess

@@ -248,3 +248,28 @@ def test_a_client_that_stops_in_its_headers_is_closed(tiny_artifact) -> None:
             stalled.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: app")
             assert stalled.recv(100) == b""  # closed, with no answer to half a request
         assert httpx.post(f"{url}/v1/audio/speech", json=body(SHORT, stream=False), timeout=120).status_code == 200
+
+
+def test_a_listener_that_stops_reading_gives_its_place_back(tiny_artifact) -> None:
+    """Its connection's buffers fill and the server's next write waits: past --timeout without a byte read, the
+    stream is cut and its queue place is free, where it was held for as long as the client kept the socket open."""
+    config = ServeConfig(max_queue=1, request_timeout=4.0, audio_cache_mb=0, max_input_tokens=100_000)
+    with running(resolve_artifact(str(tiny_artifact.path)), config) as url:
+        host, port = url.removeprefix("http://").split(":")
+        payload = httpx.Request("POST", "/", json=body(" ".join([LONG] * 5), speed=0.5)).content
+        head = "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        with socket.socket() as deaf:
+            deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # small: the server's writes wait soon
+            deaf.connect((host, int(port)))
+            deaf.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)  # and never reads
+            wait_for(lambda: metric(url, "kokoro_active_requests") == 1, 60)
+            hi = body("Hi.", stream=False)
+            wait_for(lambda: httpx.post(f"{url}/v1/audio/speech", json=hi, timeout=60).status_code == 200, 120)
+        # not streamed: its place is given back when synthesis ends, and the answer it does not read is cut too
+        whole = httpx.Request("POST", "/", json=body(" ".join([LONG] * 5), speed=0.5, stream=False)).content
+        with socket.socket() as deaf:
+            deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            deaf.connect((host, int(port)))
+            deaf.sendall(f"{head}Content-Length: {len(whole)}\r\n\r\n".encode() + whole)
+            wait_for(lambda: metric(url, "kokoro_open_requests") == 1, 60)
+            wait_for(lambda: metric(url, "kokoro_open_requests") == 0, 120)

@@ -441,3 +441,23 @@ def test_capacity_records_of_other_versions_are_read(tmp_path: Path) -> None:
     (tmp_path / "capacity.json").write_text(json.dumps({"measurements": [entry, {**entry, "mode": "windowed", "later": 1}]}))
     assert measured_capacity(tmp_path, "a", "whole", 1).ttfa_limit == TTFA_P95_LIMIT
     assert measured_capacity(tmp_path, "a", "windowed", 1).streams == 3
+
+
+def test_names_in_any_case_are_ascii_letters_in_any_case() -> None:
+    """The OpenAPI document writes a name in any case as `[kK]` classes: what the server reads must be the same."""
+    from kokoro_opt.serve.openai_compat import SpeechRequest, ascii_lower
+    from kokoro_opt.serve.openapi import speech_body
+
+    assert ascii_lower("JM_KUMO") == "jm_kumo" and ascii_lower("jm_\u212aumo") == "jm_\u212aumo"  # not the Kelvin sign
+    schema = speech_body(["tiny_0"], ServeConfig())["requestBody"]["content"]["application/json"]["schema"]
+    pattern = schema["properties"]["response_format"]["pattern"]
+    for written in ("mp3", "MP3", "Wav", "\u212aac"):
+        read = SpeechRequest.model_validate({"input": "Hi.", "response_format": written}).response_format
+        assert bool(re.fullmatch(pattern, written)) == (read in supported_formats()), written
+
+
+def test_an_api_key_is_what_a_header_can_carry() -> None:
+    for key in ("clé", "", " padded ", "tab\tin"):
+        with pytest.raises(UserError, match="--api-key must be printable ASCII"):
+            ServeConfig(api_key=key)
+    assert ServeConfig(api_key="s3cret-0123").api_key == "s3cret-0123"

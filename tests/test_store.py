@@ -155,6 +155,18 @@ def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tin
     assert completed.artifact.build.stages[-1]["mixed"]["calibration_from"] == "measured"
     assert (completed.artifact.path / "model.onnx").read_bytes() == (analysed.artifact.path / "model.onnx").read_bytes()
 
+    # other weights (the official ones where Hugging Face answers) measure their own decisions, locked beside
+    assert json.loads(lock.read_text())["weights"] == "tiny"
+    committed = json.loads(lock.read_text()) | {"weights": "pypi-int8"}
+    lock.write_text(json.dumps(committed))
+    beside = build(recipe, tmp_path / "a", lock=lock)  # this machine's own analysis, cached
+    assert beside.lock_written == beside.lock == tmp_path / "t-lock.tiny.lock.json"
+    assert json.loads(lock.read_text()) == committed
+    assert read_lock(beside.lock)["0:quantize"].decisions == entry.decisions
+    assert build(recipe, seeded(tmp_path / "d"), lock=lock).lock_written is None  # applied from the weights' lock
+    beside.lock.unlink()
+    lock.write_text(json.dumps(committed | {"weights": "tiny"}))
+
     # --reanalyze measures again
     again = build(recipe, tmp_path / "a", lock=lock, reanalyze=True)  # this machine's own analysis, cached
     assert again.artifact.build.stages[-1]["mixed"]["decisions_from"] == "analysis"
@@ -281,6 +293,8 @@ def test_a_childs_lock_entry_overrides_its_parents_and_a_broken_lock_is_one_erro
     cases = [
         ("{", "is not readable JSON"),
         ("[" * 100_000, "is not readable"),
+        ("[]", "has no 'stages'"),
+        ('"x"', "has no 'stages'"),
         ('{"stages": {"2-quantize": {"bogus": 1}}}', "under 'stages': field '2-quantize.decision_key': Field required"),
         ('{"stages": {"2-quantize": {"decision_key": "k", "decisions": "int8"}}}', "field '2-quantize.decisions'"),
         ('{"stages": {"2-quantize": {"decision_key": "k", "decisions": {}, "files": ["a"]}}}', "'2-quantize.files'"),
@@ -290,3 +304,19 @@ def test_a_childs_lock_entry_overrides_its_parents_and_a_broken_lock_is_one_erro
         with pytest.raises(UserError, match=r"--reanalyze") as refused:
             read_locks(lock_path(child))
         assert str(lock_path(child)) in refused.value.message and says in refused.value.message
+
+
+def test_decision_files_that_cannot_be_copied_leave_the_ones_the_lock_names(tmp_path: Path) -> None:
+    from kokoro_opt.locks import files_folder, keep_files
+
+    lock, output = tmp_path / "r.lock.json", tmp_path / "out"
+    (output / "windows").mkdir(parents=True)
+    (output / "windows" / "p.npz").write_bytes(b"first")
+    first = keep_files(lock, "4:windows", output, ("windows/p.npz",))
+    (output / "windows" / "p.npz").write_bytes(b"second")
+    with pytest.raises(OSError):  # one of the files is not there: as a full disk would stop the copy
+        keep_files(lock, "4:windows", output, ("windows/p.npz", "windows/missing.npz"))
+    kept = files_folder(lock, "4:windows")
+    assert (kept / "windows" / "p.npz").read_bytes() == b"first" and list(kept.parent.iterdir()) == [kept]
+    assert keep_files(lock, "4:windows", output, ("windows/p.npz",)) != first
+    assert (kept / "windows" / "p.npz").read_bytes() == b"second" and list(kept.parent.iterdir()) == [kept]

@@ -221,6 +221,7 @@ def test_a_tampered_artifact_is_refused_and_leaves_nothing(team: dict[str, Any],
         assert done.returncode == 2 and "voices.npz does not match its manifest" in done.stderr, done.stderr
         left = [p.relative_to(root_c) for p in root_c.rglob("*") if p.is_file()]
         assert all(p.parts[0] == ".locks" for p in left), left  # the store's lock files only: no artifact, no half-download
+        assert not (root_c / "tiny").exists()  # nor an empty recipe folder, which would look like a broken artifact
     finally:
         stored.write_bytes(original)
 

@@ -191,6 +191,7 @@ def test_hostile_contents_of_an_artifact_are_one_clear_error(
         artifact = open_artifact(folder)
         mode_reason(artifact, None, artifact.windowed_by_default)
         assert artifact.build is not None  # what serve's start line and evaluate read
+        assert artifact.voice_names  # what serve's voice list and tune's voice check read
         Synthesizer(artifact, load=False)
 
 

@@ -410,6 +410,11 @@ def test_statistics_for_other_norms_are_refused_when_the_decoder_loads(windowed,
     )
     with pytest.raises(UserError, match=r"norm_stats\.npz is not a statistics table: 'mean' \(1, 2, 3\)"):
         load_statistics(tmp_path)
+    for wrong in ({"voices": np.array("tiny_0")}, {"var": -np.ones((1, 1, 3))}):  # a 0-d list; a negative variance
+        arrays = {"voices": np.array(["tiny_0"]), "frames": np.array([50.0]), "mean": np.ones((1, 1, 3))}
+        np.savez(tmp_path / "norm_stats.npz", **(arrays | {"var": np.ones((1, 1, 3))} | wrong))
+        with pytest.raises(UserError, match=r"norm_stats\.npz is not a statistics table"):
+            load_statistics(tmp_path)
 
 
 def test_predicted_statistics_follow_each_calibration_utterance_better_than_their_average(windowed, probe) -> None:

@@ -51,7 +51,7 @@ def build(
 
         print_results(evaluate_artifacts([result.artifact], parsed.evaluate, tracking_uri=tracking_uri, console=err), console)
     if push:
-        _push(result.artifact, tracking_uri, lock_path(recipe))
+        _push(result.artifact, tracking_uri, result.lock)
 
 
 def _push(artifact: Any, tracking_uri: str | None, lock: Path | None = None) -> None:
@@ -85,17 +85,15 @@ def fetch(
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI it was pushed to")] = None,
 ) -> None:
     """Fetch a pushed artifact into the store, verifying every file against its manifest."""
-    from kokoro_opt.errors import UserError
-    from kokoro_opt.remote import fetch_artifact, verify_folder
+    from kokoro_opt.artifacts import folder_damage
+    from kokoro_opt.remote import fetch_artifact
     from kokoro_opt.select import artifact_by_id
 
-    found = artifact_by_id(artifact_id, artifacts, tracking_uri, say=say_line)
-    try:
-        verify_folder(found.path, found.manifest, f"artifact {found.id} at {found.path}")  # also one already here
-    except UserError:  # changed or damaged since it came: fetched again, when it was pushed
-        say_line(f"{found.path} does not match its manifest: fetching it again")
+    found = artifact_by_id(artifact_id, artifacts, tracking_uri, say=say_line)  # verified when it was fetched now
+    if damage := folder_damage(found.path, found.manifest):  # changed or damaged since: fetched again, if pushed
+        say_line(f"{found.path}: {damage}: fetching it again")
         found = fetch_artifact(found.id, artifacts, tracking_uri, say_line) or found
-        verify_folder(found.path, found.manifest, f"artifact {found.id} at {found.path}")
+        found.check_intact()  # one built here and never pushed: the hint says to build it again
     console.print(f"{found.name} {found.id}: {found.path} (every file matches its manifest)", highlight=False)
 
 

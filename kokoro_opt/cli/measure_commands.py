@@ -55,7 +55,6 @@ def evaluate(
     from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
     from kokoro_opt.evaluate.settings import evaluate_config
     from kokoro_opt.evaluate.tracking_store import require_answers
-    from kokoro_opt.remote import REBUILD, verify_folder
     from kokoro_opt.targets import evaluation_targets
 
     overrides = {"runs": runs, "warmup": warmup, "threads": threads, "sentences": sentences, "phrases": phrases, "asr": asr}
@@ -65,8 +64,6 @@ def evaluate(
     results: list[Any] = []
     for i, artifact in enumerate(evaluation_targets(targets, artifacts, tracking_uri, err, say_line)):
         config = evaluate_config(artifact.manifest, **overrides)
-        if artifact.manifest.files:  # built by this version: a damaged folder is not measured, nor found evaluated
-            verify_folder(artifact.path, artifact.manifest, f"artifact {artifact.id} at {artifact.path}", REBUILD)
         results += evaluate_artifacts(
             [artifact],
             config,
@@ -107,15 +104,11 @@ def compare(
     from kokoro_opt.evaluate.settings import evaluate_config
     from kokoro_opt.evaluate.tracking_store import require_answers
     from kokoro_opt.machine import fingerprint
-    from kokoro_opt.remote import REBUILD, verify_folder
     from kokoro_opt.store import Store
 
     if log:
         require_answers(tracking_uri)  # where the comparison goes: before the measuring, not after
     chosen = [open_artifact(f) for f in folders] if folders else Store(artifacts).artifacts()
-    for artifact in chosen:  # a damaged folder is not measured, as evaluate refuses it
-        if artifact.manifest.files:
-            verify_folder(artifact.path, artifact.manifest, f"artifact {artifact.id} at {artifact.path}", REBUILD)
     config = evaluate_config(
         chosen[0].manifest if chosen else None,
         runs=runs, warmup=warmup, threads=threads, sentences=sentences, phrases=phrases, asr=asr,

@@ -165,7 +165,7 @@ def bench_serve(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(json_out, bench.to_json(scenarios))
         console.print(f"wrote {json_out}")
-    if failed := bench.failures(scenarios):  # not a measurement of the server's speed, nor a capacity to keep
+    if failed := bench.failures(scenarios, probe=capacity):  # not a measurement of the server's speed, nor a capacity
         raise UserError(failed, "the errors are under the table")
     if capacity:
         kept, where = bench.keep_probe_result(scenarios, served, artifacts)

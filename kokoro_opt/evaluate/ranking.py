@@ -65,6 +65,23 @@ def served(metrics: dict[str, float]) -> dict[str, float]:
     return {key: metrics[prefix + key] for key in SERVED_KEYS if prefix + key in metrics} | {"windowed": float(bool(prefix))}
 
 
+def budget_problem(metrics: dict[str, float], min_pesq: float | None, min_phrase_pesq: float | None) -> str | None:
+    """Why an evaluation misses a quality budget, judged by what a listener of the served mode hears (`served`);
+    None: within it. `min_pesq` None: PESQ is not what the budget reads (a WER budget); it still needs clean output."""
+    if metrics.get("bad_outputs", 1.0) != 0.0:
+        return "NaN or silent output in its evaluation"
+    heard = served(metrics)
+    mode = "windowed " if heard["windowed"] else ""
+    pesq, phrases = heard.get("pesq_mean", math.nan), heard.get("phrase_pesq_mean", math.nan)
+    if min_pesq is not None and not math.isfinite(pesq):
+        return f"its evaluation has no {mode}PESQ (no fp32 reference)"
+    if min_pesq is not None and pesq < min_pesq:
+        return f"{mode}PESQ {pesq:.2f} < budget {min_pesq}"
+    if min_phrase_pesq is not None and math.isfinite(phrases) and phrases < min_phrase_pesq:
+        return f"{mode}short-phrase PESQ {phrases:.2f} < budget {min_phrase_pesq}"
+    return None
+
+
 def _fastest_passing(
     runs: list[Any], min_pesq: float, min_phrase_pesq: float | None, available: Callable[[str], bool] | None
 ) -> dict[str, Any] | None:
@@ -78,9 +95,7 @@ def _fastest_passing(
             continue
         if available is not None and not available(artifact_id):
             continue
-        heard = served(m)
-        phrases_pass = min_phrase_pesq is None or heard.get("phrase_pesq_mean", math.inf) >= min_phrase_pesq
-        if tags.get("is_reference") == "true" or (heard.get("pesq_mean", -math.inf) >= min_pesq and phrases_pass):
+        if tags.get("is_reference") == "true" or budget_problem(m, min_pesq, min_phrase_pesq) is None:
             passing.append(run)
     if not passing:
         return None

@@ -1,4 +1,5 @@
-"""Measure models side by side: speed, memory, quality vs the fp32 export of the same weights, WER.
+"""Measure models side by side: the timed phases (load, warm-up, interleaved runs, first audio, memory probe), then
+the scores (evaluate/scoring.py: quality vs the fp32 export of the same weights, WER) and the MLflow records.
 
 A model under test is a `Runner`: an artifact's ONNX session, the kokoro-onnx int8 peer (imported
 as an external artifact) or PyTorch eager on the reference's weights. Runners measured together are

@@ -287,6 +287,8 @@ def runner_groups(
     groups: list[list[Runner]] = []
     root = root or (artifacts[0].path.parent.parent if artifacts else Path("artifacts"))
     for artifact in artifacts:
+        artifact.check_intact()  # a damaged folder is not measured, nor found evaluated under its id
+    for artifact in artifacts:
         problem = runtime_problem(artifact)  # skipped with the reason: no number for a model that did not run
         if problem is not None:
             say(f"skipped: {problem}", markup=False, highlight=False)

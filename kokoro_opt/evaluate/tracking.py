@@ -116,8 +116,12 @@ def _params(runner: Any, settings: dict[str, Any], threads: int, machine: dict[s
 
 
 def _git_commit() -> str | None:
+    """The commit of the kokoro-opt checkout that measured (not of the folder it was started from)."""
+    from kokoro_opt.paths import PROJECT_ROOT
+
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False)
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False,
+                              cwd=PROJECT_ROOT)  # fmt: skip
     except OSError:
         return None
     return done.stdout.strip() if done.returncode == 0 else None

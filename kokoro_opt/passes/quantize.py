@@ -14,7 +14,7 @@ from kokoro_opt.artifacts import Artifact
 from kokoro_opt.contract import Pass
 from kokoro_opt.passes.common import graph_summary
 from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, calibrate, private_input, quantize_static_qdq
-from kokoro_opt.passes.sensitivity import SENSITIVITY_CORPUS, run_mixed
+from kokoro_opt.passes.sensitivity import SENSITIVITY_CORPUS, MixedDecisions, run_mixed
 from kokoro_opt.recipe import QuantizeStage
 
 
@@ -56,5 +56,6 @@ PASS = Pass(
     reads=(CALIBRATION_CORPUS, SENSITIVITY_CORPUS),
     libraries=("onnx", "onnxruntime", "phonemizer-fork", "espeakng-loader"),
     decides=True,
+    decisions_model=MixedDecisions,
     produces=("calibration.json", "output_ranges.json", "input_ranges.json", "precision_map.json"),
 )

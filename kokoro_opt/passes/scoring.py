@@ -5,8 +5,6 @@ The policy that decides from these numbers is passes.sensitivity."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ import numpy as np
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.recipe import QuantizeStage
+from kokoro_opt.runtime.session import profile_prefix
 
 PESQ_MAX = 4.64
 
@@ -114,14 +113,14 @@ def node_cost_shares(model_file: Path, feeds: list[dict[str, np.ndarray]]) -> di
 
     options = ort.SessionOptions()
     options.enable_profiling = True
-    options.profile_file_prefix = str(Path(tempfile.mkdtemp(prefix="kokoro-opt-profile-")) / "ort")
+    options.profile_file_prefix = profile_prefix()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # keep node names
     session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
     for feed in feeds:
         session.run(None, feed)
     trace_file = Path(session.end_profiling())
     trace = json.loads(trace_file.read_text(encoding="utf-8"))
-    shutil.rmtree(trace_file.parent, ignore_errors=True)
+    trace_file.unlink()
     macs: dict[str, float] = {}
     for event in trace:
         name = event.get("name", "")

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
 from kokoro_opt.passes.fp16_islands import quantize_in_fp16
@@ -150,10 +152,29 @@ def _unscored(candidate: bool) -> dict[str, str]:
     )
 
 
+class _OrtRanges(BaseModel):
+    """onnxruntime's calibration ranges as it writes them (TensorsData), each tensor's entry its own."""
+
+    data: dict[str, dict[str, Any]]
+
+
+class LockedCalibration(BaseModel):
+    """What a lock keeps of the calibration (qdq.calibration_for_lock)."""
+
+    ranges: _OrtRanges
+    input_ranges: dict[str, dict[str, tuple[float, float]]] = {}
+    output_ranges: dict[str, tuple[str, str]] = {}  # per-channel float64 bytes, base64
+
+
+class MixedDecisions(BaseModel):
+    """The mixed mode's measured choice as a lock keeps it: the INT8 units and what their quantization read."""
+
+    int8_units: list[str]
+    calibration: LockedCalibration | None = None
+
+
 def _locked_units(decisions: dict[str, Any], members: dict[str, list[str]]) -> list[str]:
-    units = decisions.get("int8_units")
-    if not isinstance(units, list):
-        raise UserError("the lock's quantize entry has no int8_units list", "rebuild with --reanalyze to rewrite the lock")
+    units = MixedDecisions.model_validate(decisions).int8_units
     unknown = [u for u in units if split_clip(u)[0] not in members]
     if unknown:
         raise UserError(

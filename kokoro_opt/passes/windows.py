@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
 from kokoro_opt.artifacts import WINDOWED_BY_DEFAULT, Artifact
 from kokoro_opt.contract import Pass
@@ -197,6 +198,12 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
     )
 
 
+class WindowsDecisions(BaseModel):
+    """The windows stage's measured choice as a lock keeps it: the file of the fitted statistics predictor."""
+
+    statistics: str
+
+
 PASS = Pass(
     "windows",
     WindowsStage,
@@ -210,5 +217,6 @@ PASS = Pass(
     keeps=("edges",),
     reads=("kokoro_opt/data/eval_corpus.yaml", "calibration/sentences.txt"),
     decides=True,
+    decisions_model=WindowsDecisions,
     decision_files=(STATISTICS,),
 )

@@ -77,9 +77,10 @@ class StatsTable:
         data = read_arrays(path, hint, ("voices", "frames", "mean", "var"))
         voices, frames, mean, var = data["voices"], data["frames"], data["mean"], data["var"]
         numbers = all(np.issubdtype(a.dtype, np.floating) and np.isfinite(a).all() for a in (frames, mean, var))
-        shape = (len(voices), len(frames), mean.shape[-1] if mean.ndim == 3 else -1)
-        if not (numbers and voices.ndim == frames.ndim == 1 and mean.shape == var.shape == shape and (frames > 0).all()):
-            wanted = f"finite, ({len(voices)} voices, {len(frames)} lengths, C)"
+        lists = voices.ndim == frames.ndim == 1  # before len(): a 0-d array has none
+        shape = (len(voices), len(frames), mean.shape[-1] if mean.ndim == 3 else -1) if lists else None
+        if not (numbers and lists and mean.shape == var.shape == shape and (frames > 0).all() and (var >= 0).all()):
+            wanted = f"finite, variances not below 0, ({voices.size} voices, {frames.size} lengths, C)"
             raise UserError(f"{path} is not a statistics table: 'mean' {mean.shape}, 'var' {var.shape} must be {wanted}", hint)
         return cls([str(v) for v in voices], frames, mean, var)
 

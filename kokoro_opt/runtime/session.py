@@ -32,6 +32,13 @@ class SessionSettings:
         return replace(self, intra_op_num_threads=self.intra_op_num_threads or default_threads())
 
 
+def profile_prefix() -> str:
+    """Where a session's profile goes (`end_profiling` returns the file): the temporary folder, not the working one
+    (a killed run would leave tens of MB there), under a name of its own (sessions made within one millisecond
+    would otherwise write the same file)."""
+    return str(Path(tempfile.gettempdir()) / f"kokoro-opt-profile-{uuid.uuid4().hex[:12]}")
+
+
 def default_threads() -> int:
     """Threads of a session (and of torch) that no setting names: KOKORO_OPT_THREADS, else 0, every core.
     Processes sharing a machine (test workers, a build beside a server) otherwise each take every core,
@@ -87,9 +94,7 @@ def make_session(
     options.enable_mem_pattern = False
     if settings.enable_profiling:
         options.enable_profiling = True
-        # In the temporary folder, not the working one (a killed run would leave tens of MB there), under a name of
-        # its own: sessions made within one millisecond would otherwise write the same file.
-        options.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"kokoro-opt-profile-{uuid.uuid4().hex[:12]}")
+        options.profile_file_prefix = profile_prefix()
     if spinning == "in_run":
         options.add_session_config_entry("session.force_spinning_stop", "1")
     elif spinning == "never":

@@ -24,6 +24,7 @@ from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.select import Selection
 from kokoro_opt.serve import openapi
 from kokoro_opt.serve.config import ServeConfig
+from kokoro_opt.serve.connections import CloseUnread, CutStalled
 from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.openai_compat import ApiError, validation_message, voice_entries
@@ -75,6 +76,9 @@ def _probes(service: Service) -> APIRouter:
         status = "draining" if service.draining else "failed" if engine.error is not None else "loading"
         body = {"status": status, "error": str(engine.error) if engine.error else None}
         return JSONResponse(body, status_code=503, headers={"Retry-After": RETRY_SECONDS})
+
+    for path, probe in (("/health", health), ("/ready", ready)):  # monitors that probe with HEAD (RFC 9110)
+        router.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
 
     guarded = not config.public_metrics and bool(config.api_key)
     metrics_docs = {**openapi.metrics_response(), **(openapi.errors(401) if guarded else {})}
@@ -189,9 +193,13 @@ def create_app(selection: Selection, config: ServeConfig | None = None, *, engin
         yield
         engine.stop()
 
-    app = FastAPI(title="kokoro-opt", summary="OpenAI-compatible Kokoro TTS", description=openapi.DESCRIPTION, lifespan=lifespan)
+    # no redirects of a path with a trailing slash: their Location names whatever Host the client sent
+    app = FastAPI(title="kokoro-opt", summary="OpenAI-compatible Kokoro TTS", description=openapi.DESCRIPTION, lifespan=lifespan,
+                  redirect_slashes=False)  # fmt: skip
     app.state.serve = service
     app.add_middleware(_Gate, service=service)
+    app.add_middleware(CutStalled, seconds=config.request_timeout)
+    app.add_middleware(CloseUnread)  # outermost: also for what routing and auth answer
     _error_handlers(app, metrics)
     app.include_router(_probes(service))
     app.include_router(_v1(service))

@@ -79,6 +79,11 @@ class ServeConfig:
             raise UserError("crossfade_ms, audio_cache_mb and drain_timeout must be >= 0")
         if not (self.request_timeout > 0 and self.body_timeout > 0):
             raise UserError("request_timeout and body_timeout must be > 0 seconds")
+        key = self.api_key
+        if key is not None and not (key and key.isascii() and key.isprintable() and key.strip() == key):
+            raise UserError(  # HTTP clients send headers in ASCII: any other key could never be sent
+                "--api-key must be printable ASCII, without spaces at its ends", "e.g. one from: openssl rand -hex 24"
+            )
         if self.public_metrics and not self.api_key:  # /metrics is public already
             raise UserError("--public-metrics changes nothing without --api-key", "set --api-key, or drop --public-metrics")
 

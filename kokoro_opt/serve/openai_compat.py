@@ -32,6 +32,15 @@ def voice_entries(voices: list[str], aliases: dict[str, str]) -> list[dict[str, 
 
 
 # White space as ECMAScript's regular expressions (the OpenAPI document's) and Python's agree on it; `\s` differs
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def ascii_lower(text: str) -> str:
+    """Names in any case, as the OpenAPI document's `[aA]` classes read them: ASCII letters only. str.lower would
+    also make the Kelvin sign (U+212A) a `k`, a name the document refuses."""
+    return text.translate(_ASCII_LOWER)
+
+
 BLANK = r"\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 MAX_VOICE_CHARS = 1000  # a blend of many voices fits; the body limit stays far off
 MAX_MODEL_CHARS = 256
@@ -79,7 +88,7 @@ class SpeechRequest(BaseModel):
     @field_validator("response_format", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value
+        return ascii_lower(value) if isinstance(value, str) else value
 
 
 class ErrorDetail(BaseModel):

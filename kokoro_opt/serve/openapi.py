@@ -180,7 +180,8 @@ def speech_body(voices: Iterable[str], config: ServeConfig) -> dict[str, Any]:
         "default": voice["default"],
         "description": voice["description"],
     }
-    props["response_format"]["enum"] = supported_formats()
+    # in any case, as the server reads it: an enum would refuse "MP3"
+    props["response_format"]["pattern"] = "^(?:" + "|".join("".join(map(_any_case, f)) for f in supported_formats()) + ")$"
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 

@@ -59,7 +59,7 @@ def headers_within(seconds: float) -> type[H11Protocol]:
     any byte, so a client that sent half its headers, or a byte now and then, held its connection forever."""
 
     class HeadersWithin(H11Protocol):
-        _waits = 0  # how many times this connection began to wait for a request's headers
+        _due: asyncio.TimerHandle | None = None  # when the headers awaited now must have arrived
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -69,12 +69,18 @@ def headers_within(seconds: float) -> type[H11Protocol]:
             super().on_response_complete()
             self._wait_for_headers()
 
-        def _wait_for_headers(self) -> None:
-            self._waits += 1
-            self.loop.call_later(seconds, self._headers_due, self._waits)
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._due is not None:  # else the loop holds the closed connection until its timer runs
+                self._due.cancel()
+            super().connection_lost(exc)
 
-        def _headers_due(self, wait: int) -> None:
-            if wait == self._waits and self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        def _wait_for_headers(self) -> None:
+            if self._due is not None:
+                self._due.cancel()
+            self._due = self.loop.call_later(seconds, self._headers_due)
+
+        def _headers_due(self) -> None:
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 self.transport.close()
 
     return HeadersWithin
@@ -106,7 +112,11 @@ def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.
     sock = listening_socket(host, port)
     shown = f"[{host}]" if ":" in host else host
     log.info("listening on http://%s:%d (Ctrl-C to stop)", shown, sock.getsockname()[1])  # uvicorn's own line needs its bind
-    app = create_app(selection, config)
+    try:
+        app = create_app(selection, config)
+    except BaseException:
+        sock.close()
+        raise
     # after the drain nothing should be left: what still runs (past the drain timeout) is cut after 1 s
     settings = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=1,
                               http=headers_within(config.body_timeout))  # fmt: skip

@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.serve.config import ServeConfig
+from kokoro_opt.serve.connections import Aborted, SlicedResponse
 from kokoro_opt.serve.encoders import MEDIA_TYPES, make_encoder, supported_formats
 from kokoro_opt.serve.engine import Stream
 from kokoro_opt.serve.openai_compat import (
@@ -44,18 +45,13 @@ log = logging.getLogger("kokoro_opt.serve")
 # blank as the OpenAPI document says (openai_compat.BLANK), not as str.isspace: that also counts U+001C-U+001F and
 # U+0085, control characters, which are read as spaces and answered with silence like the others
 _BLANK = re.compile(f"[{BLANK}]*")
-_CLOSE = {"Connection": "close"}
 _DRAIN_LIMIT = 8 * 1024 * 1024  # an oversized body is read (and dropped) up to this, so the client sees the 413
 SILENCE_SECONDS = 0.1  # the answer to input with nothing to voice (only symbols espeak does not read)
 
 
-class _Aborted(Exception):
-    """A stream that cannot finish (timeout, synthesis error) after its headers left: drop the connection."""
-
-
 class AudioStreamResponse(StreamingResponse):
     """A StreamingResponse whose cleanup runs however it ends: done, client gone (even before the first
-    byte, when the body generator never starts), or aborted."""
+    byte, when the body generator never starts), aborted, or cut (connections.CutStalled)."""
 
     def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
@@ -64,7 +60,7 @@ class AudioStreamResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
-        except* _Aborted:
+        except* Aborted:
             pass  # returning without the final chunk makes the server close the connection: the client sees the failure
         finally:
             self._on_close()
@@ -79,7 +75,7 @@ async def read_json(request: Request, limit: int, seconds: float) -> dict[str, A
     if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
         sent = f"as {media!r}" if media else "without a content type"
         raise ApiError(415, f"the body is sent {sent}; send it as application/json (Content-Type header)",
-                       code="unsupported_media_type", headers=_CLOSE)  # fmt: skip
+                       code="unsupported_media_type")  # fmt: skip
     body = bytearray()
     received = 0
     try:
@@ -92,12 +88,11 @@ async def read_json(request: Request, limit: int, seconds: float) -> dict[str, A
                     break
     except TimeoutError:
         if received <= limit:
-            raise ApiError(408, f"the request body did not arrive within {seconds:g} s", code="request_timeout",
-                           headers=_CLOSE) from None  # fmt: skip
+            raise ApiError(408, f"the request body did not arrive within {seconds:g} s", code="request_timeout") from None
     except ClientDisconnect:  # gone before its body was complete: nobody reads the answer
         raise ApiError(400, "the client closed the connection before its body was complete", code="client_closed") from None
-    if received > limit:  # closing the connection: uvicorn would otherwise read the rest of the body to reuse it
-        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large", headers=_CLOSE)
+    if received > limit:  # the rest of the body is not read: the answer closes the connection (app._CloseUnread)
+        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -197,7 +192,7 @@ class SpeechHandler:
             service.metrics.cache_hits.inc()
             service.metrics.requests.labels(req.response_format, self.label, "200").inc()
             self._observe(whole=False)
-            return Response(cached, media_type=MEDIA_TYPES[req.response_format])
+            return SlicedResponse(cached, media_type=MEDIA_TYPES[req.response_format])
         service.admit()
         try:
             pieces = await self._plan(req)
@@ -272,7 +267,7 @@ class SpeechHandler:
         self._observe()
         if key:
             self.service.cache.put(key, body)
-        return Response(body, media_type=MEDIA_TYPES[self.req.response_format])
+        return SlicedResponse(body, media_type=MEDIA_TYPES[self.req.response_format])
 
     def _streaming(self, key: Any, tokens: int) -> Response:
         req = self.req
@@ -309,7 +304,7 @@ class SpeechHandler:
             metrics.errors.labels(exc.code or str(exc.status)).inc()
             log.warning("request aborted after %d bytes: %s", sent, exc.message)
             if not sse:
-                raise _Aborted from None
+                raise Aborted from None
             yield sse_event("error", error={"message": exc.message, "type": exc.type_, "code": exc.code})
             return
         if sse:

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.recipe_yaml import explain, read_yaml_mapping
+from kokoro_opt.recipe_yaml import explain, read_yaml_mapping, require_kind
 from kokoro_opt.select import QUALITY_BUDGET_PESQ, QUALITY_BUDGET_PHRASE_PESQ
 from kokoro_opt.serve.bench import PARAGRAPH
 from kokoro_opt.text import CONTEXT_TOKENS
@@ -202,7 +202,6 @@ def parse_tune_recipe(data: dict[str, object], origin: str = "tuning recipe") ->
 def load_tune_recipe(path: str | Path) -> TuneRecipe:
     path = Path(path)
     data = read_yaml_mapping(path, "tuning recipe", "recipes/tune-cpu.yaml")
-    if "stages" in data or "weights" in data or "export" in data:
-        raise UserError(f"{path} is a build recipe, not a tuning recipe", "kokoro-opt build it; tune e.g. recipes/tune-cpu.yaml")
+    require_kind(data, path, "tuning")
     data.setdefault("name", path.stem)
     return parse_tune_recipe(data, str(path))

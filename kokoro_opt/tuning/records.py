@@ -47,9 +47,11 @@ def study_key(storage: str, study: Any) -> str:
     return hashlib.sha256(f"{redact(storage)}|{study.study_name}|{uid}".encode()).hexdigest()[:16]
 
 
-def recorded_evaluation(tracking_uri: str | None, artifact_id: str, needs: str) -> dict[str, float] | None:
-    """Metrics of the most thorough (has the metric `needs`, most sentences, then newest) finished evaluation of
-    an artifact: a larger one without a reference or ASR must not hide a smaller one that scored it."""
+def recorded_evaluation(
+    tracking_uri: str | None, artifact_id: str, scored: Callable[[dict[str, float]], bool]
+) -> dict[str, float] | None:
+    """Metrics of the most thorough (`scored` what is judged, most sentences, then newest) finished evaluation of an
+    artifact: a larger one without a reference or ASR must not hide a smaller one that scored it."""
     opened = existing_client(tracking_uri)
     if opened is None:
         return None
@@ -59,7 +61,7 @@ def recorded_evaluation(tracking_uri: str | None, artifact_id: str, needs: str) 
     runs = list(client.search_runs(ids, query)) if ids else []
     if not runs:
         return None
-    best = max(runs, key=lambda r: (needs in r.data.metrics, r.data.metrics.get("utterances", 0.0), r.info.start_time or 0))
+    best = max(runs, key=lambda r: (scored(r.data.metrics), r.data.metrics.get("utterances", 0.0), r.info.start_time or 0))
     return dict(best.data.metrics)
 
 

@@ -186,7 +186,8 @@ def _finish(result: TuneResult, recipe: Any, resolved: ResolvedSpace, url: str, 
         data = tuned_json(study, url, best, settings, names, resolved.quality_metric, comparison, score[best.number])
         result.tuned_path = write_tuned(root, data)
         if data.get("applied", True):
-            say(f"wrote {result.tuned_path}: `kokoro-opt serve --artifact best` uses {data['artifact']} with these settings")
+            served = f"{data['artifact']} ({data['model_format']})"
+            say(f"wrote {result.tuned_path}: `kokoro-opt serve --artifact best` uses {served} with these settings")
         else:
             say(f"wrote {result.tuned_path}, not applied: {data['not_applied']}; `serve --artifact best` keeps the defaults")
     with best_effort("MLflow study summary", say):
@@ -220,7 +221,8 @@ def show_front(recipe_path: str | Path, *, storage: str | None = None, study_nam
     tuned = previous_tuned(root)
     if tuned and tuned.get("study_key") == study_key(url, study) and "ttfa_ratio" in tuned:
         console.print(
-            f"tuned.json: trial {tuned.get('trial')} on {tuned.get('artifact')}; " + ratio_line(tuned["vs_defaults"]),
+            f"tuned.json: trial {tuned.get('trial')} on {tuned.get('artifact')} ({tuned.get('model_format')}); "
+            + ratio_line(tuned["vs_defaults"]),
             highlight=False,
         )
     return study

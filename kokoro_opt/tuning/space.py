@@ -123,13 +123,18 @@ def quality_of(
 ) -> tuple[float, str] | None:
     """(metric value, why it passes) or None (with the logged reason). Never a made-up number: the
     reference passes by definition, anything else needs an evaluation record (made now if allowed)."""
-    from kokoro_opt.evaluate.ranking import SERVED_KEYS, served
+    from kokoro_opt.evaluate.ranking import budget_problem, served
     from kokoro_opt.tuning.records import recorded_evaluation
 
     label = f"{artifact.name} {artifact.id[:8]}"
     if _is_reference(artifact):
         return REFERENCE_QUALITY[quality.metric], "the fp32 reference: within the budget by definition"
-    metrics, source = recorded_evaluation(tracking_uri, artifact.id, METRIC_KEYS[quality.metric]), "MLflow evaluation record"
+    pesq_budget = quality.metric == "pesq"
+
+    def scored(metrics: dict[str, float]) -> bool:
+        return math.isfinite(served(metrics).get("pesq_mean", math.nan) if pesq_budget else metrics.get("wer_delta", math.nan))
+
+    metrics, source = recorded_evaluation(tracking_uri, artifact.id, scored), "MLflow evaluation record"
     if metrics is None and quality.evaluate_missing:
         from kokoro_opt.evaluate.run import evaluate_artifacts
         from kokoro_opt.evaluate.settings import evaluate_config
@@ -142,28 +147,19 @@ def quality_of(
     if metrics is None:
         say(f"{label}: no evaluation record of its quality, skipped (run kokoro-opt evaluate on it)")
         return None
-    heard = served(metrics)  # a windowed artifact is heard as its stream: judged by its windowed scores only
+    if problem := budget_problem(metrics, quality.min_pesq if pesq_budget else None, quality.min_phrase_pesq):
+        say(f"{label}: {problem}, skipped")
+        return None
+    heard = served(metrics)  # a windowed artifact is heard as its stream: judged by its windowed scores
     mode = "windowed " if heard["windowed"] else ""
-    if mode:
-        metrics = {k: v for k, v in metrics.items() if k not in SERVED_KEYS} | heard
-    value = metrics.get(METRIC_KEYS[quality.metric])
-    if value is None or not math.isfinite(value):
-        say(f"{label}: its evaluation has no {METRIC_KEYS[quality.metric]} (no fp32 reference or ASR), skipped")
+    value = heard["pesq_mean"] if pesq_budget else metrics.get("wer_delta", math.nan)
+    if not math.isfinite(value):
+        say(f"{label}: its evaluation has no wer_delta (evaluate it with --asr), skipped")
         return None
-    if metrics.get("bad_outputs", 1.0) != 0.0:
-        say(f"{label}: NaN or silent output in its evaluation, skipped")
-        return None
-    if quality.metric == "pesq" and value < quality.min_pesq:
-        say(f"{label}: {mode}PESQ {value:.2f} < budget {quality.min_pesq}, skipped")
-        return None
-    phrases = metrics.get("phrase_pesq_mean")
-    if phrases is not None and math.isfinite(phrases) and phrases < quality.min_phrase_pesq:
-        say(f"{label}: {mode}short-phrase PESQ {phrases:.2f} < budget {quality.min_phrase_pesq}, skipped")
-        return None
-    if quality.metric == "wer_delta" and value > quality.max_wer_delta:
+    if not pesq_budget and value > quality.max_wer_delta:
         say(f"{label}: WER delta {value:.3f} > budget {quality.max_wer_delta}, skipped")
         return None
-    return float(value), f"{mode}{METRIC_KEYS[quality.metric]} {value:.3f} within the budget ({source})"
+    return float(value), f"{mode if pesq_budget else ''}{METRIC_KEYS[quality.metric]} {value:.3f} within the budget ({source})"
 
 
 def ort_source(artifact: Artifact) -> str | None:

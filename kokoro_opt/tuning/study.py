@@ -55,7 +55,7 @@ def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
     kwargs: dict[str, Any] = {}
     if (db := sqlite_file(url)) is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{db}"
+        url = f"sqlite:///{db}" + (f"?{url.partition('?')[2]}" if "?" in url else "")
         kwargs = {"connect_args": {"timeout": 60}}  # several worker processes write to one file
     try:
         beat = workers or WorkersConfig()
@@ -320,15 +320,16 @@ def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = N
         for artifact_id in candidate.formats.values():
             cache.artifact(artifact_id)
     records = StudyRecords(args.tracking_uri, args.storage, study)
-    failures = 0
+    failures, last_error = 0, ""
 
     def after(study: Any, trial: Any) -> None:
-        nonlocal failures
+        nonlocal failures, last_error
         if is_surplus(trial):
             return
         failures = failures + 1 if trial.state.name == "FAIL" else 0
         if trial.state.name == "FAIL":
-            say(f"trial {trial.number} failed: {trial.user_attrs.get('error', 'see the worker output')}")
+            last_error = trial.user_attrs.get("error", "see the worker output")
+            say(f"trial {trial.number} failed: {last_error}")
         with best_effort(f"MLflow record of trial {trial.number}", say):
             records.log_trial(trial, *trial_record(trial, objective_names(resolved)))
         if on_trial is not None:
@@ -350,9 +351,8 @@ def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = N
             continue
         study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=[after])
     if failures >= MAX_CONSECUTIVE_FAILURES:  # a setup problem, not noise: the exit status says so
-        last = max((t for t in study.get_trials(deepcopy=False) if t.state.name == "FAIL"), key=lambda t: t.number)
         raise UserError(
-            f"{failures} trials in a row failed, the last with: {last.user_attrs.get('error', 'see the messages above')}",
+            f"{failures} trials in a row failed, the last with: {last_error}",
             "fix what it names, then run the same command again: the study resumes",
         )
     return cache
