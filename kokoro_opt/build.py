@@ -281,6 +281,11 @@ def _locked_decisions(
         say(f"{kind}: the inputs changed since {source_lock} was written: analysing again")
         return None, None
     p.check_decisions(entry.decisions, source_lock)
+    if missing := sorted(set(p.decision_files) - set(entry.files)):  # else it would be fitted again, unsaid
+        raise UserError(
+            f"{source_lock}: the entry of stage '{kind}' names no file {missing[0]}",
+            "restore the lock from git, or rebuild with --reanalyze to measure and lock it again",
+        )
     files = {name: str(path) for name, path in lock_files(source_lock, slot, entry).items()}
     say(f"{kind}: applying the decisions locked in {source_lock} (build --reanalyze to measure again)")
     return entry.decisions, {**entry.decisions, "files": files} if files else entry.decisions

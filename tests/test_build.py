@@ -209,6 +209,12 @@ def test_cli_mistakes_outside_recipes_are_one_line_too(tiny_artifact, tmp_path: 
     fetched = run_cli("fetch", tiny_artifact.id, "--artifacts", str(tmp_path), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
     said = " ".join(fetched.stderr.split())  # built here and never pushed: nothing to fetch it from
     assert fetched.returncode == 2 and "model.onnx does not match its manifest" in said and "build it again" in said, said
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    (damaged / "manifest.json").unlink()
+    (damaged / "manifest.json").write_text(json.dumps({**manifest, "files": {}}))  # as an older kokoro-opt wrote it
+    fetched = run_cli("fetch", tiny_artifact.id, "--artifacts", str(tmp_path), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
+    said = " ".join(fetched.stderr.split())
+    assert fetched.returncode == 2 and "its manifest lists no file hashes" in said, said
     renamed = tmp_path / "elsewhere" / "good"  # no fetch could place it: refused before anything is sent
     shutil.copytree(tiny_artifact.path, renamed)
     result = run_cli("push", str(renamed), "--tracking-uri", f"sqlite:///{tmp_path / 'new' / 'p.db'}")

@@ -189,12 +189,18 @@ def test_locked_decisions_that_do_not_fit_their_stage_are_one_error() -> None:
     for slot, entry in json.loads(lock.read_text(encoding="utf-8"))["stages"].items():
         PASSES[slot.split(":")[1]].check_decisions(entry["decisions"], lock)  # the committed lock fits
     quantize, windows = PASSES["quantize"], PASSES["windows"]
+    ranged = {"ranges": {"data": {}}, "input_ranges": {}}
     cases = [
         (quantize, {"other": 1}, "field 'int8_units': Field required"),
         (quantize, {"int8_units": 5}, "field 'int8_units'"),
         (quantize, {"int8_units": [], "calibration": {"ranges": {}}}, "field 'calibration.ranges.data'"),
-        (quantize, {"int8_units": [], "calibration": {"ranges": {"data": {}}, "output_ranges": {"t": ["a"]}}},
+        (quantize, {"int8_units": [], "calibration": ranged}, "field 'calibration.output_ranges': Field required"),
+        (quantize, {"int8_units": [], "calibration": ranged | {"output_ranges": {"t": ["AAAAAAAAAAA="]}}},
          "field 'calibration.output_ranges.t.1'"),
+        (quantize, {"int8_units": [], "calibration": ranged | {"output_ranges": {"t": ["a", "AAAA"]}}},
+         "field 'calibration.output_ranges.t.0': not base64"),
+        (quantize, {"int8_units": [], "calibration": ranged | {"output_ranges": {"t": ["AAAA", "AAAA"]}}},
+         "field 'calibration.output_ranges.t.0': 3 bytes, not whole float64s"),
         (windows, {"statistics": ["x"]}, "field 'statistics'"),
     ]  # fmt: skip
     for p, wrong, says in cases:

@@ -86,10 +86,16 @@ def fetch(
 ) -> None:
     """Fetch a pushed artifact into the store, verifying every file against its manifest."""
     from kokoro_opt.artifacts import folder_damage
+    from kokoro_opt.errors import UserError
     from kokoro_opt.remote import fetch_artifact
     from kokoro_opt.select import artifact_by_id
 
     found = artifact_by_id(artifact_id, artifacts, tracking_uri, say=say_line)  # verified when it was fetched now
+    if not found.manifest.files:  # nothing to check it against
+        raise UserError(
+            f"{found.path}: its manifest lists no file hashes (an older kokoro-opt made it)",
+            "build it again with this version, or move it away and fetch it again",
+        )
     if damage := folder_damage(found.path, found.manifest):  # changed or damaged since: fetched again, if pushed
         say_line(f"{found.path}: {damage}: fetching it again")
         found = fetch_artifact(found.id, artifacts, tracking_uri, say_line) or found

@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
@@ -158,12 +158,26 @@ class _OrtRanges(BaseModel):
     data: dict[str, dict[str, Any]]
 
 
+def _float64s(text: str) -> str:
+    """Per-channel ranges as qdq.calibration_for_lock keeps them: base64 of whole float64s."""
+    import base64
+    import binascii
+
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except binascii.Error:
+        raise ValueError("not base64") from None
+    if not raw or len(raw) % 8:
+        raise ValueError(f"{len(raw)} bytes, not whole float64s")
+    return text
+
+
 class LockedCalibration(BaseModel):
-    """What a lock keeps of the calibration (qdq.calibration_for_lock)."""
+    """What a lock keeps of the calibration (qdq.calibration_for_lock writes all three)."""
 
     ranges: _OrtRanges
-    input_ranges: dict[str, dict[str, tuple[float, float]]] = {}
-    output_ranges: dict[str, tuple[str, str]] = {}  # per-channel float64 bytes, base64
+    input_ranges: dict[str, dict[str, tuple[float, float]]]
+    output_ranges: dict[str, tuple[Annotated[str, AfterValidator(_float64s)], Annotated[str, AfterValidator(_float64s)]]]
 
 
 class MixedDecisions(BaseModel):

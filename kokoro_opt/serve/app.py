@@ -24,7 +24,7 @@ from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.select import Selection
 from kokoro_opt.serve import openapi
 from kokoro_opt.serve.config import ServeConfig
-from kokoro_opt.serve.connections import CloseUnread, CutStalled
+from kokoro_opt.serve.connections import CloseUnread
 from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.openai_compat import ApiError, validation_message, voice_entries
@@ -198,7 +198,6 @@ def create_app(selection: Selection, config: ServeConfig | None = None, *, engin
                   redirect_slashes=False)  # fmt: skip
     app.state.serve = service
     app.add_middleware(_Gate, service=service)
-    app.add_middleware(CutStalled, seconds=config.request_timeout)
     app.add_middleware(CloseUnread)  # outermost: also for what routing and auth answer
     _error_handlers(app, metrics)
     app.include_router(_probes(service))

@@ -1,22 +1,16 @@
-"""What one connection may hold: an answer sent before its request's body was read closes it, and a client that
-stops reading an answer is cut (ASGI middleware, around every route), holding one slice of a whole answer in the
-server's buffers at most (`SlicedResponse`)."""
+"""What one connection may hold, on the application's side (server.guarded_http holds the protocol's): an answer
+sent before its request's body was read closes it (ASGI middleware, around every route), and a client that stops
+reading a whole answer holds one slice of it in the server's buffers until it is cut (`SlicedResponse`)."""
 
 from __future__ import annotations
-
-import asyncio
-import logging
-from typing import Any
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-log = logging.getLogger("kokoro_opt.serve")
-
 
 class Aborted(Exception):
-    """An answer that cannot finish after its headers left (a timeout, a synthesis error, a listener that stopped
-    reading): the app returns without its end, and the server closes the connection, so the client sees it cut."""
+    """An answer that cannot finish after its headers left (a timeout, a synthesis error): the app returns without
+    its end, and the server closes the connection, so the client sees it cut."""
 
 
 class CloseUnread:
@@ -49,36 +43,9 @@ class CloseUnread:
         await self.app(scope, receive_noting_the_end, send_closing)
 
 
-class CutStalled:
-    """A client that reads nothing of an answer for `seconds` (its connection's buffers full, so the server's next
-    write waits) is cut: it would hold that answer's memory, and a stream's place in the queue, for as long as it
-    likes. A player reading as it plays never waits that long for one piece."""
-
-    def __init__(self, app: ASGIApp, seconds: float) -> None:
-        self.app, self.seconds = app, seconds
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_or_cut(message: Any) -> None:
-            try:
-                async with asyncio.timeout(self.seconds):
-                    await send(message)
-            except TimeoutError:
-                log.warning("a client read nothing for %g s: its answer is cut", self.seconds)
-                raise Aborted from None
-
-        try:
-            await self.app(scope, receive, send_or_cut)
-        except* Aborted:
-            pass
-
-
 class SlicedResponse(Response):
     """A whole body (with its length) sent in slices: a client that stops reading holds one slice in the server's
-    write buffer once it is cut (`CutStalled`), where one write of the whole body stays there until it reads."""
+    write buffer until it is cut (server.guarded_http), where one write would hold the whole body."""
 
     SLICE = 64 * 1024
 

@@ -53,13 +53,20 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def headers_within(seconds: float) -> type[H11Protocol]:
-    """uvicorn's HTTP/1.1 protocol, but a request's headers must arrive within `seconds` of the connection being
-    ready for them (opened, or its last response sent); else it is closed. uvicorn's own keep-alive timer stops at
-    any byte, so a client that sent half its headers, or a byte now and then, held its connection forever."""
+def guarded_http(config: ServeConfig) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol with two limits on what one connection may hold:
 
-    class HeadersWithin(H11Protocol):
+    - a request's headers must arrive within `body_timeout` of the connection being ready for them (opened, or its
+      last response sent), else it is closed: uvicorn's own keep-alive timer stops at any byte, so a client that
+      sent half its headers, or a byte now and then, held its connection forever;
+    - a client that reads nothing of an answer for `request_timeout` (the server's writes paused, its buffers full)
+      is cut: the connection is aborted, which frees what was buffered for it, and the request ends as a
+      disconnect, giving its place in the queue back. A player reading as it plays never waits that long."""
+    headers_seconds, stall_seconds = config.body_timeout, config.request_timeout
+
+    class GuardedHTTP(H11Protocol):
         _due: asyncio.TimerHandle | None = None  # when the headers awaited now must have arrived
+        _stalled: asyncio.TimerHandle | None = None  # when a client that stopped reading is cut
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -69,21 +76,35 @@ def headers_within(seconds: float) -> type[H11Protocol]:
             super().on_response_complete()
             self._wait_for_headers()
 
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self._stalled = self.loop.call_later(stall_seconds, self._cut)
+
+        def resume_writing(self) -> None:
+            if self._stalled is not None:
+                self._stalled.cancel()
+            super().resume_writing()
+
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._due is not None:  # else the loop holds the closed connection until its timer runs
-                self._due.cancel()
+            for timer in (self._due, self._stalled):  # else the loop holds the closed connection until they run
+                if timer is not None:
+                    timer.cancel()
             super().connection_lost(exc)
 
         def _wait_for_headers(self) -> None:
             if self._due is not None:
                 self._due.cancel()
-            self._due = self.loop.call_later(seconds, self._headers_due)
+            self._due = self.loop.call_later(headers_seconds, self._headers_due)
 
         def _headers_due(self) -> None:
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 self.transport.close()
 
-    return HeadersWithin
+        def _cut(self) -> None:
+            log.warning("a client read nothing for %g s: its connection is cut", stall_seconds)
+            self.transport.abort()
+
+    return GuardedHTTP
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -119,7 +140,7 @@ def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.
         raise
     # after the drain nothing should be left: what still runs (past the drain timeout) is cut after 1 s
     settings = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=1,
-                              http=headers_within(config.body_timeout))  # fmt: skip
+                              http=guarded_http(config))  # fmt: skip
     DrainingServer(settings, app.state.serve).run(sockets=[sock])
     if (error := app.state.serve.engine.error) is not None:  # the artifact did not load: the process ends with it
         raise error if isinstance(error, UserError) else UserError(f"loading the artifact failed: {error!r}")
@@ -130,7 +151,7 @@ class ServerThread:
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
         service = getattr(app.state, "serve", None)
-        http = headers_within(service.config.body_timeout) if service is not None else "h11"
+        http = guarded_http(service.config) if service is not None else "h11"
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", http=http))
         self.host = host
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)

@@ -51,7 +51,7 @@ SILENCE_SECONDS = 0.1  # the answer to input with nothing to voice (only symbols
 
 class AudioStreamResponse(StreamingResponse):
     """A StreamingResponse whose cleanup runs however it ends: done, client gone (even before the first
-    byte, when the body generator never starts), aborted, or cut (connections.CutStalled)."""
+    byte, when the body generator never starts), aborted, or cut (server.guarded_http)."""
 
     def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
@@ -91,7 +91,7 @@ async def read_json(request: Request, limit: int, seconds: float) -> dict[str, A
             raise ApiError(408, f"the request body did not arrive within {seconds:g} s", code="request_timeout") from None
     except ClientDisconnect:  # gone before its body was complete: nobody reads the answer
         raise ApiError(400, "the client closed the connection before its body was complete", code="client_closed") from None
-    if received > limit:  # the rest of the body is not read: the answer closes the connection (app._CloseUnread)
+    if received > limit:  # the rest of the body is not read: the answer closes the connection (connections.CloseUnread)
         raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
     try:
         data = json.loads(body)
