@@ -19,6 +19,8 @@ from rich.console import Console
 
 from kokoro_opt.select import resolve_artifact
 from kokoro_opt.serve import ServeConfig, bench, running
+from kokoro_opt.serve.app import create_app
+from kokoro_opt.serve.server import ServerThread, wait_ready
 from tests.serve_helpers import held_after_first_job, metric
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
@@ -261,14 +263,17 @@ def test_a_client_that_stops_reading_is_cut_and_gives_its_place_back(tiny_artifa
     watcher.emit = lambda record: cuts.append(record) if "read nothing" in record.getMessage() else None  # type: ignore[method-assign]
     logging.getLogger("kokoro_opt.serve").addHandler(watcher)
     try:
-        with running(resolve_artifact(str(tiny_artifact.path)), config) as url:
+        with ServerThread(create_app(resolve_artifact(str(tiny_artifact.path)), config)) as server:
+            # the connections it accepts take the listener's send buffer: a small one makes the server's writes wait
+            # after ~100 KB, whatever the system lets a buffer grow to, so the audio is made long before --timeout
+            server.server.servers[0].sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            url = server.url
+            wait_ready(url)
             host, port = url.removeprefix("http://").split(":")
             head = "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             hi = body("Hi.", stream=False)
             for cut, streamed in enumerate((True, False), start=1):
-                # ~7 MB of audio: more than the 4 MB a socket's send buffer grows to (Linux's net.ipv4.tcp_wmem), made
-                # in ~2 s here, well within --timeout on a busy machine (else a 504 would end it before any wait)
-                payload = httpx.Request("POST", "/", json=body(" ".join([LONG] * 3), stream=streamed)).content
+                payload = httpx.Request("POST", "/", json=body(LONG, stream=streamed)).content  # 2.4 MB of audio
                 with socket.socket() as deaf:
                     deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # small: the server's writes wait soon
                     deaf.connect((host, int(port)))
