@@ -24,9 +24,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from kokoro_opt.errors import UserError
+from kokoro_opt.errors import UserError, first_problem
 from kokoro_opt.hashing import content_key, file_sha256, text_sha256
 from kokoro_opt.machine import installed_versions
 from kokoro_opt.paths import PROJECT_ROOT, project_file
@@ -66,10 +66,6 @@ class Pass:
 
     def check_decisions(self, decisions: dict[str, Any], lock: Path) -> None:
         """A lock is a file anyone can edit: decisions that do not have the shape this pass reads are one error."""
-        from pydantic import ValidationError
-
-        from kokoro_opt.errors import first_problem
-
         if self.decisions_model is None:
             return
         try:

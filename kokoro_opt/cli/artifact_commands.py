@@ -85,7 +85,7 @@ def fetch(
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI it was pushed to")] = None,
 ) -> None:
     """Fetch a pushed artifact into the store, verifying every file against its manifest."""
-    from kokoro_opt.artifacts import folder_damage
+    from kokoro_opt.artifacts import REBUILD, folder_damage
     from kokoro_opt.errors import UserError
     from kokoro_opt.remote import fetch_artifact
     from kokoro_opt.select import artifact_by_id
@@ -98,8 +98,10 @@ def fetch(
         )
     if damage := folder_damage(found.path, found.manifest):  # changed or damaged since: fetched again, if pushed
         say_line(f"{found.path}: {damage}: fetching it again")
-        found = fetch_artifact(found.id, artifacts, tracking_uri, say_line) or found
-        found.check_intact()  # one built here and never pushed: the hint says to build it again
+        refetched = fetch_artifact(found.id, artifacts, tracking_uri, say_line)  # verified as it arrives
+        if refetched is None:  # built here and never pushed
+            raise UserError(f"artifact {found.id} at {found.path}: {damage}", REBUILD)
+        found = refetched
     console.print(f"{found.name} {found.id}: {found.path} (every file matches its manifest)", highlight=False)
 
 

@@ -8,11 +8,6 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-class Aborted(Exception):
-    """An answer that cannot finish after its headers left (a timeout, a synthesis error): the app returns without
-    its end, and the server closes the connection, so the client sees it cut."""
-
-
 class CloseUnread:
     """A response sent before its request's body was read to the end (401, 404, 405, 408, 413, 415, ...) closes the
     connection: to reuse it, uvicorn would otherwise read the rest of that body, of any size and at any pace."""

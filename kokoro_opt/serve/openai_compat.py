@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import string
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -31,8 +32,7 @@ def voice_entries(voices: list[str], aliases: dict[str, str]) -> list[dict[str, 
     return entries
 
 
-# White space as ECMAScript's regular expressions (the OpenAPI document's) and Python's agree on it; `\s` differs
-_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 
 def ascii_lower(text: str) -> str:
@@ -41,6 +41,7 @@ def ascii_lower(text: str) -> str:
     return text.translate(_ASCII_LOWER)
 
 
+# White space as ECMAScript's regular expressions (the OpenAPI document's) and Python's agree on it; `\s` differs
 BLANK = r"\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 MAX_VOICE_CHARS = 1000  # a blend of many voices fits; the body limit stays far off
 MAX_MODEL_CHARS = 256

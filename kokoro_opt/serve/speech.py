@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.serve.config import ServeConfig
-from kokoro_opt.serve.connections import Aborted, SlicedResponse
+from kokoro_opt.serve.connections import SlicedResponse
 from kokoro_opt.serve.encoders import MEDIA_TYPES, make_encoder, supported_formats
 from kokoro_opt.serve.engine import Stream
 from kokoro_opt.serve.openai_compat import (
@@ -49,6 +49,10 @@ _DRAIN_LIMIT = 8 * 1024 * 1024  # an oversized body is read (and dropped) up to 
 SILENCE_SECONDS = 0.1  # the answer to input with nothing to voice (only symbols espeak does not read)
 
 
+class _Aborted(Exception):
+    """A stream that cannot finish (timeout, synthesis error) after its headers left: drop the connection."""
+
+
 class AudioStreamResponse(StreamingResponse):
     """A StreamingResponse whose cleanup runs however it ends: done, client gone (even before the first
     byte, when the body generator never starts), aborted, or cut (server.guarded_http)."""
@@ -60,7 +64,7 @@ class AudioStreamResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
-        except* Aborted:
+        except* _Aborted:
             pass  # returning without the final chunk makes the server close the connection: the client sees the failure
         finally:
             self._on_close()
@@ -304,7 +308,7 @@ class SpeechHandler:
             metrics.errors.labels(exc.code or str(exc.status)).inc()
             log.warning("request aborted after %d bytes: %s", sent, exc.message)
             if not sse:
-                raise Aborted from None
+                raise _Aborted from None
             yield sse_event("error", error={"message": exc.message, "type": exc.type_, "code": exc.code})
             return
         if sse:
