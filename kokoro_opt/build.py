@@ -62,7 +62,7 @@ class BuildResult:
     weights: ResolvedWeights
     stages: list[dict[str, Any]] = field(default_factory=list)  # {kind, key, cached, seconds}
     lock_written: Path | None = None
-    lock: Path | None = None  # the lock of the weights it was built from (locks.weights_lock): what push sends
+    locks: tuple[Path, ...] = ()  # the locks its decisions come from, a parent recipe's too: what push sends
 
 
 @contextlib.contextmanager
@@ -211,6 +211,7 @@ def build(
     engine = _Engine(Store(root), fingerprint())
     new_locks: dict[str, StageLock] = {}
     decided: dict[str, tuple[Path, tuple[str, ...]]] = {}  # slot -> (stage output, its decision files)
+    applied_from: list[Path] = []  # the locks whose decisions were applied
     steps = ["weights", "export", *(stage.kind for stage in recipe.stages), "package"]
     with Progress(
         SpinnerColumn(),
@@ -238,6 +239,8 @@ def build(
             decision_key = p.decision_key(stage, decision_key)
             slot = stage_slot(index, stage.kind)
             decisions, applied = _locked_decisions(p, stage.kind, slot, locked, decision_key, say)
+            if decisions is not None:
+                applied_from.append(locked[slot][1])
             source, runner = current, _decision_runner(p, applied)
             locked_as = {"decisions": decisions, "files": locked[slot][0].files} if decisions is not None else None
             key = p.cache_key(stage, key, locked_as)
@@ -266,7 +269,8 @@ def build(
         except OSError as exc:  # the artifact is built and cached: say what is not kept, and go on
             console.print(f"could not write {lock} ({exc.strerror}): the measured decisions are not locked; "
                           "make its folder writable and build again to keep them", markup=False)  # fmt: skip
-    return BuildResult(artifact=artifact, weights=weights, stages=engine.steps, lock_written=written, lock=lock)
+    locks = tuple(dict.fromkeys([*applied_from, *([written] if written else [])]))
+    return BuildResult(artifact=artifact, weights=weights, stages=engine.steps, lock_written=written, locks=locks)
 
 
 def _locked_decisions(

@@ -3,8 +3,8 @@
 A pushed artifact is one run in the `kokoro-opt-artifacts` experiment, tagged with the artifact id,
 its recipe, its place in the store (`<recipe>/<id>`, or `_cache/export-<key>` for a reference
 export) and the machine that built it. Its files: the folder under `artifact/` (model, manifest,
-precision map, calibration, voices, `kokoro.json`) and, from `build --push`, the recipe's lock under
-`lock/` (which decisions the build applied; the folder alone is what serving needs). Fetching downloads
+precision map, calibration, voices, `kokoro.json`) and, from `build --push`, the locks its decisions
+come from under `lock/` (the recipe's, a parent recipe's; the folder alone is what serving needs). Fetching downloads
 into the build's temporary folder inside the store (`.tmp/<slot>-*`, removed with it), checks every file against
 the sha256 in the manifest (no file missing, none extra, none changed) and only then renames it into place: a
 tampered or damaged copy is refused, naming the file, and leaves nothing behind. A local copy damaged since it
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -127,7 +127,7 @@ def _pushed_runs(client: Any, artifact_id: str, exact: bool = True, place: str |
 FOLDER, LOCK = "artifact", "lock"
 
 
-def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path | None = None) -> str:
+def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, locks: Sequence[Path] = ()) -> str:
     _check_placeable(artifact)
     existing = _pushed_runs(client, artifact.id, place=_store_place(artifact.path))
     if existing:
@@ -148,7 +148,7 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path
     run_id = str(client.create_run(experiment, tags=tags, run_name=f"{_label(artifact)}-{artifact.id[:8]}").info.run_id)
     try:
         client.log_artifacts(run_id, str(artifact.path), FOLDER)
-        if lock is not None and lock.is_file():
+        for lock in locks:
             client.log_artifact(run_id, str(lock), LOCK)
     except BaseException:
         client.set_terminated(run_id, "FAILED")
@@ -157,16 +157,17 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, lock: Path
     return run_id
 
 
-def push_artifact(artifact: Artifact, tracking_uri: str | None = None, say: Say = print, lock: Path | None = None) -> str:
-    """Log the artifact folder (and the fp32 export it was built from, and the recipe's `lock` when
-    given) to the tracking server's artifact store; returns the artifact's run id. Pushing again is a no-op."""
+def push_artifact(artifact: Artifact, tracking_uri: str | None = None, say: Say = print, locks: Sequence[Path] = ()) -> str:
+    """Log the artifact folder (and the fp32 export it was built from, and the `locks` its decisions come from:
+    build.BuildResult.locks) to the tracking server's artifact store; returns the artifact's run id. Pushing again
+    is a no-op."""
     _check_placeable(artifact)  # before a tracking store is opened (or, for a new SQLite path, made)
     uri = resolve_tracking_uri(tracking_uri)
     client = open_client(uri)
     reference = Store(artifact.path.parent.parent).reference_export(artifact)
     if reference is not None and reference.id != artifact.id:
         _push_folder(client, uri, reference, say)
-    return _push_folder(client, uri, artifact, say, lock)
+    return _push_folder(client, uri, artifact, say, locks)
 
 
 def _check_placeable(artifact: Artifact) -> None:

@@ -172,6 +172,8 @@ def test_what_the_server_answers_without_reading_a_body_closes_the_connection(ur
         assert b"location" not in head
     for probe in ("/health", "/ready"):  # monitors that probe with HEAD
         assert httpx.head(f"{url}{probe}").status_code == 200
+        refused = httpx.post(f"{url}{probe}")
+        assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD"
 
 
 def test_voices_blends_and_openai_names(url: str) -> None:

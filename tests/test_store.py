@@ -160,11 +160,12 @@ def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tin
     committed = json.loads(lock.read_text()) | {"weights": "pypi-int8"}
     lock.write_text(json.dumps(committed))
     beside = build(recipe, tmp_path / "a", lock=lock)  # this machine's own analysis, cached
-    assert beside.lock_written == beside.lock == tmp_path / "t-lock.tiny.lock.json"
+    assert beside.locks == (beside.lock_written,) == (tmp_path / "t-lock.tiny.lock.json",)
     assert json.loads(lock.read_text()) == committed
-    assert read_lock(beside.lock)["0:quantize"].decisions == entry.decisions
-    assert build(recipe, seeded(tmp_path / "d"), lock=lock).lock_written is None  # applied from the weights' lock
-    beside.lock.unlink()
+    assert read_lock(beside.lock_written)["0:quantize"].decisions == entry.decisions
+    applied = build(recipe, seeded(tmp_path / "d"), lock=lock)  # applied from the weights' lock
+    assert applied.lock_written is None and applied.locks == (beside.lock_written,)
+    beside.lock_written.unlink()
     lock.write_text(json.dumps(committed | {"weights": "tiny"}))
 
     # --reanalyze measures again
@@ -193,6 +194,15 @@ def test_a_recipe_that_extends_a_locked_one_applies_its_lock(tiny_recipe, tmp_pa
     quantize = next(record for record in child.artifact.build.stages if record["stage"] == "quantize")
     assert quantize["mixed"]["decisions_from"] == "lock" and quantize["mixed"]["calibration_from"] == "lock"
     assert child.lock_written is None and not lock_path(child_file).exists()
+    assert child.locks == (lock_path(parent_file),)  # what `build --push` sends beside the artifact
+
+    from mlflow import MlflowClient
+
+    from kokoro_opt.remote import push_artifact
+
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = push_artifact(child.artifact, tracking, say=lambda _: None, locks=child.locks)
+    assert [f.path for f in MlflowClient(tracking).list_artifacts(run_id, "lock")] == ["lock/t-parent.lock.json"]
 
 
 def test_a_lock_that_no_longer_holds_fails_the_build_clearly(tiny_recipe, tmp_path, seeded) -> None:

@@ -26,8 +26,7 @@ def build(
 ) -> None:
     """Build a recipe: weights, export, optimisation stages; every stage cached by content hash.
 
-    Measured decisions are applied from the lock beside the recipe (recipes/<name>.lock.json) when
-    its inputs match, and written there when they were measured."""
+    Measured decisions come from the lock beside the recipe (recipes/<name>.lock.json) where it fits, else are written there."""
     from kokoro_opt.build import build as run_build
     from kokoro_opt.locks import lock_path
     from kokoro_opt.recipe import load_recipe
@@ -51,14 +50,14 @@ def build(
 
         print_results(evaluate_artifacts([result.artifact], parsed.evaluate, tracking_uri=tracking_uri, console=err), console)
     if push:
-        _push(result.artifact, tracking_uri, result.lock)
+        _push(result.artifact, tracking_uri, result.locks)
 
 
-def _push(artifact: Any, tracking_uri: str | None, lock: Path | None = None) -> None:
+def _push(artifact: Any, tracking_uri: str | None, locks: tuple[Path, ...] = ()) -> None:
     from kokoro_opt.evaluate.tracking_store import tracking_location
     from kokoro_opt.remote import push_artifact
 
-    run_id = push_artifact(artifact, tracking_uri, say=say_line, lock=lock)
+    run_id = push_artifact(artifact, tracking_uri, say=say_line, locks=locks)
     console.print(f"pushed {artifact.name} {artifact.id} to {tracking_location(tracking_uri)} (MLflow run {run_id}); "
                   f"elsewhere: kokoro-opt serve --artifact {artifact.id} --tracking-uri URI", highlight=False)  # fmt: skip
 

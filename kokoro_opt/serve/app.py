@@ -34,6 +34,7 @@ from kokoro_opt.voices import OPENAI_VOICES
 
 log = logging.getLogger("kokoro_opt.serve")
 _BEARER = HTTPBearer(auto_error=False, description="the server's --api-key")
+_HEAD_TOO = ("/health", "/ready")  # GET routes that answer HEAD too (a route of their own, out of the document)
 BearerKey = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
 
 
@@ -77,7 +78,7 @@ def _probes(service: Service) -> APIRouter:
         body = {"status": status, "error": str(engine.error) if engine.error else None}
         return JSONResponse(body, status_code=503, headers={"Retry-After": RETRY_SECONDS})
 
-    for path, probe in (("/health", health), ("/ready", ready)):  # monitors that probe with HEAD (RFC 9110)
+    for path, probe in zip(_HEAD_TOO, (health, ready), strict=True):  # monitors that probe with HEAD (RFC 9110)
         router.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
 
     guarded = not config.public_metrics and bool(config.api_key)
@@ -169,8 +170,11 @@ def _error_handlers(app: FastAPI, metrics: Metrics) -> None:
         return fail(ApiError(400, message, param=param))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return fail(ApiError(exc.status_code, str(exc.detail), code=str(exc.status_code), headers=exc.headers))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = exc.headers
+        if exc.status_code == 405 and request.url.path in _HEAD_TOO:  # Starlette's Allow names one route's methods
+            headers = {**(headers or {}), "Allow": "GET, HEAD"}
+        return fail(ApiError(exc.status_code, str(exc.detail), code=str(exc.status_code), headers=headers))
 
 
 def create_app(selection: Selection, config: ServeConfig | None = None, *, engine: Engine | None = None) -> FastAPI:
