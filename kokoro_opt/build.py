@@ -263,7 +263,8 @@ def build(
         try:
             for slot, (output, names) in decided.items():  # the files first: the lock names their sha256
                 new_locks[slot] = replace(new_locks[slot], files=keep_files(lock, slot, output, names))
-            write_lock(lock, recipe.name, {**read_lock(lock), **new_locks}, weights.source)
+            kept = {} if reanalyze else read_lock(lock)  # reanalysed, every entry is new (and the old lock may not read)
+            write_lock(lock, recipe.name, {**kept, **new_locks}, weights.source)
             written = lock
             console.print(f"wrote {lock}: the measured decisions; commit it so other machines build the same artifact")
         except OSError as exc:  # the artifact is built and cached: say what is not kept, and go on

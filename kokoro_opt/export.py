@@ -37,7 +37,9 @@ def write_runtime_files(folder: Path, weights: ResolvedWeights) -> None:
             "sha256": weights.sha256,
             "int8_rounded": weights.int8_rounded,
             "note": weights.note,
-            "directory": str(weights.directory),  # the PyTorch weights, for stages that convert from torch
+            # where a `path` source's PyTorch weights are, for stages that convert from torch; the other sources are
+            # found again by their sha256 (weights_directory), so no folder of this machine goes into an artifact
+            **({"directory": str(weights.directory)} if weights.source == "path" else {}),
         },
     }
     (folder / "kokoro.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")

@@ -113,6 +113,13 @@ def _fingerprint() -> dict[str, Any]:
     return fp
 
 
+@lru_cache(maxsize=1)
+def cpu_features() -> str:
+    """The CPU's model, architecture and every feature flag it reports: what a compiler's `-march=native` builds for."""
+    model, flags = _darwin() if platform.system() == "Darwin" else _cpuinfo()
+    return " ".join([model, platform.machine(), *sorted(flags)])
+
+
 def fingerprint() -> dict[str, Any]:
     """This machine: cpu, isa, cores (logical), usable_cores (this process may run on), os, os_release,
     arch, python, versions (of the libraries that shape the numbers) and id. Read once per process."""

@@ -14,6 +14,12 @@ from urllib.parse import unquote
 from kokoro_opt.errors import UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CACHE_ENV = "KOKORO_OPT_CACHE"
+
+
+def user_cache() -> Path:
+    """What is kept per user, not per checkout (rebuilt weights, compiled kernels): KOKORO_OPT_CACHE overrides."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kokoro-opt")
 
 
 def project_file(relative: str) -> Path:

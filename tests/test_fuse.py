@@ -175,6 +175,23 @@ def test_without_a_c_compiler_it_speaks_through_model_onnx(fused_artifact, tmp_p
     assert "runs model.onnx: the fused generator needs a C compiler" in done.stderr
 
 
+def test_kernels_built_for_one_cpu_are_not_loaded_on_another(tmp_path, monkeypatch) -> None:
+    """`-march=native` builds for this CPU's features: a kernel cache shared with another CPU (a network home, a
+    restored CI cache) builds a library of its own instead of loading one that may hold instructions it lacks."""
+    from kokoro_opt.runtime import glue
+
+    monkeypatch.setenv("KOKORO_OPT_CACHE", str(tmp_path))
+    glue.library_path.cache_clear()
+    try:
+        here = glue.library_path()
+        glue.library_path.cache_clear()
+        monkeypatch.setattr(glue, "cpu_features", lambda: "another CPU x86_64 avx2 fma")
+        elsewhere = glue.library_path()
+    finally:
+        glue.library_path.cache_clear()
+    assert here.is_file() and elsewhere.is_file() and here != elsewhere
+
+
 def test_the_stage_needs_the_windows_stage(tiny_recipe, artifacts_root) -> None:
     from kokoro_opt.errors import UserError
 

@@ -124,6 +124,7 @@ def test_manifest_records_chain_parent_reference_and_machine(tiny_recipe, artifa
     assert store.parent(result.artifact).id == tiny_artifact.id
     machine = result.artifact.build.machine
     assert machine["id"] and machine["cores"] >= 1
+    assert "directory" not in result.artifact.kokoro["weights"]  # no folder of the building machine in an artifact
     assert not (result.artifact.path / "stage.log").exists() or (result.artifact.path / "stage.log").stat().st_size > 0
 
 
@@ -168,9 +169,11 @@ def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tin
     beside.lock_written.unlink()
     lock.write_text(json.dumps(committed | {"weights": "tiny"}))
 
-    # --reanalyze measures again
+    # --reanalyze measures again, and rewrites a lock that no longer reads
+    lock.write_text("{")
     again = build(recipe, tmp_path / "a", lock=lock, reanalyze=True)  # this machine's own analysis, cached
     assert again.artifact.build.stages[-1]["mixed"]["decisions_from"] == "analysis"
+    assert again.lock_written == lock and read_lock(lock)["0:quantize"].decisions == entry.decisions
 
     # a changed input makes the lock stale: analysed again and rewritten
     changed = recipe_with(tiny_recipe, "t-lock", [{**TINY_MIXED, "min_block_time_share": 0.02}])

@@ -72,3 +72,20 @@ def test_a_whole_graph_session_spins_within_its_runs_only(tiny_artifact: Artifac
 
     options = Synthesizer(tiny_artifact).session.get_session_options()
     assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+
+
+def test_a_provider_missing_here_is_said(tiny_artifact: Artifact, caplog: pytest.LogCaptureFixture) -> None:
+    """A tuned setting made where another provider ran (each provider with its options) loads here on the CPU, and
+    says which provider it runs without."""
+    import logging
+
+    from kokoro_opt.runtime.session import SessionSettings, make_session
+
+    settings = SessionSettings(
+        providers=("NoSuchExecutionProvider", "CPUExecutionProvider"),
+        provider_options=({"device_id": "7"}, {"arena_extend_strategy": "kSameAsRequested"}),
+    )
+    with caplog.at_level(logging.WARNING, logger="kokoro_opt"):
+        session = make_session(tiny_artifact.path / "model.onnx", settings)
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    assert "NoSuchExecutionProvider is not available" in caplog.text

@@ -16,7 +16,16 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.errors import UserError, read_arrays
-from kokoro_opt.runtime.fused_plan import CONSTANTS_FILE, PLAN_FILE, PLAN_HINT, BranchSum, FusedPlan, NormChain, SegmentStep
+from kokoro_opt.runtime.fused_plan import (
+    CONSTANTS_FILE,
+    PLAN_FILE,
+    PLAN_HINT,
+    BranchSum,
+    FusedPlan,
+    NormChain,
+    SegmentStep,
+    own_constants,
+)
 from kokoro_opt.runtime.glue import ChainArgs, Kernels, per_channel
 from kokoro_opt.runtime.session import SessionSettings, make_session
 
@@ -32,7 +41,7 @@ class FusedGenerator:
         self.constants = read_arrays(folder / CONSTANTS_FILE, PLAN_HINT)
         self.plan = FusedPlan.read(folder, self.constants)
         self._held: dict[tuple[str, int], np.ndarray] = {}  # constants as the kernels read them (_constant)
-        threads = settings.resolved().intra_op_num_threads  # 0: every core, as ONNX Runtime takes them
+        threads = settings.resolved().intra_op_num_threads  # 0: ONNX Runtime takes every core, a chain up to 4
         self.kernels = Kernels.load(threads if threads > 0 else min(os.cpu_count() or 2, 4))
         self.chain_seconds = 0.0  # time in the native chains: a profile's row beside ONNX Runtime's operators
         segments = self.plan.segments()
@@ -73,8 +82,7 @@ class FusedGenerator:
     def _chain(self, spec: NormChain, env: dict[str, np.ndarray]) -> None:
         name = spec.name
         scale = self._value(env, spec.norm_scale)
-        kept = ("qscale", "qzero") if spec.kind == "float" else ("qscale", "qzero", "scale", "zero")
-        held = {key: self._constant(f"{name}.{key}", scale.size) for key in kept}
+        held = {constant.rsplit(".", 1)[1]: self._constant(constant, scale.size) for constant in own_constants(spec)}
         post = None
         if spec.post_gain and spec.post_shift:
             post = (self._value(env, spec.post_gain), self._value(env, spec.post_shift))
@@ -91,9 +99,10 @@ class FusedGenerator:
         out = np.empty(shape, np.uint8)
         if spec.kind == "level":
             self.kernels.level_chain(source.reshape(flat), args, out.reshape(flat))
-        elif spec.kind == "float" or spec.q is None or spec.x_new is None:
+        elif spec.kind == "float":
             self.kernels.float_chain(source.reshape(flat), args, out.reshape(flat))
         else:
+            assert spec.q is not None and spec.x_new is not None  # a residual chain has both (NormChain's schema)
             x_new = _overwritable(spec, source)
             levels = env[spec.q].reshape(flat)
             self.kernels.residual_chain(source.reshape(flat), levels, args, x_new.reshape(flat), out.reshape(flat))

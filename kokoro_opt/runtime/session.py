@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import uuid
@@ -102,9 +103,7 @@ def make_session(
     if shared_arena:
         _register_shared_arena()
         options.add_session_config_entry("session.use_env_allocators", "1")
-    available = set(ort.get_available_providers())
-    providers = [p for p in settings.providers if p in available] or ["CPUExecutionProvider"]
-    provider_options = list(settings.provider_options) if len(settings.provider_options) == len(providers) else None
+    providers, provider_options = _providers_here(settings)
     model = model_file if isinstance(model_file, bytes) else str(model_file)
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
@@ -118,6 +117,26 @@ def make_session(
         ) from None
     release_freed_memory()
     return session
+
+
+def _providers_here(settings: SessionSettings) -> tuple[list[str], list[dict[str, Any]] | None]:
+    """The settings' providers this ONNX Runtime has, each with its own options (None: none given); CPU when it has
+    none of them. A provider missing here (a tuned setting made on another machine) is said once, not dropped unsaid."""
+    import onnxruntime as ort
+
+    available = set(ort.get_available_providers())
+    given = len(settings.provider_options) == len(settings.providers)
+    pairs = list(zip(settings.providers, settings.provider_options if given else [{}] * len(settings.providers), strict=True))
+    for name, _ in pairs:
+        if name not in available:
+            _say_missing(name)
+    kept = [(name, options) for name, options in pairs if name in available] or [("CPUExecutionProvider", {})]
+    return [name for name, _ in kept], [dict(options) for _, options in kept] if given else None
+
+
+@cache
+def _say_missing(provider: str) -> None:
+    logging.getLogger("kokoro_opt").warning("%s is not available in this ONNX Runtime: its sessions run without it", provider)
 
 
 @cache

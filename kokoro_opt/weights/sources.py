@@ -7,7 +7,6 @@ voices/<name>.pt), so nothing downstream cares which one was used.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -21,6 +20,7 @@ from kokoro_opt.artifacts import build_folder
 from kokoro_opt.errors import UserError
 from kokoro_opt.hashing import content_key, file_sha256
 from kokoro_opt.machine import installed_versions
+from kokoro_opt.paths import user_cache
 from kokoro_opt.recipe import WeightsConfig
 
 MODEL_FILE = "kokoro-v1_0.pth"
@@ -54,8 +54,8 @@ class ResolvedWeights:
 
 
 def cache_root() -> Path:
-    """Rebuilt weights are kept per user, not per checkout: `KOKORO_OPT_CACHE` overrides."""
-    return Path(os.environ.get("KOKORO_OPT_CACHE") or Path.home() / ".cache" / "kokoro-opt")
+    """Rebuilt weights are kept per user, not per checkout (paths.user_cache)."""
+    return user_cache()
 
 
 def load_voice_pack(path: Path) -> np.ndarray:

@@ -4,7 +4,8 @@ ONNX Runtime has no operator that normalizes, applies Snake and quantizes in one
 operator needs its C API header, which no package index ships. So the fused generator (runtime/fused.py) runs
 the convolutions in ONNX Runtime and these chains between them, called through ctypes. The library is compiled
 on first use with the machine's C compiler (`CC`, else cc, gcc or clang) for this CPU, and kept in the user's
-cache keyed by the source, the flags and the compiler, so an edited kernel or another machine builds anew.
+cache keyed by the source, the flags, the compiler and the CPU's features, so an edited kernel or another CPU
+(a cache shared between machines) builds anew.
 Without a compiler `library_path` raises a UserError naming the fix, and artifacts fall back to ONNX Runtime
 alone (`kernels_problem`).
 """
@@ -26,9 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.machine import cpu_features
+from kokoro_opt.paths import user_cache
 
 SOURCE = Path(__file__).with_name("chains.c")
-CACHE_ENV = "KOKORO_OPT_CACHE"
 # -ffp-contract=off: no fused multiply-adds, so every machine computes the same floats (chains.c)
 FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared")
 # tried first: the library is built where it runs; then without, for compilers that know neither
@@ -37,9 +39,8 @@ SPLIT_MIN = 1 << 18  # channels x samples below which one thread does the whole 
 
 
 def cache_dir() -> Path:
-    """Where built kernels are kept: `kernels/` in the user's kokoro-opt cache (KOKORO_OPT_CACHE overrides it, as
-    for the rebuilt weights)."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kokoro-opt") / "kernels"
+    """Where built kernels are kept: `kernels/` in the user's kokoro-opt cache (paths.user_cache)."""
+    return user_cache() / "kernels"
 
 
 def compiler() -> str | None:
@@ -70,7 +71,9 @@ def library_path() -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     errors = ""
     for flags in ((*FLAGS, *TUNED), FLAGS):
-        key = hashlib.sha256("\0".join((SOURCE.read_text(), *flags, version, platform.machine())).encode()).hexdigest()
+        # -march=native builds for this CPU's features: another CPU sharing the cache (a network home) must not load it
+        made_for = cpu_features() if "-march=native" in flags else platform.machine()
+        key = hashlib.sha256("\0".join((SOURCE.read_text(), *flags, version, made_for)).encode()).hexdigest()
         target = cache_dir() / f"chains-{key[:16]}{'.dll' if os.name == 'nt' else '.so'}"
         if target.exists():
             return target
