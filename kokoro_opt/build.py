@@ -226,7 +226,9 @@ def build(
         task = progress.add_task(f"{recipe.name}: weights", total=len(steps))
         weights = resolve_weights(recipe.weights, log=say)
         locked = read_locks(lock, weights.source) if lock is not None and not reanalyze else {}
-        lock = weights_lock(lock, weights.source) if lock is not None else None
+        if lock is not None and (beside := weights_lock(lock, weights.source)) != lock:
+            say(f"{lock.name} holds decisions measured on other weights; these ({weights.source}) are locked in {beside.name}")
+            lock = beside
         progress.update(task, advance=1, description=f"{recipe.name}: export ({weights.source} weights)")
 
         weights_key = content_key(weights.sha256, weights.voices_sha256())

@@ -123,8 +123,6 @@ def validate_export(
     """ORT vs PyTorch (same CustomSTFT path, noise off) on real phonemised sentences: see validation.py."""
     from kokoro_opt.validation import onnx_synthesize, torch_synthesizer, validate, validation_cases
 
-    if cfg.voice not in packs:
-        raise UserError(f"unknown voice '{cfg.voice}' in export.validation.voice", f"choose from: {', '.join(sorted(packs))}")
     cases = validation_cases(cfg, vocab, packs)
     return validate(torch_synthesizer(model), onnx_synthesize(onnx_path), cases, cfg, SAMPLE_RATE)
 
@@ -134,10 +132,12 @@ def run_export(weights: ResolvedWeights, cfg: ExportConfig, out: Path) -> dict[s
     from kokoro_opt.text import utterance_tokens
 
     started = time.perf_counter()
+    packs = weights.load_voices()
+    voice = cfg.validation.voice
+    if voice not in packs:  # before the export, which it would otherwise fail after
+        raise UserError(f"unknown voice '{voice}' in export.validation.voice", f"choose from: {', '.join(sorted(packs))}")
     model = strip_weight_norm(load_kmodel(weights.config, weights.model_path, disable_complex=True))
     write_runtime_files(out, weights)
-    packs = weights.load_voices()
-    voice = cfg.validation.voice if cfg.validation.voice in packs else sorted(packs)[0]
     sample_tokens = utterance_tokens(cfg.validation.sentences[0], weights.config["vocab"])
     export_onnx(
         model,

@@ -98,12 +98,14 @@ def read_lock(path: Path) -> dict[str, StageLock]:
     """The lock's entries by stage slot; {} when there is no lock file."""
     if not path.is_file():
         return {}
-    hint = "delete it, or rebuild with --reanalyze to rewrite it"
+    hint = "restore it from git, or rebuild with --reanalyze to rewrite it"
     data = read_json(path, hint, f"lock file {path}")
     from pydantic import TypeAdapter, ValidationError
 
     if not isinstance(data, dict) or "stages" not in data:
         raise UserError(f"lock file {path} has no 'stages'", hint)
+    if not isinstance(data.get("weights", ""), str):
+        raise UserError(f"lock file {path}: 'weights' must name the weights it was measured on, e.g. pypi-int8", hint)
     try:
         entries = TypeAdapter(dict[str, StageLock]).validate_python(data["stages"])
     except ValidationError as exc:
@@ -140,8 +142,8 @@ def weights_lock(lock: Path, source: str) -> Path:
     except (OSError, ValueError, RecursionError):  # none, or unreadable: read_lock says so, --reanalyze rewrites it
         return lock
     measured_on = data.get("weights") if isinstance(data, dict) else None
-    if measured_on in (None, source):  # a lock from before locks named their weights: it applies where it fits
-        return lock
+    if measured_on in (None, source) or not isinstance(measured_on, str):  # None: a lock from before locks named
+        return lock  # their weights, it applies where it fits; not a name: read_lock says so
     return lock.with_name(f"{lock.name.removesuffix('.lock.json')}.{source}.lock.json")
 
 

@@ -60,6 +60,9 @@ _CURRENCY = {
     "€": ("euro", "euros", "cent", "cents"),
 }
 _SCALE = r"thousand|million|billion|trillion"
+_SCALE_LETTERS = {"k": "thousand", "K": "thousand", "M": "million", "mn": "million", "B": "billion", "bn": "billion",
+                  "T": "trillion"}  # fmt: skip
+_SIGN = r"(?:(?<![\w-])(?P<neg>-))?"  # a minus that is no hyphen ("-5", not "COVID-19")
 _UNITS = {
     "km/h": ("kilometer per hour", "kilometers per hour"),
     "mph": ("mile per hour", "miles per hour"),
@@ -225,23 +228,28 @@ def _time(m: re.Match[str]) -> str:
 
 def _money(m: re.Match[str]) -> str:
     groups = m.groupdict()
-    sym, amount, scale = groups.get("sym") or groups["sym2"], groups["amt"], groups["scale"]
+    sym, amount = groups.get("sym") or groups["sym2"], groups["amt"]
+    scale = groups["scale"] or _SCALE_LETTERS.get(groups.get("letter") or "")
     one, many, sub_one, sub_many = _CURRENCY[sym]
-    if scale:  # "$3.5 million" -> "three point five million dollars"
-        return f"{number(amount)} {scale} {many}"
+    sign = "minus " if groups["neg"] else ""
     whole_s, _, frac = amount.replace(",", "").partition(".")
+    if scale:  # "$3.5 million", "$3.5M" -> "three point five million dollars"
+        return f"{sign}{number(amount)} {scale} {many}"
+    if len(frac) > 2:  # "$1.999": no cents, a decimal
+        return f"{sign}{number(amount)} {many}"
     cents = int((frac + "0")[:2]) if frac else 0
     parts = []
     if whole_s.strip("0") or not cents:
         parts.append(f"{_whole(whole_s)} {one if whole_s.lstrip('0') == '1' else many}")
     if cents:
         parts.append(f"{cardinal(cents)} {sub_one if cents == 1 else sub_many}")
-    return " ".join(parts)
+    return sign + " ".join(parts)
 
 
 def _unit(m: re.Match[str]) -> str:
-    one, many = _UNITS[m.group(2)]
-    return f"{number(m.group(1))} {one if m.group(1) == '1' else many}"
+    amount, unit = m.group("amt"), m.group("unit")
+    one, many = _UNITS[unit]
+    return f"{'minus ' if m.group('neg') else ''}{number(amount)} {one if amount == '1' else many}"
 
 
 def _plain_number(m: re.Match[str]) -> str:
@@ -275,11 +283,11 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),
     (re.compile(rf"\b(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d)(?!:?\d){_AMPM}?"), _time),
     (re.compile(rf"\b(?P<h>1[0-2]|[1-9])(?P<m>){_AMPM}"), _time),
-    (re.compile(rf"(?P<sym>[$£€])\s?(?P<amt>{_NUM})(?:\s(?P<scale>{_SCALE})\b)?"), _money),
-    (re.compile(rf"{_NUM_START}(?P<amt>{_NUM})\s?(?P<sym2>[£€])(?P<scale>)"), _money),
+    (re.compile(rf"{_SIGN}(?P<sym>[$£€])\s?(?P<amt>{_NUM})(?:\s(?P<scale>{_SCALE})\b|(?P<letter>bn|mn|[kKMBT])\b)?"), _money),
+    (re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?(?P<sym2>[£€])(?P<scale>)"), _money),
     (re.compile(rf"(-?){_NUM_START}({_NUM})\s?%"), lambda m: ("minus " if m.group(1) else "") + number(m.group(2)) + " percent"),
     (re.compile(r"%"), " percent"),
-    (re.compile(rf"{_NUM_START}({_NUM})\s?({_UNIT_RE})(?![\w/])"), _unit),
+    (re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?(?P<unit>{_UNIT_RE})(?![\w/])"), _unit),
     (re.compile(r"\b(1[1-9]|20)(\d0)s\b"), lambda m: _plural(year(int(m.group(1) + m.group(2))))),
     (re.compile(r"'(\d0)s\b"), lambda m: _plural(cardinal(int(m.group(1))))),
     (re.compile(r"(?i)\b(\d+)(st|nd|rd|th)\b"), lambda m: _ordinal_of(m.group(1))),

@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.recipe_yaml import explain, read_recipe_yaml, require_kind
+from kokoro_opt.recipe_yaml import NAME_PATTERN, explain, name_from_file, read_recipe_yaml, require_kind
 
 DEFAULT_SENTENCES = [
     "The birch canoe slid on the smooth planks.",
@@ -66,7 +66,9 @@ class ValidationConfig(Strict):
     F0 differences, so it moves 1-2 dB between CPUs on a correct export (docs/stages.md).
     """
 
-    sentences: list[str] = Field(default_factory=lambda: list(DEFAULT_SENTENCES), min_length=1)
+    sentences: list[Annotated[str, Field(pattern=r"\S")]] = Field(
+        default_factory=lambda: list(DEFAULT_SENTENCES), min_length=1, description="each with something to say"
+    )
     voice: str = "jf_alpha"
     speeds: list[Annotated[float, Field(ge=0.5, le=2.0)]] = Field(
         default_factory=lambda: [1.0, 1.25], min_length=1, description="sentence i is spoken at speeds[i mod len]"
@@ -306,7 +308,7 @@ class EvaluateConfig(Strict):
 
 
 class Recipe(Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
@@ -355,7 +357,7 @@ def load_recipe(path: str | Path) -> Recipe:
     path = Path(path)
     data = read_recipe_yaml(path)
     require_kind(data, path, "build")
-    data.setdefault("name", path.stem)
+    name_from_file(data, path)
     recipe = parse_recipe(data, str(path))
     weights_path = recipe.weights.path
     if recipe.weights.source == "path" and weights_path is not None and not weights_path.is_dir():

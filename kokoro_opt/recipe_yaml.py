@@ -3,6 +3,7 @@ problems said as one line per field. Build recipes (recipe.py) and tuning recipe
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,19 @@ def require_kind(data: dict[str, Any], path: Path, kind: str) -> None:
         raise UserError(f"{path} is a build recipe, not a tuning recipe", "kokoro-opt build it; tune e.g. recipes/tune-cpu.yaml")
 
 
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"  # a recipe's name names its folder (artifacts/<name>, a study)
+
+
+def name_from_file(data: dict[str, Any], path: Path) -> None:
+    """A recipe without `name:` is named after its file; a file name that is not a plain name is refused as such."""
+    if "name" not in data and not re.fullmatch(NAME_PATTERN, path.stem):
+        raise UserError(
+            f"{path}: a recipe without name: is named after its file, and {path.stem!r} is not a plain name",
+            "add name: (lowercase letters, digits, '.', '_', '-'), or rename the file",
+        )
+    data.setdefault("name", path.stem)
+
+
 def read_yaml_mapping(path: Path, kind: str, example: str) -> dict[str, Any]:
     """A YAML file that must hold a mapping; every problem is one UserError naming the file."""
     if path.is_dir():
@@ -41,11 +55,13 @@ def read_yaml_mapping(path: Path, kind: str, example: str) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{kind} file not found: {path}", f"pass an existing .yaml file, e.g. {example}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise UserError(f"{path} is not valid YAML: {exc}".replace("\n", " "), "fix the YAML syntax") from exc
     except UnicodeDecodeError as exc:
         raise UserError(f"{path} is not UTF-8 text (byte {exc.start})", "save it as UTF-8") from None
+    if data is None:  # an empty file (or comments only) would build or tune the defaults, unasked
+        raise UserError(f"{path} is empty: it names no {kind} fields", f"see {example} for the layout")
     if not isinstance(data, dict):
         raise UserError(f"{path} must be a YAML mapping of {kind} fields", f"see {example} for the layout")
     return data

@@ -238,6 +238,9 @@ def test_cli_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     result = run_cli("build", str(voice), "--artifacts", str(tmp_path / "a"), "--no-evaluate")
     assert result.returncode == 2 and "unknown voice(s) af_nobody" in result.stderr and "tiny_0" in result.stderr
     assert "Traceback" not in result.stderr
+    voice.write_text(f"extends: {ROOT / 'recipes' / 'tiny.yaml'}\nname: voice\nexport:\n  validation:\n    voice: nobody\n")
+    result = run_cli("build", str(voice), "--artifacts", str(tmp_path / "a"), "--no-evaluate")
+    assert result.returncode == 2 and "unknown voice 'nobody' in export.validation.voice" in result.stderr
 
 
 def test_what_a_user_mistypes_is_one_line_before_any_work(tiny_artifact, tmp_path: Path) -> None:
@@ -332,3 +335,44 @@ def test_an_interrupted_command_says_what_it_kept(capsys) -> None:
         with pytest.raises(typer.Exit) as stopped:
             user_errors(command)()
         assert stopped.value.exit_code == 130 and said in capsys.readouterr().err
+
+
+def test_evaluate_fails_when_a_target_was_not_measured(tiny_artifact, tmp_path: Path) -> None:
+    """A model ONNX Runtime will not load is reported and skipped, so the other targets are still measured, and the
+    command then ends with an error naming it: a script must not read "nothing measured" as success."""
+    from onnx import TensorProto, helper
+
+    from kokoro_opt.hashing import file_sha256
+    from kokoro_opt.manifest import FileEntry, read_manifest
+
+    folder = tmp_path / "store" / tiny_artifact.path.parent.name / tiny_artifact.id
+    shutil.copytree(tiny_artifact.path, folder)
+    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [value], [value])
+    model = folder / "model.onnx"
+    model.unlink()
+    model.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 99)]).SerializeToString())
+    manifest = read_manifest(folder)
+    manifest.files["model.onnx"] = FileEntry(sha256=file_sha256(model), size=model.stat().st_size)
+    (folder / "manifest.json").unlink()
+    (folder / "manifest.json").write_text(manifest.to_json())
+    result = run_cli("evaluate", str(folder), "--artifacts", str(tmp_path / "store"), "--runs", "1", "--sentences", "1",
+                     "--phrases", "1", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}")  # fmt: skip
+    assert "cannot be loaded, skipped" in result.stderr, result.stderr
+    assert result.returncode == 2 and f"not evaluated: {manifest.name} {tiny_artifact.id[:8]}" in result.stderr
+
+
+def test_evaluate_all_refuses_a_damaged_artifact_before_measuring_any(tiny_artifact, tmp_path: Path) -> None:
+    """Not after measuring the ones listed before it, whose results would then never be shown."""
+    store = tmp_path / "store"
+    good = store / tiny_artifact.path.parent.name / tiny_artifact.id
+    shutil.copytree(tiny_artifact.path, good)
+    damaged = store / "zz-damaged" / tiny_artifact.id
+    shutil.copytree(tiny_artifact.path, damaged)
+    (damaged / "voices.npz").unlink()
+    (damaged / "voices.npz").write_bytes(b"not the voices")
+    tracking = tmp_path / "mlflow.db"
+    result = run_cli("evaluate", "all", "--artifacts", str(store), "--runs", "1", "--sentences", "1", "--phrases", "1",
+                     "--tracking-uri", f"sqlite:///{tracking}")  # fmt: skip
+    assert result.returncode == 2 and f"at {damaged}" in result.stderr and "build it again" in result.stderr
+    assert not tracking.exists()  # nothing measured, nothing logged

@@ -119,6 +119,10 @@ def test_a_second_evaluation_reuses_the_run(
     corpus = load_corpus()
     other = evaluation_settings(fast.model_copy(update={"runs": 2}), corpus, tiny_artifact.id)
     assert tracking.find_evaluation(store, tracking.evaluation_key(tiny_artifact.id, other)) is None
+    # a result without a metric its settings asked for (`wer`, when ASR was not installed then) is measured again
+    same = tracking.evaluation_key(tiny_artifact.id, evaluation_settings(fast, corpus, tiny_artifact.id))
+    assert tracking.find_evaluation(store, same, needs="wer") is not None  # this one heard its audio
+    assert tracking.find_evaluation(store, same, needs="a_metric_it_lacks") is None
 
 
 def test_best_evaluated_picks_a_passing_artifact(evaluated: EvalResult, store: str, tmp_path: Path) -> None:
@@ -415,6 +419,18 @@ def test_a_tracking_store_that_cannot_answer_is_one_line_at_once(uri: str, match
     assert "secret" not in str(raised.value)
 
 
+def test_an_sqlite_store_that_cannot_be_written_is_refused_before_any_work(tmp_path: Path) -> None:
+    """Else the results of minutes of measuring are lost when they are logged."""
+    from kokoro_opt.errors import UserError
+
+    (tmp_path / "a-file").write_text("")
+    for db, why in ((tmp_path / "a-file" / "mlflow.db", "File exists"), (tmp_path, "is not a file")):
+        with pytest.raises(UserError, match=rf"cannot write the SQLite tracking store .*{why}"):
+            tracking_store.require_answers(f"sqlite:///{db}")
+    tracking_store.require_answers(f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}")  # a new folder is made
+    assert (tmp_path / "new").is_dir() and not (tmp_path / "new" / "mlflow.db").exists()
+
+
 def test_a_tuned_pick_reads_no_evaluation_records(tiny_artifact, tmp_path: Path) -> None:
     """`best` with a tuned.json that applies is that artifact: the evaluation records are not read (MLflow, in a
     child process, ~200 MB and seconds of start-up), so a tracking store that does not even answer is never asked."""
@@ -456,3 +472,21 @@ def test_the_commit_an_evaluation_records_is_the_checkout_s_not_the_working_fold
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)  # started from a folder of another repository
     monkeypatch.chdir(tmp_path)
     assert _git_commit() == (here.stdout.strip() if here.returncode == 0 else None)
+
+
+def test_results_as_json_hold_no_nan_and_notes_print_as_written() -> None:
+    """A score that could not be computed is null (strict JSON readers refuse NaN); a note's `kokoro-opt[asr]` is
+    text, not Rich markup that would swallow `[asr]`."""
+    import io
+
+    from rich.console import Console
+
+    from kokoro_opt.evaluate.report import print_results, results_json
+
+    result = EvalResult("x", "a" * 16, "onnx", metrics={"rtf_p50": float("nan")}, notes=["pip install 'kokoro-opt[asr]'"])
+    result.utterances = [{"text": "Hi.", "pesq": float("nan"), "rtf": 0.5}]
+    data = json.loads(results_json([result]), parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert data["results"][0]["utterances"] == [{"text": "Hi.", "pesq": None, "rtf": 0.5}]
+    out = io.StringIO()
+    print_results([result], Console(file=out, width=200))
+    assert "pip install 'kokoro-opt[asr]'" in out.getvalue()

@@ -71,6 +71,14 @@ def test_bad_yaml_and_self_extension(tmp_path: Path) -> None:
         load_recipe(tmp_path)
     with pytest.raises(UserError, match=r"orphan.yaml: extends nope.yaml, which is not a file"):
         load_recipe(write(tmp_path, "extends: nope.yaml\n", "orphan.yaml"))
+    for empty in ("", "# only a comment\n"):  # else the defaults, an fp32 export, built unasked
+        with pytest.raises(UserError, match=r"empty.yaml is empty: it names no recipe fields"):
+            load_recipe(write(tmp_path, empty, "empty.yaml"))
+    with pytest.raises(UserError, match=r"named after its file, and 'Bad Name' is not a plain name.*add name:"):
+        load_recipe(write(tmp_path, "description: x\n", "Bad Name.yaml"))
+    assert load_recipe(write(tmp_path, "name: good\n", "Bad Name.yaml")).name == "good"
+    with pytest.raises(UserError, match=r"export.validation.sentences.1"):  # a blank sentence validates nothing
+        load_recipe(write(tmp_path, "name: x\nexport:\n  validation:\n    sentences: [Hello there., '   ']\n"))
 
 
 def test_a_recipe_that_extends_another_is_named_after_its_own_file(tmp_path: Path) -> None:

@@ -160,7 +160,9 @@ def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tin
     assert json.loads(lock.read_text())["weights"] == "tiny"
     committed = json.loads(lock.read_text()) | {"weights": "pypi-int8"}
     lock.write_text(json.dumps(committed))
+    capsys.readouterr()
     beside = build(recipe, tmp_path / "a", lock=lock)  # this machine's own analysis, cached
+    assert "t-lock.lock.json holds decisions measured on other weights" in capsys.readouterr().err
     assert beside.locks == (beside.lock_written,) == (tmp_path / "t-lock.tiny.lock.json",)
     assert json.loads(lock.read_text()) == committed
     assert read_lock(beside.lock_written)["0:quantize"].decisions == entry.decisions
@@ -311,11 +313,12 @@ def test_a_childs_lock_entry_overrides_its_parents_and_a_broken_lock_is_one_erro
         ('{"stages": {"2-quantize": {"bogus": 1}}}', "under 'stages': field '2-quantize.decision_key': Field required"),
         ('{"stages": {"2-quantize": {"decision_key": "k", "decisions": "int8"}}}', "field '2-quantize.decisions'"),
         ('{"stages": {"2-quantize": {"decision_key": "k", "decisions": {}, "files": ["a"]}}}', "'2-quantize.files'"),
+        ('{"weights": 5, "stages": {}}', "'weights' must name the weights"),  # not passed over as another source's
     ]
     for broken, says in cases:
         lock_path(child).write_text(broken)
-        with pytest.raises(UserError, match=r"--reanalyze") as refused:
-            read_locks(lock_path(child))
+        with pytest.raises(UserError, match=r"restore it from git, or rebuild with --reanalyze") as refused:
+            read_locks(lock_path(child), "pypi-int8")
         assert str(lock_path(child)) in refused.value.message and says in refused.value.message
 
 

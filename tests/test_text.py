@@ -58,6 +58,16 @@ def _words(text: str) -> list[str]:
         ("$1 or $0.99", "one dollar or ninety-nine cents"),
         ("£1.01 and €2", "one pound one penny and two euros"),
         ("$3.5 million", "three point five million dollars"),
+        (
+            "$1.5M, $2B, $3k and €4bn",
+            "one point five million dollars, two billion dollars, three thousand dollars and four billion euros",
+        ),
+        ("$1.999 a litre", "one point nine nine nine dollars a litre"),
+        (
+            "It is -3°C, -$5 and -5€ at -40 km",
+            "It is minus three degrees Celsius, minus five dollars and minus five euros at minus forty kilometers",
+        ),
+        ("COVID-19 and 5-10 km", "COVID-nineteen and five-ten kilometers"),
         ("Up 25% and -5%", "Up twenty-five percent and minus five percent"),
         ("the 1st, 2nd and 23rd", "the first, second and twenty-third"),
         ("In 1999 and the 1990s", "In nineteen ninety-nine and the nineteen nineties"),

@@ -46,6 +46,9 @@ def test_shipped_recipe_parses_and_errors_name_the_field() -> None:
         "field 'measure.ttfa_runs'": {"measure": {"ttfa_runs": 0}},
         "field 'space'": {"space": {"chunk_tokens": [600]}},
         "field 'sampler.kind'": {"sampler": {"kind": "grid"}},
+        "CPUExecutionProvider takes no options": {"space": {"providers": {"CPUExecutionProvider": {"x": ["a", "b"]}}}},
+        "field 'best.weights'.*one of them > 0": {"best": {"weights": {"ttfa_p50": -1.0}}},
+        "field 'best.weights'.*>= 0": {"best": {"weights": {}}},
     }
     for expected, data in cases.items():
         with pytest.raises(UserError, match=expected):

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from kokoro_opt.cli.app import ArtifactsRoot, TrackingUri, app, console, err, say_line, user_errors
+from kokoro_opt.errors import UserError
 from kokoro_opt.tables import print_table
 
 Runs = Annotated[
@@ -55,16 +56,21 @@ def evaluate(
     from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
     from kokoro_opt.evaluate.settings import evaluate_config
     from kokoro_opt.evaluate.tracking_store import require_answers
+    from kokoro_opt.runtime.availability import runtime_problem
     from kokoro_opt.targets import evaluation_targets
 
     overrides = {"runs": runs, "warmup": warmup, "threads": threads, "sentences": sentences, "phrases": phrases, "asr": asr}
     evaluate_config(None, **overrides)  # the settings given, checked before a recipe is built or anything measured
     _peers(peers, peer)
     require_answers(tracking_uri)  # where the results go: before minutes of measuring, not after
+    found = evaluation_targets(targets, artifacts, tracking_uri, err, say_line)
+    for artifact in found:  # a damaged one stops the command before anything is measured, not part-way
+        artifact.check_intact()
     results: list[Any] = []
-    for i, artifact in enumerate(evaluation_targets(targets, artifacts, tracking_uri, err, say_line)):
+    missed = []
+    for i, artifact in enumerate(found):
         config = evaluate_config(artifact.manifest, **overrides)
-        results += evaluate_artifacts(
+        measured = evaluate_artifacts(
             [artifact],
             config,
             tracking_uri=tracking_uri,
@@ -73,10 +79,15 @@ def evaluate(
             force=force,
             root=artifacts,
         )
+        if not measured and runtime_problem(artifact) is None:  # not one that cannot run here (Core ML off macOS)
+            missed.append(f"{artifact.name} {artifact.id[:8]}")
+        results += measured
     if as_json:
         typer.echo(results_json(results))
     else:
         print_results(results, console)
+    if missed:
+        raise UserError(f"not evaluated: {', '.join(missed)}", "see why above")
 
 
 @app.command()
@@ -127,7 +138,7 @@ def compare(
     print_table(console, results_table(results, "details (latency in seconds per utterance)", DETAIL_COLUMNS))
     for r in results:
         for note in r.notes:
-            console.print(f"{r.label}: {note}", highlight=False)
+            console.print(f"{r.label}: {note}", markup=False, highlight=False)
     console.print(f"Pareto plot: {png}" if png else "Pareto plot: nothing to plot (no PESQ measured)")
     if log and results and results[0].run_id:
         console.print(f"logged to MLflow run {results[0].run_id} (experiment kokoro-opt-compare)")
@@ -152,8 +163,6 @@ def tune(
     from kokoro_opt.tune import run_tuning, show_front
 
     if show and trials is None:
-        from kokoro_opt.errors import UserError
-
         ignored = [name for name, value in (("--workers", workers != 1), ("--seed", seed is not None),
                                             ("--tracking-uri", tracking_uri is not None)) if value]  # fmt: skip
         if ignored:

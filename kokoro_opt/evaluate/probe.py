@@ -84,6 +84,7 @@ def main() -> None:
             for op, seconds in M.op_type_times(json.loads(trace.read_text(encoding="utf-8"))).items():
                 op_times[op] = op_times.get(op, 0.0) + seconds
             trace.unlink()
+    op_times = dict(sorted(op_times.items(), key=lambda item: -item[1]))  # largest first, over every trace summed
     print(json.dumps({"peak_rss_mb": rss_mb(), "baseline_rss_mb": baseline, "op_times": op_times}))
 
 

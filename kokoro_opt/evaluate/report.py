@@ -53,7 +53,7 @@ class EvalResult:
             "metrics": {k: _finite(v) for k, v in sorted(self.metrics.items())},
             "op_times": self.op_times,
             "notes": self.notes,
-            "utterances": self.utterances,
+            "utterances": [{k: _finite(v) if isinstance(v, float) else v for k, v in row.items()} for row in self.utterances],
             "machine": self.machine,
         }
 
@@ -148,8 +148,8 @@ def print_results(results: list[EvalResult], console: Console) -> None:
             console.print(f"{r.label}: logged to MLflow run {r.run_id}")
         if r.machine.get("id") and not same_machine(r.machine, here):
             console.print(f"{r.label}: measured on another machine (id {r.machine['id']}, {r.machine.get('cpu', '?')})")
-        for note in r.notes:
-            console.print(f"{r.label}: {note}", highlight=False)
+        for note in r.notes:  # plain text: a note's "kokoro-opt[asr]" is no markup
+            console.print(f"{r.label}: {note}", markup=False, highlight=False)
 
 
 # ---- plots ----------------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ def evaluate_artifacts(
         subject = group[0]
         settings = evaluation_settings(config, corpus, subject.reference_id)
         key = tracking.evaluation_key(subject.artifact_id, settings)
-        found = tracking.find_evaluation(tracking_uri, key) if log and not force else None
+        found = tracking.find_evaluation(tracking_uri, key, "wer" if config.asr else None) if log and not force else None
         if found is not None:
             results.append(found)
             continue

@@ -51,15 +51,16 @@ def _runs_with_key(client: Any, key: str) -> list[Any]:
     return list(client.search_runs(ids, f"tags.{KEY_TAG} = '{key}'")) if ids else []
 
 
-def find_evaluation(tracking_uri: str | None, key: str) -> EvalResult | None:
-    """The logged result of an identical evaluation, or None. Runs a crash left unfinished are removed."""
+def find_evaluation(tracking_uri: str | None, key: str, needs: str | None = None) -> EvalResult | None:
+    """The logged result of an identical evaluation, or None. Runs a crash left unfinished are removed. `needs`: a
+    metric the result must hold (`wer`: an evaluation asked for ASR that was not installed then is measured again)."""
     opened = existing_client(tracking_uri)
     if opened is None:
         return None
     _, client = opened
     found = None
     for run in _runs_with_key(client, key):
-        if run.info.status == "FINISHED" and found is None:
+        if run.info.status == "FINISHED" and found is None and (needs is None or needs in run.data.metrics):
             found = run
         elif run.info.status != "FINISHED":
             client.delete_run(run.info.run_id)

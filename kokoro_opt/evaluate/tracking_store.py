@@ -44,6 +44,9 @@ def _answers(uri: str) -> None:
     server or a database that does not answer, or a URI that names neither (MLflow would take a bare word for
     a folder of its file store, which it no longer writes). Any answer will do: what it says is MLflow's."""
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if (db := sqlite_file(uri)) is not None:
+        _sqlite_writable(db, uri)
+        return
     if scheme.split("+")[0] in _DATABASES:
         _database_answers(uri, scheme)
         return
@@ -62,6 +65,22 @@ def _answers(uri: str) -> None:
     except (URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UserError(f"the MLflow tracking server at {uri} does not answer ({reason})", _HINT) from None
+
+
+def _sqlite_writable(db: Path, uri: str) -> None:
+    """The database's folder exists (made now) and takes a new file, and the database, when there, is a file."""
+    import tempfile
+
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        if db.exists() and not db.is_file():
+            raise IsADirectoryError(f"{db} is not a file")
+        with tempfile.NamedTemporaryFile(dir=db.parent, prefix=".kokoro-opt-probe-"):
+            pass
+    except OSError as exc:
+        why = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
+        hint = f"point --tracking-uri ({uri}) at a writable place, e.g. sqlite:///experiments/mlflow.db"
+        raise UserError(f"cannot write the SQLite tracking store {db} ({why})", hint) from None
 
 
 def _database_answers(uri: str, scheme: str) -> None:

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.recipe_yaml import explain, read_yaml_mapping, require_kind
+from kokoro_opt.recipe_yaml import NAME_PATTERN, explain, name_from_file, read_yaml_mapping, require_kind
 from kokoro_opt.select import QUALITY_BUDGET_PESQ, QUALITY_BUDGET_PHRASE_PESQ
 from kokoro_opt.serve.bench import PARAGRAPH
 from kokoro_opt.text import CONTEXT_TOKENS
@@ -60,6 +60,9 @@ class SpaceConfig(Strict):
                 raise ValueError(f"'{name}' is not an ONNX Runtime provider name (e.g. CPUExecutionProvider)")
             if any(not choices for choices in options.values()):
                 raise ValueError(f"every option of {name} needs at least one choice")
+            if name == "CPUExecutionProvider" and options:  # a trial's CPU session takes no provider options
+                raise ValueError(f"{name} takes no options here: give it {{}} and search the CPU with the space's "
+                                 "session fields (intra_op_num_threads, execution_mode, graph_optimization_level)")  # fmt: skip
         return value
 
     @model_validator(mode="after")
@@ -141,6 +144,13 @@ class BestConfig(Strict):
     weights: dict[Objective, float] = Field(default_factory=lambda: {"ttfa_p50": 1.0, "rtf_p50": 0.5, "quality": 0.5})
     max_rtf_p50: float | None = Field(0.9, gt=0.0, description="a stream must stay ahead of playback")
 
+    @field_validator("weights")
+    @classmethod
+    def _weighs_something(cls, value: dict[str, float]) -> dict[str, float]:
+        if any(not weight >= 0 for weight in value.values()) or not any(weight > 0 for weight in value.values()):
+            raise ValueError("weights must be >= 0 and one of them > 0 (a negative weight picks the worst of that objective)")
+        return value
+
 
 class SamplerConfig(Strict):
     kind: Literal["tpe", "nsga2"] = "tpe"
@@ -164,7 +174,7 @@ class WorkersConfig(Strict):
 
 
 class TuneRecipe(Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
     study: str | None = Field(None, description="Optuna study name (default: the recipe name)")
     storage: str = Field(DEFAULT_STORAGE, description="any RDB URL Optuna supports")
@@ -203,5 +213,5 @@ def load_tune_recipe(path: str | Path) -> TuneRecipe:
     path = Path(path)
     data = read_yaml_mapping(path, "tuning recipe", "recipes/tune-cpu.yaml")
     require_kind(data, path, "tuning")
-    data.setdefault("name", path.stem)
+    name_from_file(data, path)
     return parse_tune_recipe(data, str(path))
