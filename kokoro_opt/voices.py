@@ -83,6 +83,13 @@ def _weight_fits(written: str) -> bool:
     return bool(significant) and len(fraction) - len(significant) <= 299
 
 
+def unknown_voice(spec: str, names: list[str]) -> str | None:
+    """The first voice of a name or blend that an artifact with voices `names` cannot give (its OpenAI names
+    included), or None; a spec that is no voice at all is a UserError (parse_blend)."""
+    aliases = openai_voice_map(names)
+    return next((name for name, _ in parse_blend(spec) if name not in names and aliases.get(name) not in names), None)
+
+
 def blend_voice(spec: str, packs: dict[str, np.ndarray], aliases: dict[str, str] | None = None) -> np.ndarray:
     """The (510, 1, 256) pack for a voice name or blend; unknown names list the known ones. OpenAI's voice
     names (alloy, ...) stand for the voices `aliases` maps them to, by default `openai_voice_map`'s."""

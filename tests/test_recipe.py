@@ -56,6 +56,10 @@ def test_missing_recipe_file_and_missing_weights_folder(tmp_path: Path) -> None:
         load_recipe(write(tmp_path, f"name: x\nweights:\n  source: path\n  path: {tmp_path / 'missing'}\n"))
     with pytest.raises(UserError, match=r"needs weights\.path"):
         load_recipe(write(tmp_path, "name: x\nweights:\n  source: path\n"))
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "sub").mkdir()
+    relative = load_recipe(write(tmp_path / "sub", "name: x\nweights:\n  source: path\n  path: ../weights\n"))
+    assert relative.weights.path is not None and relative.weights.path.resolve() == (tmp_path / "weights").resolve()
 
 
 def test_bad_yaml_and_self_extension(tmp_path: Path) -> None:

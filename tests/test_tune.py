@@ -197,6 +197,10 @@ def test_quality_gate_pairs_ort_and_never_invents_a_number(tiny_artifact: Any, t
     said.clear()
     assert gather_candidates(voiceless, root, uri, said.append) == []
     assert any("tiny" in m and "no voice 'zz_nobody' (measure.voice)" in m for m in said)
+    # what `say --voice` takes: an OpenAI name, a blend
+    for voice in ("alloy", "tiny_0(2)+tiny_1(1)"):
+        spoken = parse_tune_recipe({"name": "gate", "measure": {"voice": voice}, "quality": {"evaluate_missing": False}})
+        assert {c.name for c in gather_candidates(spoken, root, uri, said.append)} == {"tiny", "int8-q"}
 
 
 # ---- real studies on the tiny artifact ------------------------------------------------------------------

@@ -30,6 +30,7 @@ from kokoro_opt.store import Store
 from kokoro_opt.text import clear_phoneme_cache
 from kokoro_opt.tuning.config import MeasureConfig
 from kokoro_opt.tuning.space import TrialSettings
+from kokoro_opt.voices import blend_voice
 
 _SETTLE = 0.02  # seconds between timed runs: lets ORT's spinning threads of the previous run go idle
 
@@ -80,10 +81,7 @@ class Bench:
         self.config = ServeConfig.for_selection(selection, warmup=False)  # windowed where serve would be
         self.engine = Engine(selection, self.config)
         self.engine.attach(synth)  # the engine's own job path on our cached session; its worker thread is not started
-        voice = measure.voice or synth.voices[0]
-        if voice not in synth.packs:
-            raise UserError(f"voice '{voice}' is not in artifact {synth.artifact.id}", f"use one of {', '.join(synth.voices)}")
-        self.pack = synth.packs[voice]
+        self.pack = blend_voice(measure.voice or synth.voices[0], synth.packs)  # a name, an OpenAI name or a blend
         for field in ("paragraph", "rtf_text"):
             if not self.engine.plan(getattr(measure, field)):
                 raise UserError(f"measure.{field} has nothing to say", "give it words, not only punctuation")

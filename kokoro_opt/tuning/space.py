@@ -18,6 +18,7 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.session import SessionSettings
 from kokoro_opt.store import Store
 from kokoro_opt.tuning.config import QualityConfig, SpaceConfig, TuneRecipe
+from kokoro_opt.voices import unknown_voice
 
 CPU = "CPUExecutionProvider"
 # What an output identical to the fp32 reference scores: the P.862.2 ceiling, no WER change.
@@ -178,8 +179,8 @@ def gather_candidates(recipe: TuneRecipe, root: Path, tracking_uri: str | None, 
             say(f"{artifact.name} {artifact.id[:8]}: {artifact.model_file.name} does not run on ONNX Runtime, skipped")
         elif fmt not in recipe.space.model_format:
             say(f"{artifact.name} {artifact.id[:8]}: .{fmt} is not in space.model_format, skipped")
-        elif recipe.measure.voice and recipe.measure.voice not in artifact.voice_names:
-            say(f"{artifact.name} {artifact.id[:8]}: has no voice '{recipe.measure.voice}' (measure.voice), skipped")
+        elif recipe.measure.voice and (lacking := unknown_voice(recipe.measure.voice, artifact.voice_names)):
+            say(f"{artifact.name} {artifact.id[:8]}: has no voice '{lacking}' (measure.voice), skipped")
         elif (q := quality_of(artifact, recipe.quality, tracking_uri, root, say)) is not None:
             passing.append((artifact, fmt, *q))
     groups: dict[str, Candidate] = {}
