@@ -258,7 +258,8 @@ def build(
             progress.update(task, advance=1)
 
         progress.update(task, description=f"{recipe.name}: package")
-        artifact = engine.store.put_recipe(recipe.name, key, _packager(current, recipe, decision_key, weights, engine))
+        fields = recipe.model_dump(mode="json", by_alias=True)
+        artifact = engine.store.put_recipe(recipe.name, key, _packager(current, recipe, decision_key, weights, engine), fields)
         progress.update(task, advance=1, description=f"{recipe.name}: done")
     written = None
     if lock is not None and new_locks:
@@ -311,7 +312,7 @@ def _packager(
         fields = {
             **final.manifest.model_dump(mode="json", exclude={"files"}),
             "kind": "recipe",
-            "recipe": recipe.model_dump(mode="json", by_alias=True),
+            "recipe": recipe.model_dump(mode="json", by_alias=True),  # what put_recipe compares a found folder's with
             "recipe_hash": recipe.config_hash(),
             "decision_key": decision_key,
             "weights": {

@@ -17,10 +17,11 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kokoro_opt.artifacts import Artifact, Fill, build_folder, open_artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.manifest import MANIFEST, ChainStep
+from kokoro_opt.manifest import MANIFEST, ChainStep, Manifest
 
 STAGE_CACHE = "_cache"
 PEERS = "_peers"
@@ -50,10 +51,16 @@ class Store:
     def put_stage(self, kind: str, key: str, fill: Fill) -> Artifact:
         return open_artifact(build_folder(self.stage_path(kind, key), fill))
 
-    def put_recipe(self, recipe: str, key: str, fill: Fill) -> Artifact:
+    def put_recipe(self, recipe: str, key: str, fill: Fill, fields: dict[str, Any] | None = None) -> Artifact:
         """The recipe's artifact, built or found; either way it becomes the recipe's newest build (what
-        `artifacts/<recipe>` and `best` take): building an earlier recipe again makes it current again."""
-        folder = build_folder(self.recipe_path(recipe, key), fill)
+        `artifacts/<recipe>` and `best` take): building an earlier recipe again makes it current again. `fields`:
+        the recipe as the manifest records it; a folder of the same stages whose manifest records another (its
+        `evaluate:` or description since edited) is packaged again, as `evaluate` and `tune` read them there."""
+
+        def current(manifest: Manifest) -> bool:
+            return fields is None or manifest.recipe == fields
+
+        folder = build_folder(self.recipe_path(recipe, key), fill, current=current)
         os.utime(folder)
         return open_artifact(folder)
 

@@ -128,6 +128,18 @@ def test_manifest_records_chain_parent_reference_and_machine(tiny_recipe, artifa
     assert not (result.artifact.path / "stage.log").exists() or (result.artifact.path / "stage.log").stat().st_size > 0
 
 
+def test_a_recipe_edited_outside_its_stages_is_packaged_again_under_the_same_id(tiny_recipe, artifacts_root) -> None:
+    """Its stages are cached and its id is theirs; its manifest records the recipe as it is now, since `evaluate` and
+    `tune` read the recipe's evaluation settings there."""
+    first = build(recipe_with(tiny_recipe, "t-edited", [{"kind": "simplify"}]), artifacts_root).artifact
+    edited = recipe_with(tiny_recipe, "t-edited", [{"kind": "simplify"}])
+    edited = edited.model_copy(update={"evaluate": edited.evaluate.model_copy(update={"runs": 7})})
+    again = build(edited, artifacts_root).artifact
+    assert again.id == first.id and again.path == first.path
+    assert first.manifest.recipe["evaluate"]["runs"] != 7 and again.manifest.recipe["evaluate"]["runs"] == 7
+    assert again.build.stages == first.build.stages  # packaged again from the cache, nothing measured
+
+
 def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tiny_recipe, tmp_path, capsys, seeded) -> None:
     recipe = recipe_with(tiny_recipe, "t-lock", [TINY_MIXED])
     lock = lock_path(tmp_path / "t-lock.yaml")
