@@ -191,6 +191,22 @@ def _iso_date(m: re.Match[str]) -> str:
     return _date(mo, d, str(y))
 
 
+def _slash_date(m: re.Match[str]) -> str:
+    """12/25/2023 as the US writes it; 25/12/2023 where the first number cannot be a month."""
+    a, b = int(m.group(1)), int(m.group(2))
+    if 1 <= a <= 12 and 1 <= b <= 31:
+        return _date(a, b, m.group(3))
+    if 1 <= b <= 12 and 13 <= a <= 31:
+        return f"the {ordinal(a)} of {MONTHS[b - 1]}, {year(int(m.group(3)))}"
+    return m.group(0)
+
+
+def _phone(m: re.Match[str]) -> str:
+    """Digit by digit, a pause between the groups: (555) 123-4567."""
+    groups = [g for g in m.groups() if g]
+    return ", ".join(" ".join(_DIGITS[int(d)] for d in group) for group in groups)
+
+
 def _month_day(m: re.Match[str]) -> str:
     d = int(m.group(2))
     if not 1 <= d <= 31:
@@ -215,7 +231,7 @@ def _ampm(m: re.Match[str]) -> str:
 
 
 def _time(m: re.Match[str]) -> str:
-    h, mins = int(m.group("h")), m.group("m") or None
+    h, mins, secs = int(m.group("h")), m.group("m") or None, m.groupdict().get("s")
     words = cardinal(h)
     if mins is None or mins == "00":
         words += "" if m.group("ap") or mins is None else (" o'clock" if h <= 12 else " hundred")
@@ -223,6 +239,8 @@ def _time(m: re.Match[str]) -> str:
         words += " oh " + _DIGITS[int(mins[1])]
     else:
         words += " " + cardinal(int(mins))
+    if secs:  # 10:30:15 -> "ten thirty and fifteen seconds"
+        words += f" and {cardinal(int(secs))} second{'' if secs == '01' else 's'}"
     return words + _ampm(m)
 
 
@@ -275,12 +293,18 @@ def clean_unicode(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
+_FRACTIONS = {"1/2": "one half", "1/3": "one third", "2/3": "two thirds", "1/4": "one quarter", "3/4": "three quarters",
+              "24/7": "twenty-four seven"}  # fmt: skip
 _AMPM = r"(?:\s?(?P<ap>[AaPp])\.?\s?[Mm]\b(?P<dot>\.)?)"
 _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     (re.compile(r"(?<![\w.])\.(\d)"), r"0.\1"),  # ".5" -> "0.5" -> "zero point five"; "$.50" -> "$0.50"
     (re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b"), _iso_date),
+    (re.compile(r"(?<![\d/])(\d{1,2})/(\d{1,2})/(\d{4})\b"), _slash_date),
+    (re.compile(r"(?:\((\d{3})\)\s?|(?<![\w-])(\d{3})[-. ])(\d{3})[-.](\d{4})\b"), _phone),
+    (re.compile(r"(?<![\w/])(1/2|1/3|2/3|1/4|3/4|24/7)(?![\w/])"), lambda m: _FRACTIONS[m.group(1)]),
     (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}})\b)?"), _month_day),
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),
+    (re.compile(rf"\b(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d):(?P<s>[0-5]\d)(?![:\d]){_AMPM}?"), _time),
     (re.compile(rf"\b(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d)(?!:?\d){_AMPM}?"), _time),
     (re.compile(rf"\b(?P<h>1[0-2]|[1-9])(?P<m>){_AMPM}"), _time),
     (re.compile(rf"{_SIGN}(?P<sym>[$£€])\s?(?P<amt>{_NUM})(?:\s(?P<scale>{_SCALE})\b|(?P<letter>bn|mn|[kKMBT])\b)?"), _money),
@@ -297,6 +321,13 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(rf"(?:(?<![\w-])(-))?({_NUM})(?!\d)"), _plain_number),
     (re.compile(r"\s*&\s*"), " and "),
 )
+
+
+def latin_share(text: str) -> float:
+    """The share of the text's letters that are Latin (1.0 without letters): Kokoro-82M here speaks English, and
+    espeak reads another script by its letters' names ("Japanese letter")."""
+    letters = [c for c in text if c.isalpha()]
+    return sum(unicodedata.name(c, "").startswith("LATIN") for c in letters) / len(letters) if letters else 1.0
 
 
 def normalize_text(text: str) -> str:

@@ -68,6 +68,16 @@ def _words(text: str) -> list[str]:
             "It is minus three degrees Celsius, minus five dollars and minus five euros at minus forty kilometers",
         ),
         ("COVID-19 and 5-10 km", "COVID-nineteen and five-ten kilometers"),
+        (
+            "Due 12/25/2023, paid 25/12/2023",
+            "Due December twenty-fifth, twenty twenty-three, paid the twenty-fifth of December, twenty twenty-three",
+        ),
+        ("At 10:30:15 AM and 1:05:01", "At ten thirty and fifteen seconds AM and one oh five and one second"),
+        (
+            "Call (555) 123-4567 or 555-123-4567.",
+            "Call five five five, one two three, four five six seven or five five five, one two three, four five six seven.",
+        ),
+        ("1/2 cup, 3/4 full, open 24/7", "one half cup, three quarters full, open twenty-four seven"),
         ("Up 25% and -5%", "Up twenty-five percent and minus five percent"),
         ("the 1st, 2nd and 23rd", "the first, second and twenty-third"),
         ("In 1999 and the 1990s", "In nineteen ninety-nine and the nineteen nineties"),
@@ -91,6 +101,14 @@ def _words(text: str) -> list[str]:
 )
 def test_normalize_text(text: str, expected: str) -> None:
     assert normalize_text(text) == expected
+
+
+def test_text_in_another_script_is_told_apart() -> None:
+    """`say` notes it: espeak would read it by its letters' names."""
+    from kokoro_opt.normalize import latin_share
+
+    assert latin_share("ありがとう") == latin_share("Привет мир") == 0.0
+    assert latin_share("A naïve café, 5 km 😀") == latin_share("...") == 1.0
 
 
 def test_normalize_leaves_no_digits_in_prose() -> None:

@@ -107,7 +107,7 @@ def fetch(
 @app.command()
 @user_errors
 def say(
-    text: Annotated[str, typer.Argument(help="English text to speak")],
+    text: Annotated[str, typer.Argument(help="English text to speak (one that starts with '-': put -- before it)")],
     artifact: Annotated[str, typer.Option(help=ARTIFACT_HELP)] = "best",
     artifacts: ArtifactsRoot = Path("artifacts"),
     output: Annotated[Path, typer.Option("-o", "--output", help="WAV file to write")] = Path("out.wav"),
@@ -121,10 +121,14 @@ def say(
     from rich.progress import Progress
 
     from kokoro_opt.audio import wav_target, write_wav
+    from kokoro_opt.normalize import latin_share
     from kokoro_opt.runtime import synthesize
     from kokoro_opt.select import resolve_artifact
 
     wav_target(output)  # before the model loads and speaks
+    if latin_share(text) < 0.5:
+        err.print("note: most of this text is not in the Latin script; the model speaks English, and reads other "
+                  "scripts by their letters' names", highlight=False)  # fmt: skip
     chosen = resolve_artifact(artifact, artifacts, tracking_uri).artifact
     err.print(f"speaking with {chosen.name} {chosen.id} ({chosen.path})", highlight=False)
     with Progress(console=err, transient=True) as progress:
