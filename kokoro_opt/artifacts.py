@@ -133,23 +133,16 @@ def remove_stale_temporaries(root: Path) -> None:
 Fill = Callable[[Path], tuple[dict[str, Any], dict[str, Any]]]
 
 
-def build_folder(final: Path, fill: Fill, root: Path | None = None, current: Callable[[Manifest], bool] | None = None) -> Path:
+def build_folder(final: Path, fill: Fill, root: Path | None = None) -> Path:
     """Run `fill(tmp)` in a temporary folder, write the manifest and build record it returns, rename into place.
 
     `fill` returns (manifest fields, build record); the manifest's `files` are hashed here. A folder with a
     manifest is complete by construction, and reused while its files still match it (`folder_damage`); a
     damaged one is built again, with a warning. A killed build's temporary folder is never read: the next build
     of that folder, or any build's start (`remove_stale_temporaries`), removes it. The lock and the temporary
-    folder go under `root` (default: a store's, two levels up from <root>/<recipe>/<id>). `current`: whether a found
-    folder's manifest is still what `fill` would write (else it is made again).
+    folder go under `root` (default: a store's, two levels up from <root>/<recipe>/<id>).
     """
-
-    def reusable() -> bool:
-        return (
-            (final / MANIFEST).is_file() and folder_damage(final) is None and (current is None or current(read_manifest(final)))
-        )
-
-    if reusable():
+    if (final / MANIFEST).is_file() and folder_damage(final) is None:
         return final
     slot = f"{final.parent.name}-{final.name}"  # unique in the store: <recipe>-<id>, _cache-<kind>-<key>
     root = root if root is not None else final.parent.parent
@@ -157,9 +150,9 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None, current: Cal
     locks.mkdir(parents=True, exist_ok=True)
     temporary.mkdir(exist_ok=True)
     with _exclusive(locks / slot):
-        if reusable():  # another process finished it while we waited
-            return final
-        if (final / MANIFEST).is_file() and (damage := folder_damage(final)) is not None:
+        if (final / MANIFEST).is_file():  # another process finished it while we waited, or it was damaged since
+            if (damage := folder_damage(final)) is None:
+                return final
             log.warning("%s: %s; building it again", final, damage)
         for stale in temporary.glob(f"{slot}-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -177,6 +170,21 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None, current: Cal
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def update_manifest(folder: Path, fields: dict[str, Any]) -> None:
+    """Rewrite a folder's manifest with `fields` changed, atomically, its files untouched (so still intact): what a
+    recipe records of itself (its evaluate settings, its description) may change while its stages stay cached."""
+    manifest = read_manifest(folder)
+    if all(getattr(manifest, name) == value for name, value in fields.items()):
+        return
+    updated = Manifest.model_validate({**manifest.model_dump(mode="json"), **fields})
+    tmp = folder / f".{MANIFEST}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        tmp.write_text(updated.to_json(), encoding="utf-8")
+        os.replace(tmp, folder / MANIFEST)  # a reader sees the old manifest or the new one
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def link_or_copy(source: Path, target: Path) -> None:

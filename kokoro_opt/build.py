@@ -258,7 +258,7 @@ def build(
             progress.update(task, advance=1)
 
         progress.update(task, description=f"{recipe.name}: package")
-        fields = recipe.model_dump(mode="json", by_alias=True)
+        fields = {"recipe": recipe.model_dump(mode="json", by_alias=True), "recipe_hash": recipe.config_hash()}
         artifact = engine.store.put_recipe(recipe.name, key, _packager(current, recipe, decision_key, weights, engine), fields)
         progress.update(task, advance=1, description=f"{recipe.name}: done")
     written = None
@@ -312,7 +312,7 @@ def _packager(
         fields = {
             **final.manifest.model_dump(mode="json", exclude={"files"}),
             "kind": "recipe",
-            "recipe": recipe.model_dump(mode="json", by_alias=True),  # what put_recipe compares a found folder's with
+            "recipe": recipe.model_dump(mode="json", by_alias=True),
             "recipe_hash": recipe.config_hash(),
             "decision_key": decision_key,
             "weights": {

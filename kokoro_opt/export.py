@@ -37,9 +37,9 @@ def write_runtime_files(folder: Path, weights: ResolvedWeights) -> None:
             "sha256": weights.sha256,
             "int8_rounded": weights.int8_rounded,
             "note": weights.note,
-            # where a `path` source's PyTorch weights are, for stages that convert from torch; the other sources are
-            # found again by their sha256 (weights_directory), so no folder of this machine goes into an artifact
-            **({"directory": str(weights.directory)} if weights.source == "path" else {}),
+            # how stages that convert from torch find the PyTorch weights again (weights_directory): no folder of this
+            # machine, but a `path` source's own
+            "found_again": weights.found_again,
         },
     }
     (folder / "kokoro.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
@@ -133,9 +133,11 @@ def run_export(weights: ResolvedWeights, cfg: ExportConfig, out: Path) -> dict[s
 
     started = time.perf_counter()
     packs = weights.load_voices()
+    validated = cfg.validate_export and cfg.deterministic  # with random noise on, samples cannot match
     voice = cfg.validation.voice
-    if voice not in packs:  # before the export, which it would otherwise fail after
+    if voice not in packs and validated:  # before the export, which it would otherwise fail after
         raise UserError(f"unknown voice '{voice}' in export.validation.voice", f"choose from: {', '.join(sorted(packs))}")
+    voice = voice if voice in packs else sorted(packs)[0]  # the export traces with any voice: validation only reads
     model = strip_weight_norm(load_kmodel(weights.config, weights.model_path, disable_complex=True))
     write_runtime_files(out, weights)
     sample_tokens = utterance_tokens(cfg.validation.sentences[0], weights.config["vocab"])
@@ -155,8 +157,7 @@ def run_export(weights: ResolvedWeights, cfg: ExportConfig, out: Path) -> dict[s
         "noise": "deterministic: SineGen random phase and noise zeroed" if cfg.deterministic else "random",
         "seconds": {"export": round(exported - started, 2)},
     }
-    # With random noise on, samples cannot match; only deterministic exports are validated.
-    if cfg.validate_export and cfg.deterministic:
+    if validated:
         report = validate_export(model, out / "model.onnx", weights.config["vocab"], packs, cfg.validation)
         record["validation"] = report
         record["seconds"]["validate"] = round(time.perf_counter() - exported, 2)

@@ -104,7 +104,7 @@ def read_lock(path: Path) -> dict[str, StageLock]:
 
     if not isinstance(data, dict) or "stages" not in data:
         raise UserError(f"lock file {path} has no 'stages'", hint)
-    if not isinstance(data.get("weights", ""), str):
+    if not isinstance(data.get("weights") or "", str):  # none: a lock from before locks named their weights
         raise UserError(f"lock file {path}: 'weights' must name the weights it was measured on, e.g. pypi-int8", hint)
     try:
         entries = TypeAdapter(dict[str, StageLock]).validate_python(data["stages"])

@@ -203,7 +203,7 @@ def _slash_date(m: re.Match[str]) -> str:
 
 def _phone(m: re.Match[str]) -> str:
     """Digit by digit, a pause between the groups: (555) 123-4567."""
-    groups = [g for g in m.groups() if g]
+    groups = [g for g in m.groups() if g and g.isdigit()]  # not the separator group
     return ", ".join(" ".join(_DIGITS[int(d)] for d in group) for group in groups)
 
 
@@ -239,7 +239,7 @@ def _time(m: re.Match[str]) -> str:
         words += " oh " + _DIGITS[int(mins[1])]
     else:
         words += " " + cardinal(int(mins))
-    if secs:  # 10:30:15 -> "ten thirty and fifteen seconds"
+    if secs and secs != "00":  # 10:30:15 -> "ten thirty and fifteen seconds"
         words += f" and {cardinal(int(secs))} second{'' if secs == '01' else 's'}"
     return words + _ampm(m)
 
@@ -300,7 +300,7 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(r"(?<![\w.])\.(\d)"), r"0.\1"),  # ".5" -> "0.5" -> "zero point five"; "$.50" -> "$0.50"
     (re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b"), _iso_date),
     (re.compile(r"(?<![\d/])(\d{1,2})/(\d{1,2})/(\d{4})\b"), _slash_date),
-    (re.compile(r"(?:\((\d{3})\)\s?|(?<![\w-])(\d{3})[-. ])(\d{3})[-.](\d{4})\b"), _phone),
+    (re.compile(r"(?<![\w+.-])(?:\+?(1)[-. ])?(?:\((\d{3})\)\s?|(\d{3})([-.]))(\d{3})(?(4)\4|-)(\d{4})\b"), _phone),
     (re.compile(r"(?<![\w/])(1/2|1/3|2/3|1/4|3/4|24/7)(?![\w/])"), lambda m: _FRACTIONS[m.group(1)]),
     (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}})\b)?"), _month_day),
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),
@@ -309,7 +309,10 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(rf"\b(?P<h>1[0-2]|[1-9])(?P<m>){_AMPM}"), _time),
     (re.compile(rf"{_SIGN}(?P<sym>[$£€])\s?(?P<amt>{_NUM})(?:\s(?P<scale>{_SCALE})\b|(?P<letter>bn|mn|[kKMBT])\b)?"), _money),
     (re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?(?P<sym2>[£€])(?P<scale>)"), _money),
-    (re.compile(rf"(-?){_NUM_START}({_NUM})\s?%"), lambda m: ("minus " if m.group(1) else "") + number(m.group(2)) + " percent"),
+    (
+        re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?%"),
+        lambda m: ("minus " if m.group("neg") else "") + number(m.group("amt")) + " percent",
+    ),
     (re.compile(r"%"), " percent"),
     (re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?(?P<unit>{_UNIT_RE})(?![\w/])"), _unit),
     (re.compile(r"\b(1[1-9]|20)(\d0)s\b"), lambda m: _plural(year(int(m.group(1) + m.group(2))))),

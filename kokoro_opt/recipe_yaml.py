@@ -74,7 +74,7 @@ def read_recipe_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     data = read_yaml_mapping(path, "recipe", "recipes/fp32.yaml")
     weights = data.get("weights")
     if isinstance(weights, dict) and isinstance(weights.get("path"), str):  # as `extends:`, from the recipe's folder
-        weights["path"] = str(path.parent / Path(weights["path"]).expanduser())
+        weights["path"] = str((path.parent / Path(weights["path"]).expanduser()).resolve())
     parent = data.pop("extends", None)
     extra_stages = data.pop("append_stages", None)
     if parent is not None:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kokoro_opt.artifacts import Artifact, Fill, build_folder, open_artifact
+from kokoro_opt.artifacts import Artifact, Fill, build_folder, open_artifact, update_manifest
 from kokoro_opt.errors import UserError
-from kokoro_opt.manifest import MANIFEST, ChainStep, Manifest
+from kokoro_opt.manifest import MANIFEST, ChainStep
 
 STAGE_CACHE = "_cache"
 PEERS = "_peers"
@@ -54,13 +54,11 @@ class Store:
     def put_recipe(self, recipe: str, key: str, fill: Fill, fields: dict[str, Any] | None = None) -> Artifact:
         """The recipe's artifact, built or found; either way it becomes the recipe's newest build (what
         `artifacts/<recipe>` and `best` take): building an earlier recipe again makes it current again. `fields`:
-        the recipe as the manifest records it; a folder of the same stages whose manifest records another (its
-        `evaluate:` or description since edited) is packaged again, as `evaluate` and `tune` read them there."""
-
-        def current(manifest: Manifest) -> bool:
-            return fields is None or manifest.recipe == fields
-
-        folder = build_folder(self.recipe_path(recipe, key), fill, current=current)
+        what the manifest records of the recipe; a found folder records them as they are now (its `evaluate:` or
+        description may have been edited since: `evaluate` and `tune` read them there)."""
+        folder = build_folder(self.recipe_path(recipe, key), fill)
+        if fields is not None:
+            update_manifest(folder, fields)
         os.utime(folder)
         return open_artifact(folder)
 

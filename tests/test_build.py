@@ -238,9 +238,6 @@ def test_cli_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     result = run_cli("build", str(voice), "--artifacts", str(tmp_path / "a"), "--no-evaluate")
     assert result.returncode == 2 and "unknown voice(s) af_nobody" in result.stderr and "tiny_0" in result.stderr
     assert "Traceback" not in result.stderr
-    voice.write_text(f"extends: {ROOT / 'recipes' / 'tiny.yaml'}\nname: voice\nexport:\n  validation:\n    voice: nobody\n")
-    result = run_cli("build", str(voice), "--artifacts", str(tmp_path / "a"), "--no-evaluate")
-    assert result.returncode == 2 and "unknown voice 'nobody' in export.validation.voice" in result.stderr
 
 
 def test_what_a_user_mistypes_is_one_line_before_any_work(tiny_artifact, tmp_path: Path) -> None:
@@ -376,3 +373,24 @@ def test_evaluate_all_refuses_a_damaged_artifact_before_measuring_any(tiny_artif
                      "--tracking-uri", f"sqlite:///{tracking}")  # fmt: skip
     assert result.returncode == 2 and f"at {damaged}" in result.stderr and "build it again" in result.stderr
     assert not tracking.exists()  # nothing measured, nothing logged
+
+
+def test_the_validation_voice_is_checked_before_the_export_and_only_when_it_validates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unknown voice stops a validated export before minutes of tracing (on the real weights), not after; an
+    export that is not validated traces with any voice, as before."""
+    from kokoro_opt import export
+    from kokoro_opt.errors import UserError
+    from kokoro_opt.recipe import ExportConfig, WeightsConfig
+    from kokoro_opt.weights.sources import resolve_weights
+
+    weights = resolve_weights(WeightsConfig(source="tiny"), log=lambda _: None)
+    traced = export.export_onnx
+    monkeypatch.setattr(export, "export_onnx", lambda *_: pytest.fail("traced before the voice was checked"))
+    with pytest.raises(UserError, match=r"unknown voice 'nobody' in export.validation.voice.*tiny_0"):
+        export.run_export(weights, ExportConfig.model_validate({"validation": {"voice": "nobody"}}), tmp_path)
+    monkeypatch.setattr(export, "export_onnx", traced)
+    unvalidated = ExportConfig.model_validate({"validate": False, "validation": {"voice": "nobody"}})
+    assert "validation" not in export.run_export(weights, unvalidated, tmp_path)
+    assert (tmp_path / "model.onnx").is_file()

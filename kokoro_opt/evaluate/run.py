@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
+from kokoro_opt.evaluate.asr import asr_installed
 from kokoro_opt.evaluate.corpus import Corpus, load_corpus
 from kokoro_opt.evaluate.edge import check_edge_inputs, edge_token_inputs
 from kokoro_opt.evaluate.probe import probe_runner
@@ -155,7 +156,8 @@ def evaluate_artifacts(
         subject = group[0]
         settings = evaluation_settings(config, corpus, subject.reference_id)
         key = tracking.evaluation_key(subject.artifact_id, settings)
-        found = tracking.find_evaluation(tracking_uri, key, "wer" if config.asr else None) if log and not force else None
+        needs = "wer" if config.asr and asr_installed() else None  # a run without it, if ASR can hear now: again
+        found = tracking.find_evaluation(tracking_uri, key, needs) if log and not force else None
         if found is not None:
             results.append(found)
             continue

