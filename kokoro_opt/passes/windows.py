@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +133,14 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
     started = time.perf_counter()
     shutil.copy2(source.model_file, out / "model.onnx")
     synth = Synthesizer(source, load=False)
-    settings = WindowSettings(**cfg.model_dump(include={f.name for f in fields(WindowSettings)}))  # what the stage sets
+    settings = WindowSettings(
+        first_steps=cfg.first_steps,
+        steps=cfg.steps,
+        overlap_steps=cfg.overlap_steps,
+        lead_frames=cfg.lead_frames,
+        trail_frames=cfg.trail_frames,
+        finish_steps=cfg.finish_steps,
+    )
     model = onnx.load(str(source.model_file))
     try:
         graphs, _ = window_graphs(model)
