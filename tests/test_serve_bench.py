@@ -66,6 +66,7 @@ def test_a_server_that_fails_to_start_reports_its_whole_error(tiny_artifact) -> 
         (["--text", "  "], "--text is empty"),
         (["--requests", "0"], "Invalid value for '--requests'"),
         (["--max-queue", "2", "--artifact", "artifacts/fp32"], "--max-queue 2 --artifact artifacts/fp32 set up a server"),
+        (["--capacity"], "--capacity measures this machine with a server it starts"),  # not one capped by its queue
     ],
 )  # fmt: skip
 def test_bench_refuses_what_it_would_not_use_before_it_measures(args: list[str], says: str) -> None:

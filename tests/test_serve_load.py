@@ -194,6 +194,23 @@ def test_auth_and_timeout(tiny_artifact) -> None:
         ):
             r.read()
         assert httpx.post(f"{base}/v1/audio/speech", json=body("Hi."), headers=key, timeout=30).status_code == 200
+        # a stream longer than the timeout in all, its audio coming in time, plays to its end: 3 s after each of its
+        # first two jobs
+        step = engine.mode.step
+
+        def slow(stream: object, tokens: list[int], last: bool) -> None:
+            step(stream, tokens, last)
+            if not last and getattr(stream, "jobs", 0) <= 2:
+                time.sleep(3.0)
+
+        engine.mode.step = slow
+        try:
+            started = time.monotonic()
+            with httpx.stream("POST", f"{base}/v1/audio/speech", json=body(LONG), headers=key, timeout=30) as r:
+                assert r.status_code == 200 and len(r.read()) > 0
+            assert time.monotonic() - started > config.request_timeout  # it did outlast the timeout
+        finally:
+            engine.mode.step = step
         # with a key, /metrics needs it too
         assert httpx.get(f"{base}/metrics").status_code == 401
         assert httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer s3cre"}).status_code == 401

@@ -22,7 +22,7 @@ def serve(
     max_queue: Annotated[
         int | None, typer.Option(help="admitted requests at once; more get 429 (default: bench-serve --capacity's, else 4)")
     ] = None,
-    timeout: Annotated[float, typer.Option(help="seconds a request may take in total")] = 300.0,
+    timeout: Annotated[float, typer.Option(help="seconds a whole answer may take; a stream's next audio, as it plays")] = 300.0,
     body_timeout: Annotated[
         float, typer.Option(help="seconds a request's body may take to arrive (a stalled upload gets 408)")
     ] = 30.0,
@@ -132,6 +132,9 @@ def bench_serve(
     from kokoro_opt.paths import output_file
     from kokoro_opt.serve import bench
 
+    if capacity and url is not None:  # a running server admits its own --max-queue, and may run on another machine
+        raise UserError("--capacity measures this machine with a server it starts (admitting every count it tries)",
+                        "drop --url")  # fmt: skip
     if url is None:  # the server's own rules, checked before one is started for nothing
         from kokoro_opt.serve import ServeConfig
 

@@ -84,7 +84,7 @@ _ERRORS: dict[int, tuple[str, bool]] = {  # status -> (when, carries Retry-After
     429: ("Too many requests in progress", True),
     500: ("Synthesis failed", False),
     503: ("Not ready (loading or warming up), failed to load, or shutting down", True),
-    504: ("The request took longer than the server's --timeout", False),
+    504: ("The answer took longer than the server's --timeout (a stream: its next audio did)", False),
 }
 
 

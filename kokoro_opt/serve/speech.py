@@ -146,11 +146,17 @@ def check_cost(tokens: int, speed: float, limit: int) -> None:
         )
 
 
-async def _chunks(stream: Stream, deadline: float) -> AsyncIterator[bytes]:
+async def _chunks(stream: Stream, seconds: float, deadline: float | None = None) -> AsyncIterator[bytes]:
+    """The stream's audio as the engine makes it. Without a `deadline`, the wait for each next piece is what is bounded
+    (`seconds`): a stream played in real time outlasts any total, and its audio already made is never cut."""
     loop = asyncio.get_running_loop()
     while True:
         try:
-            item = await asyncio.wait_for(stream.queue.get(), max(0.0, deadline - loop.time()))
+            if not stream.queue.empty():  # asyncio.wait_for with no time left would drop it on Python 3.11
+                item = stream.queue.get_nowait()
+            else:
+                wait = seconds if deadline is None else deadline - loop.time()
+                item = await asyncio.wait_for(stream.queue.get(), max(0.0, wait))
         except TimeoutError:
             raise ApiError(504, "the request timed out", type_="server_error", code="timeout") from None
         if item is None:
@@ -161,7 +167,7 @@ async def _chunks(stream: Stream, deadline: float) -> AsyncIterator[bytes]:
 
 
 async def _collect(stream: Stream, deadline: float) -> bytes:
-    return b"".join([data async for data in _chunks(stream, deadline)])
+    return b"".join([data async for data in _chunks(stream, 0.0, deadline)])
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -288,12 +294,11 @@ class SpeechHandler:
         stream, req, service = self.stream, self.req, self.service
         assert stream is not None and req is not None
         metrics, sse = service.metrics, req.stream_format == "sse"
-        deadline = asyncio.get_running_loop().time() + service.config.request_timeout
         first = True
         sent = 0
         kept: list[bytes] | None = [] if key else None  # the body, for the cache, while it fits there
         try:
-            async for data in _chunks(stream, deadline):
+            async for data in _chunks(stream, service.config.request_timeout):
                 if first:
                     metrics.ttfa.labels(self.label).observe(time.perf_counter() - self.started)
                     first = False
