@@ -490,3 +490,14 @@ def test_results_as_json_hold_no_nan_and_notes_print_as_written() -> None:
     out = io.StringIO()
     print_results([result], Console(file=out, width=200))
     assert "pip install 'kokoro-opt[asr]'" in out.getvalue()
+
+
+def test_two_builds_of_one_recipe_are_told_apart_in_tables_and_plots() -> None:
+    from kokoro_opt.evaluate.report import distinct_labels
+
+    results = [
+        EvalResult("int8-mixed", "a" * 16, "onnx"),
+        EvalResult("int8-mixed", "b" * 16, "onnx"),
+        EvalResult("fp32", "c", "onnx"),
+    ]
+    assert distinct_labels(results) == ["int8-mixed aaaaaaaa", "int8-mixed bbbbbbbb", "fp32"]

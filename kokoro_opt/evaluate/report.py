@@ -115,12 +115,16 @@ def results_table(results: list[EvalResult], title: str, columns: list[tuple[str
     shown = [c for c in columns if any(math.isfinite(r.metric(c[1])) for r in results)]  # no all-empty columns
     for header, _, _ in shown:
         table.add_column(header, justify="right", no_wrap=True)
-    labels = [r.label for r in results]
-    for r in results:
-        name = r.label + (f" {r.artifact_id[:8]}" if labels.count(r.label) > 1 else "")  # ids only where names clash
+    for r, name in zip(results, distinct_labels(results), strict=True):
         name += ("*" if r.is_reference else "") + (" (peer)" if r.external else "")
         table.add_row(name, *(_cell(r, metric, fmt) for _, metric, fmt in shown))
     return table
+
+
+def distinct_labels(results: list[EvalResult]) -> list[str]:
+    """Each result's label, with its id's first 8 digits where two share a name (two builds of one recipe)."""
+    labels = [r.label for r in results]
+    return [r.label + (f" {r.artifact_id[:8]}" if labels.count(r.label) > 1 else "") for r in results]
 
 
 def print_machine(console: Console, fp: dict[str, Any] | None = None) -> None:
@@ -186,11 +190,12 @@ def pareto_png(results: list[EvalResult], path: Path) -> Path | None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, (metric, ylabel, higher) in zip(axes[0], panels, strict=True):
-        shown = [r for r in results if math.isfinite(r.metric(metric)) and math.isfinite(r.metric("rtf_p50"))]
-        points = [(r.metric("rtf_p50"), r.metric(metric)) for r in shown]
-        for r, (x, y) in zip(shown, points, strict=True):
+        shown = [(r, name) for r, name in zip(results, distinct_labels(results), strict=True)
+                 if math.isfinite(r.metric(metric)) and math.isfinite(r.metric("rtf_p50"))]  # fmt: skip
+        points = [(r.metric("rtf_p50"), r.metric(metric)) for r, _ in shown]
+        for (r, name), (x, y) in zip(shown, points, strict=True):
             ax.scatter([x], [y], marker="s" if r.external else "o", s=40)
-            ax.annotate(r.label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
         front = pareto_front(points, higher)
         ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "--", color="grey", linewidth=1)
         ax.set_xlabel("RTF p50 (synthesis time / audio time, lower is faster)")
