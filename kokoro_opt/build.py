@@ -49,9 +49,10 @@ from kokoro_opt.locks import (
 from kokoro_opt.machine import fingerprint
 from kokoro_opt.manifest import MANIFEST, RECORD_FILES, STAGE_LOG, Capabilities, ChainStep
 from kokoro_opt.passes import PASSES
+from kokoro_opt.paths import user_cache
 from kokoro_opt.recipe import Recipe
 from kokoro_opt.store import Store
-from kokoro_opt.weights.sources import ResolvedWeights, cache_root, resolve_weights
+from kokoro_opt.weights.sources import ResolvedWeights, resolve_weights
 
 RUNTIME_FILES = ("voices.npz", "kokoro.json")  # every artifact's: what speaking needs besides the model
 
@@ -206,7 +207,7 @@ def build(
     console = console or Console(stderr=True)
     console.file = console.file  # bound to the terminal now: a stage's own stderr goes to its log (third_party_output)
     passes = chain_of(recipe)
-    for store_root in (root, cache_root()):
+    for store_root in (root, user_cache()):
         remove_stale_temporaries(store_root)
     engine = _Engine(Store(root), fingerprint())
     new_locks: dict[str, StageLock] = {}
@@ -259,7 +260,7 @@ def build(
 
         progress.update(task, description=f"{recipe.name}: package")
         fields = {"recipe": recipe.model_dump(mode="json", by_alias=True), "recipe_hash": recipe.config_hash()}
-        artifact = engine.store.put_recipe(recipe.name, key, _packager(current, recipe, decision_key, weights, engine), fields)
+        artifact = engine.store.put_recipe(recipe.name, key, _packager(current, fields, decision_key, weights, engine), fields)
         progress.update(task, advance=1, description=f"{recipe.name}: done")
     written = None
     if lock is not None and new_locks:
@@ -300,10 +301,10 @@ def _locked_decisions(
 
 
 def _packager(
-    final: Artifact, recipe: Recipe, decision_key: str, weights: ResolvedWeights, engine: _Engine
+    final: Artifact, recipe_fields: dict[str, Any], decision_key: str, weights: ResolvedWeights, engine: _Engine
 ) -> Callable[[Path], tuple[dict[str, Any], dict[str, Any]]]:
     """What `Store.put_recipe` fills the recipe's folder with: the last stage's files, its manifest with the recipe's
-    fields, and the build record."""
+    fields (`recipe`, `recipe_hash`), and the build record."""
 
     def package(out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         for item in final.path.iterdir():
@@ -312,8 +313,7 @@ def _packager(
         fields = {
             **final.manifest.model_dump(mode="json", exclude={"files"}),
             "kind": "recipe",
-            "recipe": recipe.model_dump(mode="json", by_alias=True),
-            "recipe_hash": recipe.config_hash(),
+            **recipe_fields,
             "decision_key": decision_key,
             "weights": {
                 "source": weights.source,

