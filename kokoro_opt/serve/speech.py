@@ -146,17 +146,15 @@ def check_cost(tokens: int, speed: float, limit: int) -> None:
         )
 
 
-async def _chunks(stream: Stream, seconds: float, deadline: float | None = None) -> AsyncIterator[bytes]:
-    """The stream's audio as the engine makes it. Without a `deadline`, the wait for each next piece is what is bounded
-    (`seconds`): a stream played in real time outlasts any total, and its audio already made is never cut."""
-    loop = asyncio.get_running_loop()
+async def _chunks(stream: Stream, time_left: Callable[[], float]) -> AsyncIterator[bytes]:
+    """The stream's audio as the engine makes it, each next piece awaited for `time_left()` seconds at most; what is
+    already made is never cut (asyncio.wait_for with no time left drops a ready item on Python 3.11)."""
     while True:
         try:
-            if not stream.queue.empty():  # asyncio.wait_for with no time left would drop it on Python 3.11
+            if not stream.queue.empty():
                 item = stream.queue.get_nowait()
             else:
-                wait = seconds if deadline is None else deadline - loop.time()
-                item = await asyncio.wait_for(stream.queue.get(), max(0.0, wait))
+                item = await asyncio.wait_for(stream.queue.get(), max(0.0, time_left()))
         except TimeoutError:
             raise ApiError(504, "the request timed out", type_="server_error", code="timeout") from None
         if item is None:
@@ -167,7 +165,8 @@ async def _chunks(stream: Stream, seconds: float, deadline: float | None = None)
 
 
 async def _collect(stream: Stream, deadline: float) -> bytes:
-    return b"".join([data async for data in _chunks(stream, 0.0, deadline)])
+    loop = asyncio.get_running_loop()
+    return b"".join([data async for data in _chunks(stream, lambda: deadline - loop.time())])
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -298,7 +297,8 @@ class SpeechHandler:
         sent = 0
         kept: list[bytes] | None = [] if key else None  # the body, for the cache, while it fits there
         try:
-            async for data in _chunks(stream, service.config.request_timeout):
+            # a stream played in real time lasts as long as its speech: the wait for its next audio is what is bounded
+            async for data in _chunks(stream, lambda: service.config.request_timeout):
                 if first:
                     metrics.ttfa.labels(self.label).observe(time.perf_counter() - self.started)
                     first = False
