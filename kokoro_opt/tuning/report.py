@@ -165,6 +165,6 @@ def front_table(study: Any, names: list[str], metric: str, rule: BestConfig) -> 
         table.add_row(*row)
     table.caption = (
         "chunks = first/later tokens/crossfade ms, w = first window steps; score: the recipe's best rule, lowest wins; "
-        "the pick is served only where it beat the defaults side by side (tuned.json: applied)"
+        "the pick is served only where it beat the defaults side by side (its `applied` field in tuned.json)"
     )
     return table
