@@ -107,7 +107,7 @@ def fetch(
 @app.command()
 @user_errors
 def say(
-    text: Annotated[str, typer.Argument(help="English text to speak (one that starts with '-': put -- before it)")],
+    text: Annotated[str, typer.Argument(help="English text to speak (one that starts with '-': last, after --)")],
     artifact: Annotated[str, typer.Option(help=ARTIFACT_HELP)] = "best",
     artifacts: ArtifactsRoot = Path("artifacts"),
     output: Annotated[Path, typer.Option("-o", "--output", help="WAV file to write")] = Path("out.wav"),
