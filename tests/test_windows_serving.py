@@ -239,6 +239,73 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
     assert out["60% sent, the last window its bridge"]  # a short phrase's bridge: the finish it was made for
 
 
+def test_a_whole_answer_waits_while_a_listener_would_run_dry() -> None:
+    """A request nobody hears before it ends (`stream: false`) has its arrival as deadline, so it came before every
+    heard listener, and windowed its next unit is a front or a whole-generator run of up to a chunk that nothing
+    priced. It now waits while that unit would leave a listener, served after it, without audio; it goes once
+    their buffers cover it, or when no listener has a unit to run (the worker never idles). Whole jobs need no
+    such wait: a job nobody hears is sized to the tightest listener's buffer (`Engine._budget`)."""
+    import asyncio
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from kokoro_opt.runtime.windowed import WindowSettings
+    from kokoro_opt.select import Selection
+    from kokoro_opt.serve import ServeConfig
+    from kokoro_opt.serve.engine import Engine
+    from kokoro_opt.serve.modes import WholeJobs, WindowedJobs
+    from tests.test_serve_units import _FakeEncoder
+
+    async def picks() -> dict[str, Any]:
+        engine = Engine(cast(Selection, None), ServeConfig())
+        engine.mode = WindowedJobs(engine, cast(Any, SimpleNamespace(settings=WindowSettings())))
+        engine.window_cost.calibrate((12, 0.012), (80, 0.05))  # a 200-step finish: ~0.18 s
+        pack = np.zeros((510, 1, 256), np.float32)
+        listener = engine.submit([[1] * 10] * 3, pack, 1.0, _FakeEncoder(), True)
+        quiet = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), False)
+        listener.jobs, listener.first_out, listener.audio_out = 1, time.monotonic(), 0.1
+        out: dict[str, Any] = {}
+
+        def picked() -> str:
+            chosen = engine._pick()
+            assert chosen is not None
+            return "listener" if chosen[0] is listener else "quiet"
+
+        def restore() -> None:  # `_pick` pops the job it chose
+            listener.pieces.extendleft([[1] * 10] * (3 - len(listener.pieces)))
+            quiet.pieces.extendleft([[1] * 10] * (1 - len(quiet.pieces)))
+
+        # Buffers are read against the clock: a stalled worker only makes 0.1 s shorter, 30 s holds for minutes.
+        out["front, listener 0.1 s from running dry"] = picked()
+        restore()
+        listener.audio_out = 30.0
+        out["front, listener 30 s ahead"] = picked()
+        restore()
+        quiet.job = ([1] * 10, True, SimpleNamespace(finish=True, front=SimpleNamespace(steps=200)))
+        out["finish, listener 30 s ahead"] = picked()
+        restore()
+        listener.audio_out = 0.1
+        out["finish, listener 0.1 s from running dry"] = picked()
+        restore()
+        engine._running.add(listener)
+        out["finish, the listener's unit already running"] = picked()
+        engine._running.discard(listener)
+        engine.mode = WholeJobs(engine)
+        quiet.job = None
+        out["whole jobs, listener 0.1 s from running dry"] = picked()
+        return out
+
+    out = asyncio.run(picks())
+    assert out == {
+        "front, listener 0.1 s from running dry": "listener",
+        "front, listener 30 s ahead": "quiet",
+        "finish, listener 30 s ahead": "quiet",
+        "finish, listener 0.1 s from running dry": "listener",
+        "finish, the listener's unit already running": "quiet",
+        "whole jobs, listener 0.1 s from running dry": "quiet",
+    }
+
+
 @pytest.mark.parametrize("kind", ["windowed", "fused_artifact"])
 def test_the_server_finishes_short_jobs_with_the_whole_generator(kind: str, request: pytest.FixtureRequest) -> None:
     """A request nobody hears before it ends: each short job is one whole-generator run, no window. A listener:

@@ -9,7 +9,8 @@ cores idle (1.04-1.18x the throughput), so four streams together underran less a
 Requests share the workers in this order: first chunks first (oldest request first), so every new
 listener hears audio early; then *earliest playback deadline first*, where a stream's deadline is when
 its listener runs out of audio (first byte time + seconds sent), so a stream about to underrun goes
-before one that is ahead. A stream runs on one worker at a time. Admission is bounded, so first chunks
+before one that is ahead; windowed, a whole answer waits while its next unit would leave a listener without
+audio (`WindowedJobs.defers`). A stream runs on one worker at a time. Admission is bounded, so first chunks
 cannot starve running streams for long. Job size adapts to the same deadlines (see `plan.py` and
 `_budget`). How a worker decodes what it picked is the engine's mode (modes.py): whole jobs, or
 windowed, where the unit of work is a job's front plus its first window, or one more window, and
@@ -84,6 +85,10 @@ class Stream:
 
     def deadline(self) -> float:
         return self.arrival if self.first_out is None else self.first_out + self.audio_out
+
+    def urgency(self) -> tuple[bool, float, int]:
+        """The order streams are worked for: first chunks first (oldest first), then earliest deadline first."""
+        return (not (self.streaming and self.jobs == 0), self.deadline(), self.id)
 
     def put(self, item: bytes | BaseException | None) -> None:
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
@@ -282,7 +287,9 @@ class Engine:
         runnable = [s for s in self.streams if (s.pieces or s.job) and s not in self._running]
         if not runnable:
             return None
-        stream = min(runnable, key=lambda s: (not (s.streaming and s.jobs == 0), s.deadline(), s.id))
+        stream = min(runnable, key=Stream.urgency)
+        if self.mode.defers(stream) and (listeners := [s for s in runnable if s.streaming]):
+            stream = min(listeners, key=Stream.urgency)  # a whole answer waits while listeners' audio runs short
         if stream.job is not None:
             return stream, stream.job[0], stream.job[1]
         tokens, last = self.next_job(stream.pieces, self._budget(stream, time.monotonic()))

@@ -40,6 +40,10 @@ class WholeJobs:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
+    def defers(self, stream: Any) -> bool:
+        """Never: a job nobody hears is already sized to the tightest listener's buffered audio (`Engine._budget`)."""
+        return False
+
     def step(self, stream: Any, tokens: list[int], last: bool) -> None:
         engine = self.engine
         audio, compute = engine.run_job(tokens, stream.pack, stream.speed, stream.run_options)
@@ -117,6 +121,10 @@ class WindowedJobs:
             if job.stats is not None:  # the front model prices a front with its per-job part
                 with engine.cond:  # two workers observe
                     engine.cost.observe(len(tokens), stream.speed, job.front_seconds)
+            if not stream.streaming:
+                with engine.cond:
+                    if self.defers(stream):  # its finish waits while the listeners' audio runs short (`defers`)
+                        return
         job = stream.job[2]
         spent, first = job.compute, job.cursor  # the job times its own windows
         overlap = None
@@ -162,6 +170,22 @@ class WindowedJobs:
         if job.windows == 0 or (late and job.decoded_share > LATE_FINISH_SHARE):
             return False
         return self.finish_seconds(job) <= self.fit_seconds(stream)
+
+    def defers(self, stream: Any) -> bool:
+        """Whether a request nobody hears before it ends waits for the listeners (call it holding the engine's lock):
+        while its next unit, a job's front or the whole-generator run that finishes it, is priced to end after some
+        listener, served after it with a window each, runs out of audio (`others_seconds`). A whole answer's deadline
+        is its arrival, so it would otherwise go before every heard listener with an unpriced finish of up to a
+        whole chunk; held back, it goes as soon as their buffers cover it (they grow with every window) or no
+        listener has a unit to run (`Engine._pick`)."""
+        if stream.streaming:
+            return False
+        now = time.monotonic()
+        if stream.job is not None:
+            price = self.finish_seconds(stream.job[2])
+        else:
+            price = self.engine.cost.predict(len(stream.pieces[0]) if stream.pieces else 0, stream.speed)
+        return price > self.others_seconds(stream, now)
 
     def bridges(self, stream: Any, job: WindowedJob) -> bool:
         """Whether `job`'s next unit is a bridge (call it holding the engine's lock, after `finishes` said no):

@@ -53,7 +53,8 @@ def playback(arrivals: list[tuple[float, int]], bytes_per_second: float, skip: i
     return max(received, 0) / bytes_per_second, gap, max(lag, 0.0)
 
 
-async def _request(client: httpx.AsyncClient, payload: dict[str, Any], sample_rate: int) -> Sample:
+async def timed_request(client: httpx.AsyncClient, payload: dict[str, Any], sample_rate: int) -> Sample:
+    """One request to /v1/audio/speech, timed piece by piece (`playback`)."""
     started = time.perf_counter()
     arrivals: list[tuple[float, int]] = []
     try:
@@ -132,7 +133,7 @@ async def run_scenario(
 
         async def one_client() -> None:
             for _ in range(requests):
-                scenario.samples.append(await _request(client, body, sample_rate))
+                scenario.samples.append(await timed_request(client, body, sample_rate))
 
         started = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
