@@ -185,7 +185,8 @@ class Fp16Stage(Strict):
 
 
 Pesq = Annotated[float, Field(ge=1.0, le=4.64)]
-Sentences = Annotated[int, Field(ge=2, le=48, description="corpus sentences the gate compares")]
+CORPUS_SENTENCES = 48  # in kokoro_opt/data/eval_corpus.yaml (tests/test_corpus.py): asking for more is refused, not capped
+Sentences = Annotated[int, Field(ge=2, le=CORPUS_SENTENCES, description="corpus sentences the gate compares")]
 Phrases = Annotated[int, Field(ge=0, le=48, description="at most this many corpus short phrases (27) the gate compares too")]
 HighBandDb = Annotated[float, Field(gt=0.0, description="|4-12 kHz energy share change| per utterance, in dB")]
 
@@ -301,7 +302,7 @@ class EvaluateConfig(Strict):
     runs: int = Field(3, ge=1, le=50)
     warmup: int = Field(1, ge=0, le=10)
     threads: int = Field(2, ge=1, le=64)
-    sentences: int = Field(8, ge=1, le=200, description="how many corpus sentences to score")
+    sentences: int = Field(8, ge=1, le=CORPUS_SENTENCES, description="how many corpus sentences to score")
     phrases: int = Field(
         100, ge=0, le=100, description="at most this many short corpus phrases (the screen-reader slice; 27) scored apart"
     )

@@ -154,6 +154,7 @@ def test_cli_mistakes_outside_recipes_are_one_line_too(tiny_artifact, tmp_path: 
     cases = [
         (["build", str(ROOT / "recipes" / "tiny.yaml"), "--artifacts", str(a_file)], "Not a directory"),
         (["evaluate", str(tiny_artifact.path), "--runs", "0"], "--runs input should be greater than or equal to 1"),
+        (["compare", str(tiny_artifact.path), "--sentences", "49"], "--sentences input should be less than or equal to 48"),
         (["tune", str(ROOT / "recipes" / "tiny.yaml")], "is a build recipe, not a tuning recipe"),
         # nothing listens on port 9: at once, not after MLflow's minutes of retries
         (["push", str(tiny_artifact.path), "--tracking-uri", "http://127.0.0.1:9"], "does not answer"),

@@ -15,10 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_corpus_is_held_out_varied_and_long_enough(vocab: dict[str, int]) -> None:
+    from kokoro_opt.recipe import CORPUS_SENTENCES
     from kokoro_opt.text import CONTEXT_TOKENS, phonemize, tokenize
 
     corpus = load_corpus()
-    assert len(corpus.sentences) >= 40
+    assert len(corpus.sentences) == CORPUS_SENTENCES >= 40  # the most --sentences and the gates' may ask for
     assert {s.kind for s in corpus.sentences[:8]} == set(KINDS)  # the default 8 already cover every kind
     texts = {s.text for s in corpus.sentences}
     calibration = ROOT / "calibration" / "sentences.txt"
