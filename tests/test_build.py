@@ -49,7 +49,8 @@ def test_exported_graph_has_dynamic_tokens_and_no_random_ops(tiny_artifact) -> N
     assert model.graph.input[0].type.tensor_type.shape.dim[1].dim_param == "tokens"
 
 
-def test_ort_matches_torch_and_is_deterministic(tiny_artifact) -> None:
+def test_an_export_runs_deterministically_and_its_audio_is_its_durations(tiny_artifact) -> None:
+    """(ORT against torch: the export's own validation, and test_evaluate's eager peer.)"""
     synth = Synthesizer(tiny_artifact)
     tokens = list(range(40, 90))
     a = synth.run_tokens(tokens, "tiny_0")

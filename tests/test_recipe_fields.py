@@ -23,11 +23,13 @@ from kokoro_opt.recipe import (
     EdgesStage,
     ExportConfig,
     Fp16Stage,
+    FuseStage,
     OrtFormatStage,
     QuantizeStage,
     SimplifyStage,
     SmoothStage,
     SnakeStage,
+    Stage,
     ValidationConfig,
     WindowsStage,
 )
@@ -81,20 +83,9 @@ RUNS: list[BaseModel] = [
     OrtFormatStage(kind="ort"),
     CoreMLStage(kind="coreml", max_tokens=16),
 ]
-CLASSES = (
-    ExportConfig,
-    ValidationConfig,
-    SimplifyStage,
-    SmoothStage,
-    SnakeStage,
-    QuantizeStage,
-    CompressStage,
-    Fp16Stage,
-    EdgesStage,
-    WindowsStage,
-    OrtFormatStage,
-    CoreMLStage,
-)
+# the fuse stage reads a windowed INT8 chain (tests/test_fuse.py builds the same one)
+FUSE_RUN = FuseStage(kind="fuse", check_sentences=2, check_phrases=1, min_pesq=1.0)
+CLASSES = (ExportConfig, ValidationConfig, *Stage.__origin__.__args__)  # type: ignore[attr-defined]  (every stage)
 
 
 def test_every_export_and_stage_field_is_read_when_building(tiny_recipe, artifacts_root, tmp_path: Path) -> None:
@@ -107,6 +98,12 @@ def test_every_export_and_stage_field_is_read_when_building(tiny_recipe, artifac
         out = _fresh(tmp_path / f"{i}-{config.kind}")
         prepare_output(simplified, out)  # as the engine does: the input's runtime files, for the pass to amend
         PASSES[config.kind].run(simplified, FieldReads(config, seen), out)
+    from tests.test_fuse import INT8
+
+    windowed = build_with(tiny_recipe, artifacts_root, "t-fused-source", INT8).artifact
+    out = _fresh(tmp_path / "fuse")
+    prepare_output(windowed, out)
+    PASSES["fuse"].run(windowed, FieldReads(FUSE_RUN, seen), out)
 
     declared = {f"{cls.__name__}.{name}" for cls in CLASSES for name in cls.model_fields if name != "kind"}
     unread = sorted(declared - seen)

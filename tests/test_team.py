@@ -124,7 +124,9 @@ def test_two_tune_workers_share_a_postgres_study_and_survive_kill_9(team: dict[s
     here = fingerprint()
     assert {t.user_attrs["machine_id"] for t in done} == {here["id"]} and all(t.user_attrs["machine"] == here for t in done)
     pids = {t.user_attrs["worker"].split(":")[1] for t in done}
-    assert str(second.pid) in pids and str(resumed.pid) in pids  # both machines ran trials of the one study
+    # the second machine ran trials of the study the first created; the resumed worker may find the budget spent by
+    # then (one process can start after the other has finished it), so it is only held to never running a surplus
+    assert str(second.pid) in pids and pids <= {str(first.pid), str(second.pid), str(resumed.pid)}
     # one MLflow run per trial, none twice, on the tracking server
     records = StudyRecords(team["tracking"], storage, optuna.load_study(study_name="team", storage=storage))
     logged = records.logged_trials()
