@@ -264,8 +264,37 @@ def test_a_plan_whose_constants_do_not_cover_the_channels_is_refused(fused_artif
     constants["one"] = np.ones(1, np.float32)  # every per-channel constant of the chain a single value
     constants.update({f"{spec['name']}.{key}": np.ones(1, np.float32) for key in ("qscale", "qzero", "scale", "zero")})
     np.savez(folder / "constants.npz", **constants)
-    with pytest.raises(ValueError, match="1 channel constants for"):
+    from kokoro_opt.errors import UserError
+
+    with pytest.raises(UserError, match="1 channel constants for"):
         FusedGenerator(folder).run(generator_feeds(fused_artifact, list(range(20, 60))))
+
+
+def _residual_over_its_levels(plan: dict) -> None:
+    spec = _first(plan, "residual")
+    spec.update(x=spec["q"], in_place=True)  # its float stream: its own uint8 levels, overwritten in place
+
+
+def _levels_from_a_stream(plan: dict) -> None:
+    spec = _first(plan, "residual")
+    spec.update(q=spec["x"])  # its levels read from its float stream: four bytes a level
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [(_residual_over_its_levels, "a chain was given a C-contiguous uint8 array where it reads C-contiguous float32"),
+     (_levels_from_a_stream, "a chain was given a C-contiguous float32 array where it reads C-contiguous uint8")],
+)  # fmt: skip
+def test_a_plan_routing_a_tensor_of_another_type_to_a_kernel_is_refused(fused_artifact, tmp_path, change, match) -> None:
+    """A kernel reads as many elements as its arrays' shape says, in the type it expects: a plan (a file, a fetched
+    one too) that hands it a uint8 tensor where it reads float32 made it read and write 1.5 MB past the array.
+    Every array is checked before the call; the plan's file is named."""
+    from kokoro_opt.errors import UserError
+
+    folder = _damaged_copy(fused_artifact, tmp_path, change)
+    with pytest.raises(UserError, match=match) as refused:
+        FusedGenerator(folder).run(generator_feeds(fused_artifact, list(range(20, 60))))
+    assert "plan.json: chain_" in str(refused.value)
 
 
 def test_a_generator_without_int8_chains_is_refused_with_the_fix(tiny_recipe, artifacts_root) -> None:

@@ -38,6 +38,7 @@ class FusedGenerator:
 
     def __init__(self, folder: Path, settings: SessionSettings | None = None, spinning: Any = "in_run") -> None:
         settings = settings or SessionSettings()
+        self.folder = folder
         self.constants = read_arrays(folder / CONSTANTS_FILE, PLAN_HINT)
         self.plan = FusedPlan.read(folder, self.constants)
         self._held: dict[tuple[str, int], np.ndarray] = {}  # constants as the kernels read them (_constant)
@@ -59,10 +60,13 @@ class FusedGenerator:
             else:
                 began = time.perf_counter()
                 for chain in step.chains:
-                    if isinstance(chain, BranchSum):
-                        self._branch_sum(chain, env)
-                    else:
-                        self._chain(chain, env)
+                    try:
+                        if isinstance(chain, BranchSum):
+                            self._branch_sum(chain, env)
+                        else:
+                            self._chain(chain, env)
+                    except ValueError as exc:  # what the plan (a file) routes where the kernels cannot read it
+                        raise UserError(f"{self.folder / PLAN_FILE}: {chain.name}: {exc}", PLAN_HINT) from None
                 self.chain_seconds += time.perf_counter() - began
             for name in step.release:
                 env.pop(name, None)
@@ -80,7 +84,6 @@ class FusedGenerator:
         return self._held[key]
 
     def _chain(self, spec: NormChain, env: dict[str, np.ndarray]) -> None:
-        name = spec.name
         scale = self._value(env, spec.norm_scale)
         held = {constant.rsplit(".", 1)[1]: self._constant(constant, scale.size) for constant in own_constants(spec)}
         post = None
@@ -92,10 +95,10 @@ class FusedGenerator:
         source = env[spec.x]
         shape = source.shape
         if source.ndim != 3 or (spec.q is not None and env[spec.q].shape != shape):
-            raise ValueError(f"{name}: inputs of shapes {source.shape} and {env[spec.q or spec.x].shape}")
+            raise ValueError(f"inputs of shapes {source.shape} and {env[spec.q or spec.x].shape}")
         flat = (int(np.prod(shape[:-1])), shape[-1])
         if scale.size != flat[0]:  # the kernels read one constant per row: the plan (a file) must not say otherwise
-            raise ValueError(f"{name}: {scale.size} channel constants for {flat[0]} channels")
+            raise ValueError(f"{scale.size} channel constants for {flat[0]} channels")
         out = np.empty(shape, np.uint8)
         if spec.kind == "level":
             self.kernels.level_chain(source.reshape(flat), args, out.reshape(flat))
@@ -114,7 +117,7 @@ class FusedGenerator:
         streams = [env[x] for x in spec.x]
         shape = streams[0].shape
         if any(v.shape != shape for v in [*streams, *(env[q] for q in spec.q)]):
-            raise ValueError(f"{name}: branches of different shapes")
+            raise ValueError("branches of different shapes")
         flat = (int(np.prod(shape[:-1])), shape[-1])
         out = _overwritable(spec, streams[0])
         channels = flat[0]

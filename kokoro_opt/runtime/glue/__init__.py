@@ -127,8 +127,12 @@ def per_channel(value: np.ndarray | float, channels: int) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(array, (channels,)))
 
 
-def _address(array: np.ndarray) -> int:
-    assert array.flags.c_contiguous, "kernels read C-contiguous arrays"
+def _address(array: np.ndarray, dtype: type = np.float32) -> int:
+    """Where the kernel reads or writes `array`. It reads the number of elements it is given in `dtype`: anything
+    else (a plan is a file) would read or write past the array's end, so it is refused here, before the call."""
+    if array.dtype != dtype or not array.flags.c_contiguous:
+        kind = "C-contiguous" if array.flags.c_contiguous else "non-contiguous"
+        raise ValueError(f"a chain was given a {kind} {array.dtype} array where it reads C-contiguous {np.dtype(dtype)}")
     return array.__array_interface__["data"][0]
 
 
@@ -161,7 +165,7 @@ class Kernels:
 
     def level_chain(self, q: np.ndarray, chain: ChainArgs, out: np.ndarray) -> None:
         channels, samples = q.shape
-        self._over_channels("level_chain", channels, q.size, [_address(q), samples], chain.level_args(out))
+        self._over_channels("level_chain", channels, q.size, [_address(q, np.uint8), samples], chain.level_args(out))
 
     def float_chain(self, x: np.ndarray, chain: ChainArgs, out: np.ndarray) -> None:
         channels, samples = x.shape
@@ -169,7 +173,7 @@ class Kernels:
 
     def residual_chain(self, prev: np.ndarray, q: np.ndarray, chain: ChainArgs, x_new: np.ndarray, out: np.ndarray) -> None:
         channels, samples = prev.shape
-        before = [_address(prev), _address(q), samples]
+        before = [_address(prev), _address(q, np.uint8), samples]
         self._over_channels("residual_chain", channels, prev.size, before, chain.residual_args(x_new, out))
 
     def branch_sum(self, levels: list[np.ndarray], streams: list[np.ndarray], scales: list[np.ndarray],
@@ -177,7 +181,7 @@ class Kernels:
         """out = mean of (levels[j] - zeros[j]) * scales[j] + streams[j]; `out` may be one of `streams`."""
         channels, samples = out.shape
         held = [per_channel(v, channels) for v in (*scales, *zeros)]
-        branches = _Branches((_P * 3)(*map(_address, levels)), (_P * 3)(*map(_address, streams)),
+        branches = _Branches((_P * 3)(*(_address(v, np.uint8) for v in levels)), (_P * 3)(*map(_address, streams)),
                              (_P * 3)(*map(_address, held[:3])), (_P * 3)(*map(_address, held[3:])), divisor)  # fmt: skip
         self._over_channels("branch_sum", channels, out.size, [ctypes.byref(branches), samples], [_address(out)])
 
@@ -205,10 +209,12 @@ class ChainArgs:
         self.scale, self.zero = self.arrays[6:]
 
     def level_args(self, out: np.ndarray) -> list:
-        return [_address(self.scale), _address(self.zero), ctypes.byref(self.affine), _address(out)]
+        return [_address(self.scale), _address(self.zero), ctypes.byref(self.affine), _address(out, np.uint8)]
 
     def float_args(self, out: np.ndarray) -> list:
-        return [ctypes.byref(self.affine), _address(out)]
+        return [ctypes.byref(self.affine), _address(out, np.uint8)]
 
     def residual_args(self, x_new: np.ndarray, out: np.ndarray) -> list:
-        return [_address(self.scale), _address(self.zero), _address(x_new), ctypes.byref(self.affine), _address(out)]
+        return [
+            _address(self.scale), _address(self.zero), _address(x_new), ctypes.byref(self.affine), _address(out, np.uint8)
+        ]  # fmt: skip
