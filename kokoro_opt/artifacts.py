@@ -278,9 +278,13 @@ _FETCH_AGAIN = "rebuild the artifact, or fetch it again"
 
 def checked_kokoro(meta: dict[str, Any], path: Path) -> dict[str, Any]:
     """kokoro.json's fields of known type, or one UserError naming the first that is not."""
-    vocab, windows = meta.get("vocab", {}), meta.get("windows", {})
+    vocab, windows = meta.get("vocab"), meta.get("windows", {})
     problem = None
-    if not (isinstance(vocab, dict) and all(isinstance(k, str) and type(v) is int and 0 <= v < 1024 for k, v in vocab.items())):
+    if not (
+        isinstance(vocab, dict)
+        and vocab
+        and all(isinstance(k, str) and type(v) is int and 0 <= v < 1024 for k, v in vocab.items())
+    ):
         problem = "vocab is not a map of symbols to token ids"
     elif not (type(meta.get("sample_rate", 24_000)) is int and 8_000 <= meta.get("sample_rate", 24_000) <= 192_000):
         problem = "sample_rate is not a rate in Hz"

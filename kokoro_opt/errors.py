@@ -51,14 +51,38 @@ def read_arrays(path: Path, hint: str, required: tuple[str, ...] = ()) -> dict[s
     import numpy as np
 
     try:
+        _check_sizes(path)
         with np.load(path) as stored:
             arrays = {name: stored[name] for name in stored.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile) as exc:
         raise UserError(f"{path} is not readable ({type(exc).__name__}: {str(exc)[:200]})", hint) from None
     missing = [name for name in required if name not in arrays]
     if missing:
         raise UserError(f"{path} has no array {', '.join(repr(m) for m in missing)}", hint)
     return arrays
+
+
+NPZ_LIMIT = 1 << 30  # bytes an .npz may hold unpacked: an artifact's voices are ~30 MB
+
+
+def _check_sizes(path: Path) -> None:
+    """Refuse an .npz whose arrays would take more than NPZ_LIMIT, or more than their members hold, before
+    anything is allocated: a 1 KB file's header can claim an array of 100 GB, a small zip can unpack to gigabytes."""
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(path) as archive:
+        members = archive.infolist()
+        if sum(member.file_size for member in members) > NPZ_LIMIT:
+            raise ValueError(f"its arrays unpack to more than {NPZ_LIMIT} bytes")
+        for member in members:
+            with archive.open(member) as stream:
+                version = np.lib.format.read_magic(stream)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read_header(stream)
+                if int(np.prod(shape, dtype=np.float64)) * dtype.itemsize > member.file_size:
+                    raise ValueError(f"{member.filename} claims an array of shape {shape}, more than it holds")
 
 
 def first_problem(exc: Any) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kokoro_opt.errors import UserError, read_json, read_validated
+from kokoro_opt.recipe_yaml import NAME_PATTERN
 
 MANIFEST = "manifest.json"
 BUILD_RECORD = "build.json"
@@ -124,6 +125,24 @@ class Manifest(_Strict):
             if name in (MANIFEST, *RECORD_FILES):
                 raise ValueError(f"{name} is not content and cannot be listed in files")
         return files
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe(cls, recipe: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The recipe as built, older schemas included; what is read from it has its type: its name becomes folder,
+        experiment and MLflow path names, and is printed."""
+        if recipe is None:
+            return None
+        name = recipe.get("name")
+        if name is not None and not (isinstance(name, str) and re.fullmatch(NAME_PATTERN, name)):
+            raise ValueError(f"recipe.name {str(name)[:40]!r} is not a recipe name ({NAME_PATTERN})")
+        for part in ("export", "weights", "evaluate"):
+            if not isinstance(recipe.get(part, {}), dict):
+                raise ValueError(f"recipe.{part} is not a mapping")
+        stages = recipe.get("stages", [])
+        if not (isinstance(stages, list) and all(isinstance(stage, dict) for stage in stages)):
+            raise ValueError("recipe.stages is not a list of mappings")
+        return recipe
 
     @field_validator("side_files")
     @classmethod

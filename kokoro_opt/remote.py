@@ -51,7 +51,7 @@ from kokoro_opt.manifest import (
     parse_manifest,
     read_build_record,
 )
-from kokoro_opt.store import Store, stage_chain
+from kokoro_opt.store import PEERS, Store, stage_chain
 
 EXPERIMENT = EXPERIMENT_PREFIX + "artifacts"
 PUSHED_KIND = "artifact"
@@ -109,6 +109,17 @@ def _label(artifact: Artifact) -> str:
 def _store_place(folder: Path) -> str:
     """Where a folder lives inside its store: <recipe>/<id> or _cache/<kind>-<key>."""
     return f"{folder.parent.name}/{folder.name}"
+
+
+def _place_of(manifest: Manifest) -> str | None:
+    """Where a store keeps what `manifest` describes: <its recipe>/<id>, _cache/<kind>-<id>; None for a peer (a
+    folder of _peers named after it)."""
+    store = Store(Path("."))
+    if manifest.kind == "peer":
+        return None
+    if manifest.kind == "recipe":
+        return _store_place(store.recipe_path(manifest.name or "?", manifest.id))
+    return _store_place(store.stage_path(manifest.kind, manifest.id))
 
 
 def _pushed_runs(client: Any, artifact_id: str, exact: bool = True, place: str | None = None) -> list[Any]:
@@ -258,6 +269,11 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
             manifest = _read_manifest(client, run.info.run_id, download, origin)
             if manifest.id != artifact_id:
                 raise UserError(f"{origin}: its manifest is for artifact {manifest.id}", "push it again")
+            place, expected = _store_place(final), _place_of(manifest)
+            if place != (expected or place) or (expected is None and not place.startswith(PEERS + "/")):
+                # else a tiny artifact placed as int8-mixed/<id> would be that recipe's newest build here
+                belongs = expected or f"{PEERS}/..."
+                raise UserError(f"{origin}: its store place {place!r} is not where its manifest belongs ({belongs})", _PUSH_AGAIN)
             _check_listing(listed, manifest, origin)
             total = sum(size or 0 for size in listed.values())
             name = tags.get("artifact_name", "?")
@@ -288,8 +304,10 @@ def fetch_artifact(spec: str, root: Path, tracking_uri: str | None = None, say: 
     ids = sorted({r.data.tags["artifact_id"] for r in runs})
     if not ids:
         return None
+    if spec in ids:  # a whole id is never ambiguous: others may extend it
+        ids, runs = [spec], [r for r in runs if r.data.tags["artifact_id"] == spec]
     if len(ids) > 1:
-        raise UserError(f"artifact id '{spec}' is ambiguous in {uri}: {', '.join(i[:12] for i in ids)}", "give more of the id")
+        raise UserError(f"artifact id '{spec}' is ambiguous in {uri}: {', '.join(ids[:10])}", "give more of the id")
     # a push from an older version may name a place no fetch can use: another push of the id is taken first
     runs.sort(key=lambda r: not _placeable(r.data.tags.get("store_place", ""), r.data.tags["artifact_id"]))
     artifact = _fetch_run(client, runs[0], root, say)

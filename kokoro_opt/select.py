@@ -53,6 +53,8 @@ def _by_id(root: Path, artifact_id: str) -> Artifact | None:
     if not artifact_id:
         raise UserError("an empty artifact id", "give an artifact id, or a prefix of one: 49bf3e57")
     matches = [a for a in Store(root).artifacts() if a.id.startswith(artifact_id)]
+    if exact := [a for a in matches if a.id == artifact_id]:  # a whole id is never ambiguous: others may extend it
+        matches = exact
     if len({a.id for a in matches}) > 1:
         ids = ", ".join(sorted({a.id for a in matches}))
         raise UserError(f"artifact id '{artifact_id}' matches {ids} under {root}", "give more of the id")
@@ -190,10 +192,21 @@ def resolve_artifact(
 
 def artifact_by_id(spec: str, root: Path, tracking_uri: str | None = None, say: Callable[[str], None] | None = None) -> Artifact:
     """The artifact under `root` whose id starts with `spec`; else fetched from the MLflow artifact store
-    (pushed by `kokoro-opt push` or `build --push` on another machine) and verified against its manifest."""
+    (pushed by `kokoro-opt push` or `build --push` on another machine) and verified against its manifest. A copy
+    here that changed since it was written is fetched again (an error if it was never pushed), and one whose fp32
+    export is missing (a fetch killed before it arrived) gets it, if it was pushed."""
+    from kokoro_opt.artifacts import REBUILD, folder_damage
     from kokoro_opt.remote import fetch_artifact
 
-    found = _by_id(root, spec) or fetch_artifact(spec, root, tracking_uri, say or _stderr)
+    say = say or _stderr
+    found = _by_id(root, spec)
+    if found is not None and found.manifest.files and (damage := folder_damage(found.path, found.manifest)):
+        say(f"{found.path}: {damage}: fetching it again")
+        if (found := fetch_artifact(found.id, root, tracking_uri, say)) is None:  # built here and never pushed
+            raise UserError(f"artifact {spec} under {root}: {damage}", REBUILD)
+    elif found is not None and _export_missing(root, found):
+        fetch_artifact(found.id, root, tracking_uri, say)  # verified as it arrives; unsaid when never pushed
+    found = found or fetch_artifact(spec, root, tracking_uri, say)
     if found is None:
         recipe = root / spec
         hint = (
@@ -203,6 +216,14 @@ def artifact_by_id(spec: str, root: Path, tracking_uri: str | None = None, say: 
         )
         raise UserError(f"no artifact '{spec}' under {root} nor pushed to the MLflow store", hint)
     return found
+
+
+def _export_missing(root: Path, artifact: Artifact) -> bool:
+    from kokoro_opt.store import stage_chain
+
+    chain = stage_chain(artifact)
+    has_own = bool(chain) and chain[0].kind == "export" and chain[0].key != artifact.id
+    return has_own and Store(root).reference_export(artifact) is None
 
 
 def _stderr(message: str) -> None:

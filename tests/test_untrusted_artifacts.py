@@ -47,7 +47,7 @@ def craft(tracking: str, artifact_id: str, files: dict[str, bytes], *, manifest_
         hashes = {n: file_sha256(Path(folder) / n) for n in content} if manifest_files is None else manifest_files
         sizes = {n: len(data) for n, data in files.items()} | (declared or {})
         listed = {name: {"sha256": sha, "size": sizes.get(name, 1)} for name, sha in hashes.items()}
-        manifest = {"format": 2, "id": artifact_id, "kind": "recipe", "files": listed}
+        manifest = {"format": 2, "id": artifact_id, "kind": "recipe", "recipe": {"name": "tiny"}, "files": listed}
         (Path(folder) / MANIFEST).write_text(manifest_text or json.dumps(manifest), encoding="utf-8")
         run_tags = {KIND_TAG: PUSHED_KIND, "artifact_id": artifact_id, "artifact_name": "tiny",
                     "store_place": place or f"tiny/{artifact_id}"}  # fmt: skip
@@ -97,6 +97,39 @@ def test_a_manifest_naming_a_path_outside_the_folder_is_refused(tracking: str, t
     refused(tracking, tmp_path / "machine", artifact_id, "is not a relative path inside the artifact folder")
 
 
+@pytest.mark.parametrize(
+    ("recipe", "match"),
+    [({"name": "../../../../escaped/x"}, "recipe.name '../../../../escaped/x' is not a recipe name"),
+     ({"name": "tiny[/]"}, r"recipe.name 'tiny\[/\]' is not a recipe name"),
+     ({"name": "tiny", "evaluate": "fast"}, "recipe.evaluate is not a mapping")],
+)  # fmt: skip
+def test_a_manifest_whose_recipe_is_no_recipe_is_refused(tracking: str, tmp_path: Path, recipe: dict, match: str) -> None:
+    """The recipe's name becomes MLflow experiment and artifact paths (`evaluate`) and is printed (Rich markup): a
+    fetched manifest naming `../..` made `evaluate` write outside its store, and `tiny[/]` crashed `fetch`."""
+    artifact_id = f"a{abs(hash(json.dumps(recipe))) % 16**15:015x}"
+    manifest = {"format": 2, "id": artifact_id, "kind": "recipe", "recipe": recipe, "files": {}}
+    craft(tracking, artifact_id, {"voices.npz": b"x"}, manifest_text=json.dumps(manifest))
+    refused(tracking, tmp_path / "machine", artifact_id, match)
+
+
+@pytest.mark.parametrize(
+    ("place", "manifest"),
+    [("int8-mixed/{id}", {"kind": "recipe", "recipe": {"name": "tiny"}}),
+     ("_cache/export-{id}", {"kind": "recipe", "recipe": {"name": "tiny"}}),
+     ("_cache/simplify-{id}", {"kind": "export"}),
+     ("_peers/x-{id}", {"kind": "export"}),
+     ("tiny/{id}", {"kind": "peer"})],
+)  # fmt: skip
+def test_a_store_place_that_is_not_the_manifests_is_refused(tracking: str, tmp_path: Path, place: str, manifest: dict) -> None:
+    """A push run says where a fetch puts it: it must be where its manifest belongs. A tiny artifact placed as
+    int8-mixed/<id> became that recipe's newest build on the machine that fetched it (what `serve` and `voices`
+    took), and any artifact could be placed as a stage output that builds reuse."""
+    artifact_id = f"c{abs(hash(place + json.dumps(manifest))) % 16**15:015x}"
+    text = json.dumps({"format": 2, "id": artifact_id, "files": {}, **manifest})
+    craft(tracking, artifact_id, {"voices.npz": b"x"}, place=place.format(id=artifact_id), manifest_text=text)
+    refused(tracking, tmp_path / "machine", artifact_id, "is not where its manifest belongs")
+
+
 def test_a_file_larger_than_its_manifest_says_is_refused_before_download(tracking: str, tmp_path: Path) -> None:
     artifact_id = "c0ffee00c0ffee00"
     big = os.urandom(300_000)
@@ -128,7 +161,11 @@ def test_an_underscore_in_a_prefix_is_a_character_not_a_wildcard(tracking: str, 
 def test_a_prefix_two_ids_share_is_ambiguous(tracking: str, tmp_path: Path) -> None:
     craft(tracking, "abab0000abab0001", {"voices.npz": b"x"})
     craft(tracking, "abab0000abab0002", {"voices.npz": b"x"})
-    refused(tracking, tmp_path / "machine", "abab0000", "ambiguous")
+    refused(tracking, tmp_path / "machine", "abab0000", "ambiguous in .*: abab0000abab0001, abab0000abab0002")
+    craft(tracking, "abab0000abab00010", {"voices.npz": b"x"})  # an id extending another: the whole one is not ambiguous
+    root = tmp_path / "whole" / "artifacts"
+    fetched = fetch_artifact("abab0000abab0001", root, tracking, say=lambda _: None)
+    assert fetched is not None and fetched.id == "abab0000abab0001"
 
 
 def test_a_derived_artifact_arrives_with_its_fp32_export(
@@ -136,8 +173,11 @@ def test_a_derived_artifact_arrives_with_its_fp32_export(
 ) -> None:
     """Pushing an artifact built from an export pushes that export too, and a fetch brings both, verified: the
     machine that fetched it can score it against fp32."""
+    import shutil
+
     from kokoro_opt.build import build
     from kokoro_opt.recipe import parse_recipe
+    from kokoro_opt.select import artifact_by_id
     from kokoro_opt.store import Store
 
     data = tiny_recipe.model_dump(mode="json", by_alias=True) | {"name": "tiny-ort", "stages": [{"kind": "ort"}]}
@@ -149,15 +189,35 @@ def test_a_derived_artifact_arrives_with_its_fp32_export(
     built, reference = Store(artifacts_root).reference_export(derived), Store(root).reference_export(fetched)
     assert built is not None and reference is not None and reference.manifest == built.manifest  # byte for byte
 
+    # a fetch killed before its export arrived: what uses the artifact by id completes it
+    shutil.rmtree(reference.path)
+    assert artifact_by_id(derived.id[:12], root, tracking).id == derived.id
+    assert (again := Store(root).reference_export(fetched)) is not None and again.manifest == built.manifest
+    # changed since it arrived: `say` or `serve` by id fetch it again, never speak with it
+    model = next(p for p in fetched.path.iterdir() if p.suffix in (".onnx", ".ort"))
+    original = model.read_bytes()
+    model.unlink()  # not the pushed copy's inode
+    model.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    assert artifact_by_id(derived.id[:12], root, tracking, say=lambda _: None).id == derived.id
+    assert model.read_bytes() == original
+    model.unlink()
+    model.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    with pytest.raises(UserError, match=r"changed|does not match|sha256"):  # never pushed to this store: refused
+        artifact_by_id(derived.id[:12], root, f"sqlite:///{tmp_path / 'other.db'}", say=lambda _: None)
+
 
 @pytest.mark.parametrize(
     ("name", "content", "match"),
-    [("kokoro.json", b'{"windows": "x"}', "windows is not a map"),
+    [("kokoro.json", b'{"vocab": {"a": 1}, "windows": "x"}', "windows is not a map"),
+     ("kokoro.json", b'{"sample_rate": 24000}', "vocab is not a map"),
+     ("kokoro.json", b'{"vocab": {"a": 1}, "windows": {"steps": NaN}}', r"windows.steps is nan, not a number of steps"),
+     ("kokoro.json", b'{"vocab": {"a": 1}, "windows": {"overlap_steps": -100000}}', "windows.overlap_steps is -100000"),
      ("kokoro.json", b'{"vocab": {"a": "1"}}', "vocab is not a map"),
      ("kokoro.json", b"[" * 100_000, "is not readable JSON"),
      ("voices.npz", "strings", "does not hold voice style tables"),
      ("voices.npz", "two shapes", "does not hold voice style tables"),
      ("voices.npz", "truncated", "voices.npz is not readable"),
+     ("voices.npz", "a huge header", r"tiny_0.npy claims an array of shape \(100000000000, 1, 256\)"),
      ("build.json", b"[" * 100_000, "is not readable JSON")],
 )  # fmt: skip
 def test_hostile_contents_of_an_artifact_are_one_clear_error(
@@ -171,6 +231,7 @@ def test_hostile_contents_of_an_artifact_are_one_clear_error(
 
     from kokoro_opt.artifacts import open_artifact
     from kokoro_opt.runtime.synth import Synthesizer
+    from kokoro_opt.runtime.windowed import WindowSettings
     from kokoro_opt.serve.config import mode_reason
 
     folder = tmp_path / "tiny" / tiny_artifact.id
@@ -183,6 +244,15 @@ def test_hostile_contents_of_an_artifact_are_one_clear_error(
         buffer = io.BytesIO()
         np.savez(buffer, tiny_0=np.zeros((510, 1, 256), np.float32), tiny_1=np.zeros((10, 256), np.float32))
         content = buffer.getvalue()
+    elif content == "a huge header":  # 1 KB claiming 100 GB: refused before numpy allocates it
+        import zipfile
+
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**11, 1, 256)})
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            archive.writestr("tiny_0.npy", header.getvalue() + bytes(100))
+        content = buffer.getvalue()
     elif content == "truncated":  # a bad zip: neither an OSError nor a ValueError
         content = (tiny_artifact.path / name).read_bytes()[:60]
     (folder / name).unlink()  # a hard link to the fixture's file: replaced, not written through
@@ -192,6 +262,7 @@ def test_hostile_contents_of_an_artifact_are_one_clear_error(
         mode_reason(artifact, None, artifact.windowed_by_default)
         assert artifact.build is not None  # what serve's start line and evaluate read
         assert artifact.voice_names  # what serve's voice list and tune's voice check read
+        WindowSettings.of(artifact.kokoro.get("windows", {}))  # what windowed serving reads
         Synthesizer(artifact, load=False)
 
 

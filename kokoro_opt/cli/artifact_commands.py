@@ -84,23 +84,17 @@ def fetch(
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI it was pushed to")] = None,
 ) -> None:
     """Fetch a pushed artifact into the store, verifying every file against its manifest."""
-    from kokoro_opt.artifacts import REBUILD, folder_damage
+    from kokoro_opt.artifacts import remove_stale_temporaries
     from kokoro_opt.errors import UserError
-    from kokoro_opt.remote import fetch_artifact
     from kokoro_opt.select import artifact_by_id
 
-    found = artifact_by_id(artifact_id, artifacts, tracking_uri, say=say_line)  # verified when it was fetched now
+    remove_stale_temporaries(artifacts)  # what a killed fetch left, unless a fetch of it runs now
+    found = artifact_by_id(artifact_id, artifacts, tracking_uri, say=say_line)  # verified, fetched again if damaged
     if not found.manifest.files:  # nothing to check it against
         raise UserError(
             f"{found.path}: its manifest lists no file hashes (an older kokoro-opt made it)",
             "build it again with this version, or move it away and fetch it again",
         )
-    if damage := folder_damage(found.path, found.manifest):  # changed or damaged since: fetched again, if pushed
-        say_line(f"{found.path}: {damage}: fetching it again")
-        refetched = fetch_artifact(found.id, artifacts, tracking_uri, say_line)  # verified as it arrives
-        if refetched is None:  # built here and never pushed
-            raise UserError(f"artifact {found.id} at {found.path}: {damage}", REBUILD)
-        found = refetched
     console.print(f"{found.name} {found.id}: {found.path} (every file matches its manifest)", highlight=False)
 
 

@@ -107,9 +107,18 @@ def make_session(
     model = model_file if isinstance(model_file, bytes) else str(model_file)
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
+    # a file, not this code, is wrong: it does not parse, or parses and names an op, type or data ORT refuses
+    refused = (
+        state.InvalidProtobuf,
+        state.InvalidGraph,
+        state.NoSuchFile,
+        state.Fail,
+        state.NotImplemented,
+        state.InvalidArgument,
+    )
     try:
         session = ort.InferenceSession(model, options, providers=providers, provider_options=provider_options)
-    except (state.InvalidProtobuf, state.InvalidGraph, state.NoSuchFile) as exc:  # a file, not this code, is wrong
+    except refused as exc:
         where = "the model given as bytes" if isinstance(model_file, bytes) else str(model_file)
         raise UserError(
             f"{where} does not load in ONNX Runtime ({type(exc).__name__}: {str(exc)[:200]})",
