@@ -20,9 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from kokoro_opt.serve.spawn import free_port
+from tests.needs import missing
 
 
 def _postgres_bin() -> Path | None:
@@ -31,10 +30,7 @@ def _postgres_bin() -> Path | None:
 
 
 def _missing(what: str) -> None:
-    message = f"{what} — install it (Debian: apt-get install postgresql) to run this test"
-    if os.environ.get("CI"):
-        pytest.fail(message)  # CI must run it: .ci/run installs the package
-    pytest.skip(message)
+    missing(what, "install it (Debian: apt-get install postgresql) to run this test")  # .ci/run installs it
 
 
 @contextlib.contextmanager

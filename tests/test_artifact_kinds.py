@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
+from tests import needs
 
 KINDS = ("onnx", "ort", "fp16", "coreml")
 RUNNABLE = ("onnx", "ort", "fp16")
@@ -60,7 +61,7 @@ def kinds(tiny_recipe: Any, tiny_artifact: Artifact, artifacts_root: Path) -> di
 @pytest.fixture
 def artifact(request: pytest.FixtureRequest, kinds: dict[str, Artifact]) -> Artifact:
     if request.param == "coreml":
-        pytest.importorskip("coremltools")
+        needs.module("coremltools", "pip install 'kokoro-opt[coreml]'")
         if platform.system() == "Darwin":
             pytest.skip("on macOS a Core ML artifact runs: these cases check the refusal elsewhere")
     return kinds[request.param]
@@ -98,7 +99,7 @@ def assert_refused(output: str, coreml: Artifact) -> None:
 
 
 def test_the_coreml_source_is_the_onnx_it_was_converted_from(kinds: dict[str, Artifact]) -> None:
-    pytest.importorskip("coremltools")
+    needs.module("coremltools", "pip install 'kokoro-opt[coreml]'")
     from kokoro_opt.artifacts import open_artifact
     from kokoro_opt.runtime.availability import converted_from
 
@@ -108,7 +109,7 @@ def test_the_coreml_source_is_the_onnx_it_was_converted_from(kinds: dict[str, Ar
 
 @OFF_MACOS
 def test_no_loader_hands_model_mlpackage_to_onnx_runtime(kinds: dict[str, Artifact]) -> None:
-    pytest.importorskip("coremltools")
+    needs.module("coremltools", "pip install 'kokoro-opt[coreml]'")
     from kokoro_opt.runtime import open_synthesizer
     from kokoro_opt.runtime.availability import runtime_problem
     from kokoro_opt.runtime.synth import Synthesizer
@@ -197,7 +198,7 @@ def test_serve(artifact: Artifact) -> None:
 
 @OFF_MACOS
 def test_serve_refuses_coreml_before_starting(kinds: dict[str, Artifact], monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("coremltools")
+    needs.module("coremltools", "pip install 'kokoro-opt[coreml]'")
     import kokoro_opt.serve as serve
     from kokoro_opt.select import Selection, resolve_artifact
     from kokoro_opt.serve import ServeConfig, running

@@ -10,8 +10,9 @@ import pytest
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.availability import coreml_unavailable_reason
 from kokoro_opt.runtime.coreml import CoreMLSynthesizer
+from tests import needs
 
-pytest.importorskip("coremltools")
+needs.module("coremltools", "pip install 'kokoro-opt[coreml]'")
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.needs import missing
+
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
 
 ROOT = Path(__file__).parent.parent
@@ -32,7 +34,7 @@ def test_every_recipe_has_a_dvc_stage() -> None:
 def _tool(name: str) -> str:
     found = shutil.which(name) or (str(BIN / name) if (BIN / name).exists() else None)
     if found is None:
-        pytest.skip(f"{name} is not installed" + (" (pip install 'kokoro-opt[dev]')" if name == "dvc" else ""))
+        missing(name, "pip install 'kokoro-opt[dev]'" if name == "dvc" else "install it")
     return found
 
 

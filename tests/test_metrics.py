@@ -10,6 +10,7 @@ import pytest
 from scipy.signal import lfilter
 
 from kokoro_opt.evaluate import metrics
+from tests import needs
 
 SR = 24_000
 # (F1, F2, F3) of a few vowels: "speech" with formants, voicing and pauses, as PESQ's VAD expects.
@@ -128,7 +129,7 @@ def test_op_type_times_reads_the_last_run_and_skips_control_flow() -> None:
 
 
 def test_wer_normalises_numbers_abbreviations_and_punctuation() -> None:
-    pytest.importorskip("jiwer")
+    needs.module("jiwer", "pip install 'kokoro-opt[asr]'")
     from kokoro_opt.evaluate.asr import normalise_for_wer, word_error_rate
 
     assert normalise_for_wer("Mr. Fogg lived, in 1872, at No. 7!") == "mister fogg lived in eighteen seventy two at number seven"

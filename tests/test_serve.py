@@ -8,7 +8,6 @@ import functools
 import io
 import json
 import re
-import shutil
 import socket
 import struct
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 import soundfile as sf
 
 from kokoro_opt.voices import OPENAI_VOICES
+from tests import needs
 from tests.serve_helpers import held_after_first_job, metric
 
 JSON = {"content-type": "application/json"}
@@ -46,7 +46,7 @@ def test_health_ready_models_voices(url: str, tiny_artifact) -> None:
 
 @pytest.mark.parametrize("fmt", ["wav", "pcm", "mp3"])
 def test_openai_client_streams(url: str, fmt: str) -> None:
-    openai = pytest.importorskip("openai")
+    openai = needs.module("openai", "pip install 'kokoro-opt[dev]'")
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
     with client.audio.speech.with_streaming_response.create(
         model="tts-1", voice="nova", input="Hello there. How are you today?", response_format=fmt
@@ -91,8 +91,7 @@ def test_first_bytes_before_last_chunk(served) -> None:
 
 
 def test_curl_no_buffer_streams(served) -> None:
-    if shutil.which("curl") is None:
-        pytest.skip("curl is not installed")
+    needs.program("curl", "install it (Debian: apt-get install curl)")
     url, engine = served
     body = json.dumps({"input": LONG, "voice": "alloy", "response_format": "pcm", "speed": 2})
     headers = ["-H", "Content-Type: application/json"]

@@ -21,6 +21,7 @@ from kokoro_opt.select import resolve_artifact
 from kokoro_opt.serve import ServeConfig, bench, running
 from kokoro_opt.serve.app import create_app
 from kokoro_opt.serve.server import ServerThread, wait_ready
+from tests import needs
 from tests.serve_helpers import held_after_first_job, metric
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
@@ -168,7 +169,7 @@ def test_auth_and_timeout(tiny_artifact) -> None:
     from kokoro_opt.serve import Engine
     from kokoro_opt.serve.metrics import Metrics
 
-    openai = pytest.importorskip("openai")
+    openai = needs.module("openai", "pip install 'kokoro-opt[dev]'")
     config = ServeConfig(api_key="s3cret", request_timeout=5.0, warmup=False, first_chunk_tokens=20, chunk_tokens=120)
     selection = resolve_artifact(str(tiny_artifact.path))
     engine = Engine(selection, config, Metrics())
