@@ -446,6 +446,32 @@ def test_a_tuned_pick_reads_no_evaluation_records(tiny_artifact, tmp_path: Path)
     assert picked.artifact.id == tiny_artifact.id and "tuned by study 's'" in picked.reason
 
 
+def test_tuned_settings_that_apply_are_what_serve_runs(tiny_artifact, tmp_path: Path) -> None:
+    """tune's end-to-end test applies its winner only when it beat the defaults side by side, which a busy machine
+    may not see: here a tuned.json that applies sets the session's threads and the server's chunking; one that did
+    not beat the defaults sets nothing."""
+    import shutil
+
+    from kokoro_opt.runtime import open_synthesizer
+    from kokoro_opt.select import TUNED_FILE, resolve_artifact
+    from kokoro_opt.serve import ServeConfig
+
+    root = tmp_path / "artifacts"
+    shutil.copytree(tiny_artifact.path, root / tiny_artifact.name / tiny_artifact.id)
+    session = {"intra_op_num_threads": 1, "execution_mode": "sequential"}
+    chunking = {"first_chunk_tokens": 17, "chunk_tokens": 90}
+    tuned = {"artifact_id": tiny_artifact.id, "machine": fingerprint(), "study": "s", "session": session, "chunking": chunking}
+    (root / TUNED_FILE).write_text(json.dumps(tuned))
+    picked = resolve_artifact("best", root, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    config = ServeConfig.for_selection(picked)
+    assert (config.first_chunk_tokens, config.chunk_tokens) == (17, 90)
+    synth = open_synthesizer(picked.artifact, picked.settings)
+    assert synth.session.get_session_options().intra_op_num_threads == 1  # the session ONNX Runtime runs
+    (root / TUNED_FILE).write_text(json.dumps(tuned | {"applied": False, "not_applied": "slower"}))
+    untuned = ServeConfig.for_selection(resolve_artifact("best", root, f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    assert (untuned.first_chunk_tokens, untuned.chunk_tokens) == (ServeConfig().first_chunk_tokens, ServeConfig().chunk_tokens)
+
+
 def test_a_windowed_artifact_is_also_scored_as_a_stream_hears_it(tiny_recipe, artifacts_root, fast, store) -> None:
     """Beside its whole decoding: the stream's first audio, and its audio against the reference's same samples."""
     from tests.test_passes import build_with

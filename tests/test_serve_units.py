@@ -461,3 +461,28 @@ def test_an_api_key_is_what_a_header_can_carry() -> None:
         with pytest.raises(UserError, match="--api-key must be printable ASCII"):
             ServeConfig(api_key=key)
     assert ServeConfig(api_key="s3cret-0123").api_key == "s3cret-0123"
+
+
+def test_a_response_sends_all_audio_already_made_and_times_out_only_waiting() -> None:
+    """`--timeout` bounds the wait for a stream's next audio, never audio already made: with no time left, the
+    queued pieces are all sent, and only then does the wait for more time out (a 504, or the stream cut)."""
+    from types import SimpleNamespace
+
+    from kokoro_opt.serve.openai_compat import ApiError
+    from kokoro_opt.serve.speech import _chunks
+
+    async def drain(items: list[Any], time_left: float) -> tuple[list[bytes], int | None]:
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        for item in items:
+            queue.put_nowait(item)
+        got: list[bytes] = []
+        try:
+            async for piece in _chunks(cast(Any, SimpleNamespace(queue=queue)), lambda: time_left):
+                got.append(piece)
+        except ApiError as exc:
+            return got, exc.status
+        return got, None
+
+    assert asyncio.run(drain([b"a", b"b", b"c", None], 0.0)) == ([b"a", b"b", b"c"], None)  # made, so sent
+    assert asyncio.run(drain([b"a", b"b"], 0.0)) == ([b"a", b"b"], 504)  # then nothing more came in time
+    assert asyncio.run(drain([b"a", RuntimeError("boom")], 0.0)) == ([b"a"], 500)
