@@ -47,13 +47,22 @@ def test_a_job_in_windows_joins_like_the_job_whole(cuts: tuple[int, ...], pause:
 
 
 @pytest.fixture(scope="module")
-def windowed_url(windowed):
+def windowed_served(windowed):
+    """A real server streaming the tiny windowed artifact: (its URL, its engine)."""
     from kokoro_opt.select import resolve_artifact
-    from kokoro_opt.serve import ServeConfig, running
+    from kokoro_opt.serve import Engine, ServeConfig, running
+    from kokoro_opt.serve.metrics import Metrics
 
     config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120, windowed=True)
-    with running(resolve_artifact(str(windowed.path)), config) as base:
-        yield base
+    selection = resolve_artifact(str(windowed.path))
+    engine = Engine(selection, config, Metrics())
+    with running(selection, config, engine=engine) as base:
+        yield base, engine
+
+
+@pytest.fixture(scope="module")
+def windowed_url(windowed_served) -> str:
+    return windowed_served[0]
 
 
 def test_a_server_streams_a_windowed_artifact_and_blends(windowed_url) -> None:
@@ -79,20 +88,26 @@ def test_a_server_streams_a_windowed_artifact_and_blends(windowed_url) -> None:
     assert all(distance(whole, speak(voice, False)) > 0.01 for voice in ("tiny_0", "tiny_1"))
 
 
-def test_a_disconnect_stops_a_windowed_job_between_windows(windowed_url) -> None:
+def test_a_disconnect_stops_a_windowed_job_between_windows(windowed_served) -> None:
     import httpx
 
-    from tests.serve_helpers import metric
+    from tests.serve_helpers import held_after_first_job, metric
     from tests.test_serve_load import LONG, assert_nothing_left_running, body, idle, wait_for
 
-    cancelled = metric(windowed_url, "kokoro_cancelled_total")
-    with httpx.stream("POST", f"{windowed_url}/v1/audio/speech", json=body(LONG), timeout=120) as r:
-        assert r.status_code == 200
-        pieces = r.iter_raw()
-        next(pieces)
-    wait_for(lambda: idle(windowed_url), 60)
-    assert metric(windowed_url, "kokoro_cancelled_total") == cancelled + 1
-    assert_nothing_left_running(windowed_url)  # nothing of LONG picked up again
+    url, engine = windowed_served
+    before = {name: metric(url, name) for name in ("kokoro_cancelled_total", "kokoro_dropped_pieces_total",
+                                                   "kokoro_cancel_release_seconds_count")}  # fmt: skip
+    with held_after_first_job(engine):  # held after its first window: the client leaves mid-job, however fast
+        with httpx.stream("POST", f"{url}/v1/audio/speech", json=body(LONG), timeout=120) as r:
+            assert r.status_code == 200
+            pieces = r.iter_raw()
+            next(pieces)
+        wait_for(lambda: metric(url, "kokoro_cancelled_total") == before["kokoro_cancelled_total"] + 1, 60)
+    wait_for(lambda: idle(url), 60)
+    assert metric(url, "kokoro_dropped_pieces_total") > before["kokoro_dropped_pieces_total"]  # LONG's other pieces
+    # the worker said when the unit it was in let go of the cancelled request (docs/serving.md: metrics)
+    wait_for(lambda: metric(url, "kokoro_cancel_release_seconds_count") == before["kokoro_cancel_release_seconds_count"] + 1, 60)
+    assert_nothing_left_running(url)  # nothing of LONG picked up again
 
 
 def test_serving_windowed_without_the_stage_is_refused(plain) -> None:
