@@ -127,7 +127,8 @@ def test_disconnect_without_streaming_stops_generation(served) -> None:
 
 
 def test_soak_keeps_memory_flat(url: str) -> None:
-    """200 requests of every kind: RSS stays within 10% of what it was after warm-up."""
+    """200 requests of every kind: RSS grows less than 25 MB after warm-up (0.9 MB measured). In MB, not as a share:
+    the server shares this process with what earlier tests imported (0.9-2 GB), and a share of that hid leaks."""
     kinds = [
         body("Hi.", speed=2.0),
         body("Hello there.", response_format="mp3", speed=2.0),
@@ -160,9 +161,9 @@ def test_soak_keeps_memory_flat(url: str) -> None:
     burst(200)
     gc.collect()
     wait_for(lambda: idle(url), 10)
-    grown = process.memory_info().rss / baseline - 1
+    grown_mb = (process.memory_info().rss - baseline) / 1e6
     assert not errors, errors[:3]
-    assert grown < 0.10, f"RSS grew {100 * grown:.1f}% over 200 requests"
+    assert grown_mb < 25, f"RSS grew {grown_mb:.1f} MB over 200 requests"
 
 
 def test_auth_and_timeout(tiny_artifact) -> None:
