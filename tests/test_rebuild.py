@@ -7,7 +7,6 @@ import importlib.util
 import shutil
 from importlib import resources
 from pathlib import Path
-from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -245,10 +244,9 @@ def test_rebuild_matches_the_int8_model(int8_onnx: Path, vocab: dict[str, int], 
         ["audio", DURATION_TENSOR], {"tokens": ids, "style": style, "speed": np.array([1.0], np.float32)}
     )
 
-    def zeros(*size: int, **kwargs: Any) -> torch.Tensor:  # the int8 graph has no noise: neither may torch
-        return torch.zeros(*size, dtype=kwargs.get("dtype"), device=kwargs.get("device"))
+    from kokoro_opt.model import deterministic_noise
 
-    with mock.patch("torch.rand", zeros), mock.patch("torch.randn_like", torch.zeros_like):
+    with deterministic_noise():  # the int8 graph has no noise: neither may torch
         audio, dur = model.forward_with_tokens(torch.from_numpy(ids), torch.from_numpy(style), 1.0)
     np.testing.assert_array_equal(dur.numpy(), dur_int8.reshape(-1).astype(np.int64))
     audio_int8 = audio_int8.reshape(-1)
