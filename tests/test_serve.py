@@ -162,7 +162,7 @@ def test_what_the_server_answers_without_reading_a_body_closes_the_connection(ur
     host, port = url.removeprefix("http://").split(":")
     for path in ("/nowhere", "/health", "/v1/audio/speech/"):  # 404, 405, 404 (no redirect naming the client's Host)
         with socket.create_connection((host, int(port)), timeout=60) as client:
-            client.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n{{".encode())
+            client.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 1000000000\r\n\r\n{{".encode())
             answer = b""
             while part := client.recv(65536):  # until the server closes the connection
                 answer += part
@@ -189,6 +189,15 @@ def test_voices_blends_and_openai_names(url: str) -> None:
         assert speech(url, input="Hi.", voice=blend, response_format="pcm", stream=False).content == even
 
 
+def requests_with_status(url: str, status: int) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+    return sum(
+        s.value for f in families for s in f.samples if s.name == "kokoro_requests_total" and s.labels["status"] == str(status)
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
@@ -212,14 +221,17 @@ def test_voices_blends_and_openai_names(url: str) -> None:
         ({"input": "1234567890" * 400}, 413, "input"),  # 4,000 characters, 21,000 phoneme tokens
         ({"input": "Hi.", "speed": "2"}, 400, "speed"),  # types are strict, as the OpenAPI document says
         ({"input": "Hi.", "stream": "yes"}, 400, "stream"),
+        ({"input": "Hi.", "\ud800": 1}, 400, None),  # a key that is no text: the body as a whole is named
     ],
 )
 def test_bad_input_is_an_openai_error_and_server_keeps_serving(url: str, body: dict, status: int, param: str) -> None:
     content = json.dumps(body)  # escaped: a lone surrogate ("\ud800") is valid JSON, though not UTF-8
+    counted = requests_with_status(url, status)
     response = httpx.post(f"{url}/v1/audio/speech", content=content, headers={"Content-Type": "application/json"}, timeout=60)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["param"] == param
+    assert requests_with_status(url, status) == counted + 1  # in kokoro_requests_total, refused early or late
     assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200
 
 
@@ -259,7 +271,7 @@ def test_an_endless_body_is_dropped_after_a_bounded_read(url: str) -> None:
     host, port = url.removeprefix("http://").split(":")
     sent = 0
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 1073741824\r\n\r\n")  # fmt: skip
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
             while sent < 64 << 20:  # a server still reading takes it all; one that stopped closes or stops taking it
@@ -267,6 +279,14 @@ def test_an_endless_body_is_dropped_after_a_bounded_read(url: str) -> None:
                 sent += 1 << 20
     assert sent < 64 << 20
     assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200
+    # a client that waits to be asked for its body (`Expect: 100-continue`, curl's way above 1 MB) is never asked
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 999999999\r\nExpect: 100-continue\r\n\r\n")  # fmt: skip
+        answer = b""
+        while part := sock.recv(65536):
+            answer += part
+    assert answer.startswith(b"HTTP/1.1 413") and b"100 Continue" not in answer, answer[:200]
 
 
 def test_a_body_nested_past_json_s_recursion_is_a_400(url: str) -> None:
@@ -314,6 +334,24 @@ def test_a_body_not_sent_as_json_is_refused(url: str, content_type: str | None) 
     sent_as_json = httpx.post(f"{url}/v1/audio/speech", content=b'{"input": "Hi.", "stream": false}',
                               headers={"content-type": "application/json; charset=utf-8"})  # fmt: skip
     assert sent_as_json.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("host", "answered"),
+    [("attacker.example", False), ("attacker.example:8880", False), ("127.0.0.1.attacker.example", False),
+     ("localhost", True), ("localhost:8880", True), ("127.0.0.1:8880", True), ("[::1]:8880", True), ("x.localhost", True)],
+)  # fmt: skip
+def test_on_a_loopback_address_only_requests_for_this_machine_are_answered(url: str, host: str, answered: bool) -> None:
+    """A web page whose own domain was re-pointed at 127.0.0.1 (DNS rebinding) is same-origin to the browser, so
+    no preflight stops its POSTs; its Host header still names that domain, and it is refused, before its body."""
+    response = httpx.post(f"{url}/v1/audio/speech", json={"input": "Hi.", "stream": False}, headers={"Host": host})
+    if answered:
+        assert response.status_code == 200, response.text
+    else:
+        error = response.json()["error"]
+        assert response.status_code == 421 and error["code"] == "invalid_host" and host in error["message"]
+        assert response.headers["connection"] == "close"  # its body was not read
+        assert httpx.get(f"{url}/v1/models", headers={"Host": host}).status_code == 421  # nor what it would read
 
 
 def test_long_input_is_not_truncated(url: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
+import json
 import logging
 import re
 import socket
@@ -166,6 +167,19 @@ def test_soak_keeps_memory_flat(url: str) -> None:
     assert grown_mb < 25, f"RSS grew {grown_mb:.1f} MB over 200 requests"
 
 
+def http10(base: str, path: str, payload: bytes, headers: dict[str, str]) -> bytes:
+    """A POST as an HTTP/1.0 client sends it: the answer is whatever arrives until the server closes."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    lines = [f"POST {path} HTTP/1.0", f"Host: {host}", "Content-Type: application/json", f"Content-Length: {len(payload)}"]
+    request = "\r\n".join([*lines, *(f"{k}: {v}" for k, v in headers.items()), "", ""]).encode() + payload
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(request)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
 def test_auth_and_timeout(tiny_artifact) -> None:
     from kokoro_opt.serve import Engine
     from kokoro_opt.serve.metrics import Metrics
@@ -188,13 +202,38 @@ def test_auth_and_timeout(tiny_artifact) -> None:
         with held_after_first_job(engine):
             r = httpx.post(f"{base}/v1/audio/speech", json=body(LONG, stream=False), headers=key, timeout=30)
             assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
-        # a stream that cannot finish is cut, never passed off as complete
+        # a stream that cannot finish is cut, never passed off as complete: on HTTP/1.1 without its last chunk, on
+        # HTTP/1.0 (nginx's default to upstreams), which ends a body by closing, with a reset
         with (
             held_after_first_job(engine),
-            pytest.raises(httpx.RemoteProtocolError),
+            pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)),
             httpx.stream("POST", f"{base}/v1/audio/speech", json=body(LONG), headers=key, timeout=30) as r,
         ):
             r.read()
+        with held_after_first_job(engine), pytest.raises(ConnectionResetError):
+            http10(base, "/v1/audio/speech", json.dumps(body(LONG)).encode(), key)
+        # a stream that fails before its first audio is an error response, not a 200 with nothing in it
+        release, step = threading.Event(), engine.mode.step
+
+        def stalled(stream: object, tokens: list[int], last: bool) -> None:
+            release.wait(60)
+            step(stream, tokens, last)
+
+        engine.mode.step = stalled
+        try:
+            r = httpx.post(f"{base}/v1/audio/speech", json=body(SHORT), headers=key, timeout=30)
+            assert r.status_code == 504 and r.json()["error"]["code"] == "timeout", r.text
+        finally:
+            release.set()
+            engine.mode.step = step
+        # events say so in an `error` event, of the error body's schema
+        from kokoro_opt.serve.openai_compat import ErrorDetail
+
+        with held_after_first_job(engine):
+            events = httpx.post(f"{base}/v1/audio/speech", json=body(LONG, stream_format="sse"), headers=key, timeout=30)
+        last = json.loads(events.text.strip().split("\n\n")[-1].removeprefix("data: "))
+        assert last["type"] == "error" and ErrorDetail.model_validate(last["error"]).code == "timeout"
+        assert set(last["error"]) == set(ErrorDetail.model_fields)
         assert httpx.post(f"{base}/v1/audio/speech", json=body("Hi."), headers=key, timeout=30).status_code == 200
         # a stream longer than the timeout (5 s) in all, its audio coming in time, plays to its end: 2 s after each of
         # its first three jobs (of ~20), 3 s of margin for a busy machine's synthesis between them
@@ -234,7 +273,8 @@ def test_a_stalled_or_abandoned_upload_holds_nothing(tiny_artifact) -> None:
     try:
         with running(resolve_artifact(str(tiny_artifact.path)), config) as base:
             address = (httpx.URL(base).host, httpx.URL(base).port)
-            head = b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+            head = b"POST /v1/audio/speech HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            head += b"Content-Length: 100\r\n\r\n"
             with socket.create_connection(address, timeout=60) as stalled:
                 stalled.sendall(head + b'{"input": ')
                 answer = ""
@@ -267,7 +307,7 @@ def test_a_client_that_stops_in_its_headers_is_closed(tiny_artifact) -> None:
     with running(resolve_artifact(str(tiny_artifact.path)), config) as url:
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=120) as stalled:
-            stalled.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: app")
+            stalled.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: localhost\r\nContent-Type: app")
             assert stalled.recv(100) == b""  # closed, with no answer to half a request
         assert httpx.post(f"{url}/v1/audio/speech", json=body(SHORT, stream=False), timeout=120).status_code == 200
 
@@ -289,7 +329,7 @@ def test_a_client_that_stops_reading_is_cut_and_gives_its_place_back(tiny_artifa
             url = server.url
             wait_ready(url)
             host, port = url.removeprefix("http://").split(":")
-            head = "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            head = "POST /v1/audio/speech HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             hi = body("Hi.", stream=False)
             for cut, streamed in enumerate((True, False), start=1):
                 payload = httpx.Request("POST", "/", json=body(LONG, stream=streamed)).content  # 2.4 MB of audio

@@ -24,7 +24,7 @@ from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.select import Selection
 from kokoro_opt.serve import openapi
 from kokoro_opt.serve.config import ServeConfig
-from kokoro_opt.serve.connections import CloseUnread
+from kokoro_opt.serve.connections import CloseUnread, LoopbackHost
 from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.openai_compat import ApiError, validation_message, voice_entries
@@ -202,6 +202,16 @@ def create_app(selection: Selection, config: ServeConfig | None = None, *, engin
                   redirect_slashes=False)  # fmt: skip
     app.state.serve = service
     app.add_middleware(_Gate, service=service)
+
+    def foreign_host(host: str) -> Response:
+        message = f"this server answers requests for this machine only, not for host {host[:100]!r}"
+        refusal = ApiError(
+            421, f"{message}: ask for 127.0.0.1 or localhost, or serve on another address (--host)", code="invalid_host"
+        )
+        metrics.errors.labels(refusal.code).inc()
+        return refusal.response()
+
+    app.add_middleware(LoopbackHost, refusal=foreign_host)
     app.add_middleware(CloseUnread)  # outermost: also for what routing and auth answer
     _error_handlers(app, metrics)
     app.include_router(_probes(service))

@@ -1,11 +1,60 @@
 """What one connection may hold, on the application's side (server.guarded_http holds the protocol's): an answer
 sent before its request's body was read closes it (ASGI middleware, around every route), and a client that stops
-reading a whole answer holds one slice of it in the server's buffers until it is cut (`SlicedResponse`)."""
+reading a whole answer holds one slice of it in the server's buffers until it is cut (`SlicedResponse`). A server
+on a loopback address answers only requests that name a loopback host (`LoopbackHost`)."""
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Callable
+
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+ABORT = "kokoro.abort"  # scope["extensions"] key: drops the connection with a reset (server.guarded_http sets it)
+
+
+def abort_connection(scope: Scope) -> None:
+    """Drop the connection with a reset, where the server lets the app (server.guarded_http): a stream cut short on
+    HTTP/1.0 has no final chunk to leave out, and a clean close there reads as a complete file."""
+    abort: Callable[[], None] | None = scope.get("extensions", {}).get(ABORT)
+    if abort is not None:
+        abort()
+
+
+def _is_loopback(host: str) -> bool:
+    name = host.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):  # resolved to loopback by browsers, never by DNS
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(value: str) -> str:
+    """The host of a Host header: `name`, `name:port`, `[v6]`, `[v6]:port`."""
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class LoopbackHost:
+    """On a loopback address (the default), a request whose Host names another machine is refused. A web page can
+    have its own domain re-pointed at 127.0.0.1 (DNS rebinding): the browser then sends it here as same-origin, no
+    CORS preflight asked, but its Host header still names that domain. Bound to another address the server answers
+    any Host (protect it with --api-key)."""
+
+    def __init__(self, app: ASGIApp, refusal: Callable[[str], Response]) -> None:
+        self.app, self.refusal = app, refusal
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _is_loopback(str((scope.get("server") or ("", 0))[0] or "")):
+            host = dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1")
+            if host and not _is_loopback(_host_name(host)):
+                await self.refusal(host)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class CloseUnread:

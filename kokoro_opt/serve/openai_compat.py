@@ -142,6 +142,8 @@ def validation_message(errors: list[Any]) -> tuple[str, str | None]:
     if first.get("type") == "extra_forbidden":
         known = ", ".join(SpeechRequest.model_fields)
         return f"unrecognized request argument '{param}': the arguments are {known}", param
+    if param is None:  # the body as a whole (a key that is no text, such as a lone surrogate)
+        return f"invalid request body: {first.get('msg', 'invalid')}", None
     return f"invalid value for '{param}': {first.get('msg', 'invalid')}", param
 
 

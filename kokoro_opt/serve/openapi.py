@@ -50,7 +50,7 @@ class ModelEntry(BaseModel):
     owned_by: str
     name: str | None = None  # the served artifact: its recipe, and why it is served
     reason: str | None = None
-    mode: Literal["windowed", "whole"] | None = None  # how the served artifact is decoded
+    mode: Literal["windowed", "whole", "whole-capped"] | None = None  # how the served artifact is decoded (ServeConfig.mode_name)
     workers: int | None = None
     root: str | None = None  # an OpenAI model name: the artifact it stands for
 
@@ -185,6 +185,12 @@ def speech_body(voices: Iterable[str], config: ServeConfig) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
+_FOREIGN_HOST = {
+    "description": "Served on a loopback address, a request whose Host is not this machine (a web page's DNS rebinding)",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+}
+
+
 def install(app: FastAPI) -> None:
     """Have `app.openapi()` return the contract: FastAPI's document without its 422 responses (this
     server answers every invalid request with 400 and OpenAI's error body)."""
@@ -196,6 +202,7 @@ def install(app: FastAPI) -> None:
             for operations in doc.get("paths", {}).values():
                 for operation in operations.values():
                     operation.get("responses", {}).pop("422", None)
+                    operation.setdefault("responses", {})["421"] = _FOREIGN_HOST  # every route, before routing
             schemas = doc.get("components", {}).get("schemas", {})
             for unused in ("HTTPValidationError", "ValidationError"):
                 schemas.pop(unused, None)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.app import create_app
 from kokoro_opt.serve.config import ServeConfig
+from kokoro_opt.serve.connections import ABORT
 from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.service import Service
 
@@ -71,6 +73,19 @@ def guarded_http(config: ServeConfig) -> type[H11Protocol]:
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._wait_for_headers()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None:  # a new request's: it may drop the connection with a reset (abort_connection)
+                self.cycle.scope.setdefault("extensions", {})[ABORT] = self._reset
+
+        def _reset(self) -> None:
+            """Close with a reset (RST), not a FIN: the client sees an error, never an end of the body."""
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.transport.abort()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.serve.config import ServeConfig
-from kokoro_opt.serve.connections import SlicedResponse
+from kokoro_opt.serve.connections import SlicedResponse, abort_connection
 from kokoro_opt.serve.encoders import MEDIA_TYPES, make_encoder, supported_formats
 from kokoro_opt.serve.engine import Stream
 from kokoro_opt.serve.openai_compat import (
@@ -65,7 +65,8 @@ class AudioStreamResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         except* _Aborted:
-            pass  # returning without the final chunk makes the server close the connection: the client sees the failure
+            # without its final chunk an HTTP/1.1 client sees the failure; HTTP/1.0 has none: the connection is reset
+            abort_connection(scope)
         finally:
             self._on_close()
 
@@ -80,6 +81,11 @@ async def read_json(request: Request, limit: int, seconds: float) -> dict[str, A
         sent = f"as {media!r}" if media else "without a content type"
         raise ApiError(415, f"the body is sent {sent}; send it as application/json (Content-Type header)",
                        code="unsupported_media_type")  # fmt: skip
+    declared = request.headers.get("content-length", "")
+    if request.headers.get("expect", "").lower() == "100-continue" and declared.isdigit() and int(declared) > limit:
+        # the client waits to be asked for its body (curl does above 1 MB): it is refused before the first read,
+        # which would ask for it; a client already sending is read on, up to _DRAIN_LIMIT, so it sees the 413
+        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
     body = bytearray()
     received = 0
     try:
@@ -191,18 +197,24 @@ class SpeechHandler:
     async def respond(self) -> Response:
         service = self.service
         config = service.config
-        self.req = req = parse(await read_json(self.request, config.max_body_bytes, config.body_timeout), config)
-        service.require_ready()
-        pack = service.pack(req.voice)
-        directives = self.request.headers.get("cache-control", "").lower()
-        key = None if "no-store" in directives else service.cache_key(req)  # no-store: neither read nor kept
-        cached = service.cache.get(key) if key and "no-cache" not in directives else None
+        try:  # refused before it has a slot: counted here, as `close` counts the others
+            self.req = req = parse(await read_json(self.request, config.max_body_bytes, config.body_timeout), config)
+            service.require_ready()
+            pack = service.pack(req.voice)
+            directives = self.request.headers.get("cache-control", "").lower()
+            key = None if "no-store" in directives else service.cache_key(req)  # no-store: neither read nor kept
+            cached = service.cache.get(key) if key and "no-cache" not in directives else None
+            if cached is None:
+                service.admit()
+        except ApiError as exc:
+            fmt = self.req.response_format if self.req is not None else "unread"
+            service.metrics.requests.labels(fmt, self.label, str(exc.status)).inc()
+            raise
         if cached is not None:  # a repeat: no synthesis, no queue slot
             service.metrics.cache_hits.inc()
             service.metrics.requests.labels(req.response_format, self.label, "200").inc()
             self._observe(whole=False)
             return SlicedResponse(cached, media_type=MEDIA_TYPES[req.response_format])
-        service.admit()
         try:
             pieces = await self._plan(req)
             if pieces:
@@ -219,7 +231,7 @@ class SpeechHandler:
             return self._silence(req)
         if not req.stream:
             return await self._whole(key)
-        return self._streaming(key, tokens=sum(map(len, pieces)))
+        return await self._streaming(key, tokens=sum(map(len, pieces)))
 
     async def _plan(self, req: SpeechRequest) -> list[list[int]]:
         try:
@@ -278,30 +290,45 @@ class SpeechHandler:
             self.service.cache.put(key, body)
         return SlicedResponse(body, media_type=MEDIA_TYPES[self.req.response_format])
 
-    def _streaming(self, key: Any, tokens: int) -> Response:
-        req = self.req
-        assert req is not None
+    async def _streaming(self, key: Any, tokens: int) -> Response:
+        req, stream = self.req, self.stream
+        assert req is not None and stream is not None
         sse = req.stream_format == "sse"
+        # the headers go with the first audio: a stream that fails before it (a timeout, synthesis) is then an
+        # error response (504, 500), not a 200 cut short
+        chunks = _chunks(stream, lambda: self.service.config.request_timeout)
+        try:
+            first = await anext(chunks, None)
+        except ApiError as exc:
+            self.status = str(exc.status)
+            self.close()
+            raise
         return AudioStreamResponse(
-            self._body(key, tokens),
+            self._body(key, tokens, chunks, first),
             self.close,
             media_type="text/event-stream" if sse else MEDIA_TYPES[req.response_format],
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    async def _body(self, key: Any, tokens: int) -> AsyncIterator[bytes]:
+    async def _body(self, key: Any, tokens: int, chunks: AsyncIterator[bytes], first: bytes | None) -> AsyncIterator[bytes]:
+        """`first`, then the rest of `chunks`: a stream played in real time lasts as long as its speech, so the wait
+        for its next audio is what is bounded (`_chunks`)."""
         stream, req, service = self.stream, self.req, self.service
         assert stream is not None and req is not None
         metrics, sse = service.metrics, req.stream_format == "sse"
-        first = True
+        if first is not None:
+            metrics.ttfa.labels(self.label).observe(time.perf_counter() - self.started)
         sent = 0
         kept: list[bytes] | None = [] if key else None  # the body, for the cache, while it fits there
+
+        async def audio() -> AsyncIterator[bytes]:
+            if first is not None:
+                yield first
+                async for data in chunks:
+                    yield data
+
         try:
-            # a stream played in real time lasts as long as its speech: the wait for its next audio is what is bounded
-            async for data in _chunks(stream, lambda: service.config.request_timeout):
-                if first:
-                    metrics.ttfa.labels(self.label).observe(time.perf_counter() - self.started)
-                    first = False
+            async for data in audio():
                 sent += len(data)
                 if kept is not None and sent <= service.cache.entry_limit:
                     kept.append(data)
@@ -314,7 +341,7 @@ class SpeechHandler:
             log.warning("request aborted after %d bytes: %s", sent, exc.message)
             if not sse:
                 raise _Aborted from None
-            yield sse_event("error", error={"message": exc.message, "type": exc.type_, "code": exc.code})
+            yield sse_event("error", error={"message": exc.message, "type": exc.type_, "param": exc.param, "code": exc.code})
             return
         if sse:
             yield sse_done(tokens, stream.audio_out)
