@@ -102,9 +102,20 @@ def _other_language(lang: str) -> Any:
         raise UserError(f"espeak-ng cannot phonemize language {lang!r}: {exc}", "use e.g. 'en-us' or 'en-gb'") from exc
 
 
+# espeak drops what it is given here, unsaid: a word's letters past ~150, and single-letter words repeated more
+# than three times ("x x x x" is said "x x x"). A long word is read in pieces, repeated letters as a list.
+_LONG_WORD = re.compile(r"\w{61,}")
+_REPEATED_LETTER = re.compile(r"\b(\w)(?:\s+\1\b){3,}")
+
+
+def _nothing_dropped(text: str) -> str:
+    text = _LONG_WORD.sub(lambda m: " ".join(m[0][i : i + 30] for i in range(0, len(m[0]), 30)), text)
+    return _REPEATED_LETTER.sub(lambda m: ", ".join(m[0].split()), text)
+
+
 def _phonemize(text: str, lang: str) -> str:
     english = lang.startswith("en")
-    norm = normalize_text(text) if english else clean_unicode(text)
+    norm = _nothing_dropped(normalize_text(text) if english else clean_unicode(text))
     if not norm:
         return ""
     with _LOCK:
