@@ -292,9 +292,16 @@ def checked_kokoro(meta: dict[str, Any], path: Path) -> dict[str, Any]:
         problem = "audio_gain is not a positive gain"
     elif not (isinstance(windows, dict) and all(type(v) in (int, float, bool) for v in windows.values())):
         problem = "windows is not a map of settings to numbers"
+    elif steps := [k for k, v in windows.items() if k != "served_by_default" and not _steps(k, v)]:
+        problem = f"windows.{steps[0]} is {windows[steps[0]]!r}, not a number of steps"
     if problem:
         raise UserError(f"{path}: {problem}", _FETCH_AGAIN)
     return meta
+
+
+def _steps(name: str, value: Any) -> bool:
+    """A window setting the windows stage writes: a whole number of steps (frames), within reach."""
+    return type(value) is int and (1 if name in ("first_steps", "steps") else 0) <= value <= 100_000
 
 
 def open_artifact(path: str | Path) -> Artifact:

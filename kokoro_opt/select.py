@@ -193,8 +193,7 @@ def resolve_artifact(
 def artifact_by_id(spec: str, root: Path, tracking_uri: str | None = None, say: Callable[[str], None] | None = None) -> Artifact:
     """The artifact under `root` whose id starts with `spec`; else fetched from the MLflow artifact store
     (pushed by `kokoro-opt push` or `build --push` on another machine) and verified against its manifest. A copy
-    here that changed since it was written is fetched again (an error if it was never pushed), and one whose fp32
-    export is missing (a fetch killed before it arrived) gets it, if it was pushed."""
+    here that changed since it was written is fetched again (an error if it was never pushed)."""
     from kokoro_opt.artifacts import REBUILD, folder_damage
     from kokoro_opt.remote import fetch_artifact
 
@@ -204,8 +203,6 @@ def artifact_by_id(spec: str, root: Path, tracking_uri: str | None = None, say: 
         say(f"{found.path}: {damage}: fetching it again")
         if (found := fetch_artifact(found.id, root, tracking_uri, say)) is None:  # built here and never pushed
             raise UserError(f"artifact {spec} under {root}: {damage}", REBUILD)
-    elif found is not None and _export_missing(root, found):
-        fetch_artifact(found.id, root, tracking_uri, say)  # verified as it arrives; unsaid when never pushed
     found = found or fetch_artifact(spec, root, tracking_uri, say)
     if found is None:
         recipe = root / spec
@@ -218,7 +215,8 @@ def artifact_by_id(spec: str, root: Path, tracking_uri: str | None = None, say: 
     return found
 
 
-def _export_missing(root: Path, artifact: Artifact) -> bool:
+def export_missing(root: Path, artifact: Artifact) -> bool:
+    """Whether an artifact built from an fp32 export lacks it under `root` (a fetch killed before it arrived)."""
     from kokoro_opt.store import stage_chain
 
     chain = stage_chain(artifact)

@@ -339,7 +339,8 @@ def test_a_body_not_sent_as_json_is_refused(url: str, content_type: str | None) 
 @pytest.mark.parametrize(
     ("host", "answered"),
     [("attacker.example", False), ("attacker.example:8880", False), ("127.0.0.1.attacker.example", False),
-     ("localhost", True), ("localhost:8880", True), ("127.0.0.1:8880", True), ("[::1]:8880", True), ("x.localhost", True)],
+     ("localhost", True), ("localhost:8880", True), ("127.0.0.1:8880", True), ("[::1]:8880", True), ("x.localhost", True),
+     ("localhost.:8880", True), (socket.gethostname(), True)],
 )  # fmt: skip
 def test_on_a_loopback_address_only_requests_for_this_machine_are_answered(url: str, host: str, answered: bool) -> None:
     """A web page whose own domain was re-pointed at 127.0.0.1 (DNS rebinding) is same-origin to the browser, so
@@ -352,6 +353,24 @@ def test_on_a_loopback_address_only_requests_for_this_machine_are_answered(url: 
         assert response.status_code == 421 and error["code"] == "invalid_host" and host in error["message"]
         assert response.headers["connection"] == "close"  # its body was not read
         assert httpx.get(f"{url}/v1/models", headers={"Host": host}).status_code == 421  # nor what it would read
+
+
+def test_a_reverse_proxy_s_host_is_answered_when_allowed_and_any_host_off_loopback(tiny_artifact) -> None:
+    """A proxy on this machine passing its public name (nginx's `proxy_set_header Host $host`) is answered once
+    allowed; on another address than loopback no Host is refused (--allowed-host there is refused instead)."""
+    from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.serve import ServeConfig, create_app, running
+    from kokoro_opt.serve.server import ServerThread
+
+    selection = resolve_artifact(str(tiny_artifact.path))
+    config = ServeConfig(warmup=False, allowed_hosts=("tts.example.com",))
+    with running(selection, config) as base:
+        assert httpx.get(f"{base}/v1/models", headers={"Host": "tts.example.com"}).status_code == 200
+        assert httpx.get(f"{base}/v1/models", headers={"Host": "TTS.example.com.:443"}).status_code == 200
+        assert httpx.get(f"{base}/v1/models", headers={"Host": "other.example.com"}).status_code == 421
+    with ServerThread(create_app(selection, ServeConfig(warmup=False)), host="0.0.0.0") as server:
+        port = server.url.rsplit(":", 1)[1]
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Host": "tts.example.com"}).status_code == 200
 
 
 def test_long_input_is_not_truncated(url: str) -> None:

@@ -127,6 +127,29 @@ def test_disconnect_without_streaming_stops_generation(served) -> None:
     assert metric(url, "kokoro_dropped_pieces_total") > dropped  # the rest of LONG was never synthesized
 
 
+def test_a_stream_left_before_its_first_audio_gives_its_place_back(served) -> None:
+    """A stream's headers wait for its first audio; a client that leaves before it is noticed then, not when the
+    first audio (or the timeout) comes: its slot and its synthesis go at once."""
+    url, engine = served
+    cancelled = metric(url, "kokoro_cancelled_total")
+    release, step = threading.Event(), engine.mode.step
+
+    def stalled(stream: object, tokens: list[int], last: bool) -> None:
+        release.wait(60)
+        step(stream, tokens, last)
+
+    engine.mode.step = stalled
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/audio/speech", json=body(LONG), timeout=1.0)
+        wait_for(lambda: metric(url, "kokoro_cancelled_total") == cancelled + 1, 30)  # the worker still stalled
+        assert metric(url, "kokoro_active_requests") == 0  # its queue slot given back
+    finally:
+        release.set()
+        engine.mode.step = step
+    wait_for(lambda: idle(url), 30)
+
+
 def test_soak_keeps_memory_flat(url: str) -> None:
     """200 requests of every kind: RSS grows less than 25 MB after warm-up (0.9 MB measured). In MB, not as a share:
     the server shares this process with what earlier tests imported (0.9-2 GB), and a share of that hid leaks."""

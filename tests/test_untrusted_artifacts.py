@@ -175,7 +175,10 @@ def test_a_derived_artifact_arrives_with_its_fp32_export(
     machine that fetched it can score it against fp32."""
     import shutil
 
+    from typer.testing import CliRunner
+
     from kokoro_opt.build import build
+    from kokoro_opt.cli import app
     from kokoro_opt.recipe import parse_recipe
     from kokoro_opt.select import artifact_by_id
     from kokoro_opt.store import Store
@@ -189,9 +192,10 @@ def test_a_derived_artifact_arrives_with_its_fp32_export(
     built, reference = Store(artifacts_root).reference_export(derived), Store(root).reference_export(fetched)
     assert built is not None and reference is not None and reference.manifest == built.manifest  # byte for byte
 
-    # a fetch killed before its export arrived: what uses the artifact by id completes it
+    # a fetch killed before its export arrived: fetching it again completes it
     shutil.rmtree(reference.path)
-    assert artifact_by_id(derived.id[:12], root, tracking).id == derived.id
+    fetched_again = CliRunner().invoke(app, ["fetch", derived.id[:12], "--artifacts", str(root), "--tracking-uri", tracking])
+    assert fetched_again.exit_code == 0, fetched_again.output
     assert (again := Store(root).reference_export(fetched)) is not None and again.manifest == built.manifest
     # changed since it arrived: `say` or `serve` by id fetch it again, never speak with it
     model = next(p for p in fetched.path.iterdir() if p.suffix in (".onnx", ".ort"))
@@ -212,6 +216,7 @@ def test_a_derived_artifact_arrives_with_its_fp32_export(
      ("kokoro.json", b'{"sample_rate": 24000}', "vocab is not a map"),
      ("kokoro.json", b'{"vocab": {"a": 1}, "windows": {"steps": NaN}}', r"windows.steps is nan, not a number of steps"),
      ("kokoro.json", b'{"vocab": {"a": 1}, "windows": {"overlap_steps": -100000}}', "windows.overlap_steps is -100000"),
+     ("kokoro.json", b'{"vocab": {"a": 1}, "windows": {"steps": 80.5}}', "windows.steps is 80.5"),
      ("kokoro.json", b'{"vocab": {"a": "1"}}', "vocab is not a map"),
      ("kokoro.json", b"[" * 100_000, "is not readable JSON"),
      ("voices.npz", "strings", "does not hold voice style tables"),
@@ -231,7 +236,6 @@ def test_hostile_contents_of_an_artifact_are_one_clear_error(
 
     from kokoro_opt.artifacts import open_artifact
     from kokoro_opt.runtime.synth import Synthesizer
-    from kokoro_opt.runtime.windowed import WindowSettings
     from kokoro_opt.serve.config import mode_reason
 
     folder = tmp_path / "tiny" / tiny_artifact.id
@@ -262,7 +266,6 @@ def test_hostile_contents_of_an_artifact_are_one_clear_error(
         mode_reason(artifact, None, artifact.windowed_by_default)
         assert artifact.build is not None  # what serve's start line and evaluate read
         assert artifact.voice_names  # what serve's voice list and tune's voice check read
-        WindowSettings.of(artifact.kokoro.get("windows", {}))  # what windowed serving reads
         Synthesizer(artifact, load=False)
 
 

@@ -264,8 +264,9 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
 def test_a_whole_answer_waits_while_a_listener_would_run_dry() -> None:
     """A request nobody hears before it ends (`stream: false`) has its arrival as deadline, so it came before every
     heard listener, and windowed its next unit is a front or a whole-generator run of up to a chunk that nothing
-    priced. It now waits while that unit would leave a listener, served after it, without audio; it goes once
-    their buffers cover it, or when no listener has a unit to run (the worker never idles). Whole jobs need no
+    priced. It now waits while that unit (a front, a finish, or a window of a job too long to finish) would leave a
+    listener, served after it, without audio; it goes once their buffers cover it, when no listener has a unit to
+    run (the worker never idles), or after MAX_HOLD seconds (past capacity buffers never grow). Whole jobs need no
     such wait: a job nobody hears is sized to the tightest listener's buffer (`Engine._budget`)."""
     import asyncio
     from types import SimpleNamespace
@@ -275,7 +276,7 @@ def test_a_whole_answer_waits_while_a_listener_would_run_dry() -> None:
     from kokoro_opt.select import Selection
     from kokoro_opt.serve import ServeConfig
     from kokoro_opt.serve.engine import Engine
-    from kokoro_opt.serve.modes import WholeJobs, WindowedJobs
+    from kokoro_opt.serve.modes import MAX_HOLD, WholeJobs, WindowedJobs
     from tests.test_serve_units import _FakeEncoder
 
     async def picks() -> dict[str, Any]:
@@ -309,6 +310,18 @@ def test_a_whole_answer_waits_while_a_listener_would_run_dry() -> None:
         listener.audio_out = 0.1
         out["finish, listener 0.1 s from running dry"] = picked()
         restore()
+        quiet.held_since = time.monotonic() - MAX_HOLD - 1.0
+        out[f"finish, listener 0.1 s from running dry, held {MAX_HOLD + 1:g} s already"] = picked()
+        restore()
+        quiet.held_since = None
+        quiet.job[2].finish, quiet.job[2].front.steps = False, 2400  # too long to finish: its next unit is a window
+        listener.audio_out = 1.0
+        out["a 2 x 80-step window of a long job, listener 1 s ahead"] = picked()
+        restore()
+        quiet.job[2].finish, quiet.job[2].front.steps = True, 2400  # had it been priced as a finish of all of it
+        out["a finish of 2400 steps, listener 1 s ahead"] = picked()
+        restore()
+        listener.audio_out = 0.1
         engine._running.add(listener)
         out["finish, the listener's unit already running"] = picked()
         engine._running.discard(listener)
@@ -323,6 +336,9 @@ def test_a_whole_answer_waits_while_a_listener_would_run_dry() -> None:
         "front, listener 30 s ahead": "quiet",
         "finish, listener 30 s ahead": "quiet",
         "finish, listener 0.1 s from running dry": "listener",
+        f"finish, listener 0.1 s from running dry, held {MAX_HOLD + 1:g} s already": "quiet",  # past capacity
+        "a 2 x 80-step window of a long job, listener 1 s ahead": "quiet",
+        "a finish of 2400 steps, listener 1 s ahead": "listener",
         "finish, the listener's unit already running": "quiet",
         "whole jobs, listener 0.1 s from running dry": "quiet",
     }

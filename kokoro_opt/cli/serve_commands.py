@@ -17,6 +17,10 @@ def serve(
     artifacts: ArtifactsRoot = Path("artifacts"),
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI used by 'best'")] = None,
     host: Annotated[str, typer.Option(help="address to bind; loopback by default")] = "127.0.0.1",
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(help="on a loopback address, a Host name answered besides this machine's (a reverse proxy's; '*': any)"),
+    ] = None,
     port: Annotated[int, typer.Option(help="TCP port (0: any free one)", min=0, max=65535)] = 8880,
     api_key: Annotated[str | None, typer.Option(envvar="KOKORO_OPT_API_KEY", help="require this bearer token")] = None,
     max_queue: Annotated[
@@ -58,17 +62,22 @@ def serve(
     ] = 1,
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (POST /v1/audio/speech), streaming."""
+    from kokoro_opt.errors import UserError
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.serve import ServeConfig, serve_forever
     from kokoro_opt.serve.config import mode_reason
+    from kokoro_opt.serve.connections import is_loopback
 
     ServeConfig(api_key=api_key, public_metrics=public_metrics)  # flags wrong on their own: before any artifact is sought
+    if allowed_host and not is_loopback(host):
+        raise UserError(f"--allowed-host changes nothing on {host}: any Host is answered there", "drop --allowed-host")
     selection = resolve_artifact(artifact, artifacts, tracking_uri)
     chosen = selection.artifact
     err.print(f"serving {chosen.name} artifact {chosen.id} ({chosen.path}): {selection.reason}")
     config = ServeConfig.for_selection(
         selection,
         api_key=api_key,
+        allowed_hosts=tuple(allowed_host or ()) or None,
         max_queue=max_queue,
         request_timeout=timeout,
         body_timeout=body_timeout,

@@ -10,10 +10,12 @@ def evaluate_config(manifest: Any, **overrides: Any) -> Any:
     from pydantic import ValidationError
 
     from kokoro_opt.errors import UserError
-    from kokoro_opt.recipe import EvaluateConfig
+    from kokoro_opt.recipe import CORPUS_SENTENCES, EvaluateConfig
 
     stored = ((manifest.recipe if manifest is not None else None) or {}).get("evaluate", {})
     base = {k: v for k, v in stored.items() if k in EvaluateConfig.model_fields}
+    if isinstance(base.get("sentences"), int) and base["sentences"] > CORPUS_SENTENCES:  # an older build's: it read 48
+        base["sentences"] = CORPUS_SENTENCES
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
         return EvaluateConfig(**{**base, **given})  # validated: --runs 0 is refused, not run

@@ -122,7 +122,8 @@ def make_session(
         where = "the model given as bytes" if isinstance(model_file, bytes) else str(model_file)
         raise UserError(
             f"{where} does not load in ONNX Runtime ({type(exc).__name__}: {str(exc)[:200]})",
-            "rebuild the artifact, or fetch it again (kokoro-opt fetch checks every file against its manifest)",
+            "rebuild the artifact, or fetch it again (kokoro-opt fetch checks every file against its manifest); if it "
+            f"loads elsewhere, check this ONNX Runtime ({ort.__version__}) and the session settings ({providers})",
         ) from None
     release_freed_memory()
     return session

@@ -205,13 +205,13 @@ def create_app(selection: Selection, config: ServeConfig | None = None, *, engin
 
     def foreign_host(host: str) -> Response:
         message = f"this server answers requests for this machine only, not for host {host[:100]!r}"
-        refusal = ApiError(
-            421, f"{message}: ask for 127.0.0.1 or localhost, or serve on another address (--host)", code="invalid_host"
-        )
+        refusal = ApiError(421, f"{message}: ask for 127.0.0.1 or localhost, or start it with --allowed-host NAME "
+                           "(a reverse proxy's name)", code="invalid_host")  # fmt: skip
         metrics.errors.labels(refusal.code).inc()
         return refusal.response()
 
-    app.add_middleware(LoopbackHost, refusal=foreign_host)
+    app.state.bound_host = None  # where it listens, once served (server.py)
+    app.add_middleware(LoopbackHost, refusal=foreign_host, bound=lambda: app.state.bound_host, allowed=config.allowed_hosts)
     app.add_middleware(CloseUnread)  # outermost: also for what routing and auth answer
     _error_handlers(app, metrics)
     app.include_router(_probes(service))

@@ -42,6 +42,9 @@ class ServeConfig:
     # up to 12 bytes as JSON (an escaped surrogate pair), are 98 KB
     max_body_bytes: int = 128 * 1024
     api_key: str | None = None
+    # served on a loopback address, Host names answered besides this machine's (a reverse proxy's public name;
+    # "*": any): connections.LoopbackHost
+    allowed_hosts: tuple[str, ...] = ()
     public_metrics: bool = False  # with an api_key, /metrics needs it too unless this is set
     drain_timeout: float = 30.0  # on SIGTERM: seconds streams in flight may take to finish before the exit
     warmup: bool = True

@@ -22,8 +22,8 @@ def abort_connection(scope: Scope) -> None:
         abort()
 
 
-def _is_loopback(host: str) -> bool:
-    name = host.strip("[]").lower()
+def is_loopback(host: str) -> bool:
+    name = host.strip("[]").lower().rstrip(".")
     if name == "localhost" or name.endswith(".localhost"):  # resolved to loopback by browsers, never by DNS
         return True
     try:
@@ -40,18 +40,25 @@ def _host_name(value: str) -> str:
 
 
 class LoopbackHost:
-    """On a loopback address (the default), a request whose Host names another machine is refused. A web page can
-    have its own domain re-pointed at 127.0.0.1 (DNS rebinding): the browser then sends it here as same-origin, no
-    CORS preflight asked, but its Host header still names that domain. Bound to another address the server answers
-    any Host (protect it with --api-key)."""
+    """Bound to a loopback address (the default), a request whose Host names another machine is refused. A web page
+    can have its own domain re-pointed at 127.0.0.1 (DNS rebinding): the browser then sends it here as same-origin,
+    no CORS preflight asked, but its Host header still names that domain. This machine's names are answered, and
+    `allowed` ones (a reverse proxy on this machine passing its public name; "*": any). Bound to another address
+    (`bound()` is where the server listens: the app does not know it before it is served) any Host is answered."""
 
-    def __init__(self, app: ASGIApp, refusal: Callable[[str], Response]) -> None:
-        self.app, self.refusal = app, refusal
+    def __init__(self, app: ASGIApp, refusal: Callable[[str], Response], bound: Callable[[], str | None],
+                 allowed: tuple[str, ...] = ()) -> None:  # fmt: skip
+        import socket
+
+        self.app, self.refusal, self.bound = app, refusal, bound
+        self.allowed = {name.lower().rstrip(".") for name in (*allowed, socket.gethostname())}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and _is_loopback(str((scope.get("server") or ("", 0))[0] or "")):
+        bound = self.bound()
+        if scope["type"] == "http" and bound is not None and is_loopback(bound) and "*" not in self.allowed:
             host = dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1")
-            if host and not _is_loopback(_host_name(host)):
+            name = _host_name(host)
+            if host and not is_loopback(name) and name.lower().rstrip(".") not in self.allowed:
                 await self.refusal(host)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -82,6 +82,7 @@ class Stream:
         self.finished = False
         self.run_options: Any = None
         self.job: tuple[list[int], bool, WindowedJob] | None = None  # a windowed job with windows still to decode
+        self.held_since: float | None = None  # a whole answer held back for listeners since (WindowedJobs.defers)
 
     def deadline(self) -> float:
         return self.arrival if self.first_out is None else self.first_out + self.audio_out

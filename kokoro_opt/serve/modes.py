@@ -30,6 +30,8 @@ PHRASE_STEPS = 120
 # finishes only while no more than this share of it was sent (under load such late finishes, 120-230 ms for the
 # last 38-116 steps, left other streams short)
 LATE_FINISH_SHARE = 0.5
+# Seconds a whole answer's unit is held back for listeners at most (`WindowedJobs.defers`)
+MAX_HOLD = 2.0
 
 
 class WholeJobs:
@@ -173,19 +175,27 @@ class WindowedJobs:
 
     def defers(self, stream: Any) -> bool:
         """Whether a request nobody hears before it ends waits for the listeners (call it holding the engine's lock):
-        while its next unit, a job's front or the whole-generator run that finishes it, is priced to end after some
-        listener, served after it with a window each, runs out of audio (`others_seconds`). A whole answer's deadline
-        is its arrival, so it would otherwise go before every heard listener with an unpriced finish of up to a
-        whole chunk; held back, it goes as soon as their buffers cover it (they grow with every window) or no
-        listener has a unit to run (`Engine._pick`)."""
+        while its next unit (a job's front; then the whole-generator run that finishes the job, or its next window
+        when it cannot finish) is priced to end after some listener, served after it with a window each, runs out of
+        audio (`others_seconds`). A whole answer's deadline is its arrival, so it would otherwise go before every
+        heard listener with an unpriced finish of up to a whole chunk; held back, it goes as soon as their buffers
+        cover it (they grow with every window), when no listener has a unit to run (`Engine._pick`), or after
+        MAX_HOLD seconds: past capacity the listeners' buffers never grow, and it goes in arrival order again."""
         if stream.streaming:
             return False
         now = time.monotonic()
-        if stream.job is not None:
-            price = self.finish_seconds(stream.job[2])
-        else:
+        if stream.job is None:
             price = self.engine.cost.predict(len(stream.pieces[0]) if stream.pieces else 0, stream.speed)
-        return price > self.others_seconds(stream, now)
+        elif self.finishes(stream, job := stream.job[2]):
+            price = self.finish_seconds(job)
+        else:
+            price = self.engine.window_cost.predict(self.window_steps(stream))
+        if price <= self.others_seconds(stream, now):
+            stream.held_since = None
+            return False
+        if stream.held_since is None:
+            stream.held_since = now
+        return now - stream.held_since < MAX_HOLD
 
     def bridges(self, stream: Any, job: WindowedJob) -> bool:
         """Whether `job`'s next unit is a bridge (call it holding the engine's lock, after `finishes` said no):

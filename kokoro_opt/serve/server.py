@@ -153,6 +153,7 @@ def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.
     except BaseException:
         sock.close()
         raise
+    app.state.bound_host = host
     # after the drain nothing should be left: what still runs (past the drain timeout) is cut after 1 s
     settings = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=1,
                               http=guarded_http(config))  # fmt: skip
@@ -167,6 +168,7 @@ class ServerThread:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
         service = getattr(app.state, "serve", None)
         http = guarded_http(service.config) if service is not None else "h11"
+        app.state.bound_host = host
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", http=http))
         self.host = host
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)

@@ -13,8 +13,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from fastapi import Request
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from kokoro_opt.serve.service import Service
 
 log = logging.getLogger("kokoro_opt.serve")
+T = TypeVar("T")
 # blank as the OpenAPI document says (openai_compat.BLANK), not as str.isspace: that also counts U+001C-U+001F and
 # U+0085, control characters, which are read as spaces and answered with silence like the others
 _BLANK = re.compile(f"[{BLANK}]*")
@@ -180,6 +181,25 @@ async def _until_disconnect(request: Request) -> None:
         pass
 
 
+class _Gone(Exception):
+    """The client left before its answer (or a stream's first audio) was ready."""
+
+
+async def _before_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, unless the client disconnects first: then `work` is cancelled and _Gone raised (before a
+    response starts, nothing else listens for the disconnect)."""
+    watcher = asyncio.ensure_future(_until_disconnect(request))
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({watcher, task}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            raise _Gone
+        return task.result()
+    finally:
+        watcher.cancel()
+
+
 class SpeechHandler:
     """One speech request: `await SpeechHandler(service, request).respond()`."""
 
@@ -270,20 +290,15 @@ class SpeechHandler:
         assert self.stream is not None and self.req is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.service.config.request_timeout
-        watcher = asyncio.ensure_future(_until_disconnect(self.request))
-        collector = asyncio.ensure_future(_collect(self.stream, deadline))
         try:
-            await asyncio.wait({watcher, collector}, return_when=asyncio.FIRST_COMPLETED)
-            if not collector.done():  # the client left: stop its synthesis now
-                collector.cancel()
-                return Response(status_code=499)
-            body = collector.result()
+            body = await _before_disconnect(self.request, _collect(self.stream, deadline))
             self.status = "200"
+        except _Gone:  # the client left: its synthesis stops now (close)
+            return Response(status_code=499)
         except ApiError as exc:
             self.status = str(exc.status)
             raise
         finally:
-            watcher.cancel()
             self.close()
         self._observe()
         if key:
@@ -298,9 +313,13 @@ class SpeechHandler:
         # error response (504, 500), not a 200 cut short
         chunks = _chunks(stream, lambda: self.service.config.request_timeout)
         try:
-            first = await anext(chunks, None)
-        except ApiError as exc:
-            self.status = str(exc.status)
+            first = await _before_disconnect(self.request, anext(chunks, None))
+        except _Gone:  # the client left before its first audio: its slot and synthesis go now
+            self.close()
+            return Response(status_code=499)
+        except BaseException as exc:
+            if isinstance(exc, ApiError):
+                self.status = str(exc.status)
             self.close()
             raise
         return AudioStreamResponse(
