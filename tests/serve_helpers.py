@@ -17,16 +17,28 @@ def metric(url: str, name: str) -> float:
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
-@contextlib.contextmanager
-def held_after_first_job(engine: Any) -> Iterator[threading.Event]:
+def held_after_first_job(engine: Any) -> contextlib.AbstractContextManager[threading.Event]:
     """The engine's worker stops after a request's first job, its audio handed out, until the block ends or the
     yielded event is set. What a test then sees of the rest of the request follows from the engine's order,
     not from how fast the model or the machine is."""
+    return _held(engine, before=False)
+
+
+def held_before_first_job(engine: Any) -> contextlib.AbstractContextManager[threading.Event]:
+    """The engine's worker waits before it runs any unit, until the block ends or the yielded event is set: no
+    request gets its first audio meanwhile, however fast the model or the machine is."""
+    return _held(engine, before=True)
+
+
+@contextlib.contextmanager
+def _held(engine: Any, before: bool) -> Iterator[threading.Event]:
     release, step = threading.Event(), engine.mode.step
 
     def held(stream: Any, tokens: list[int], last: bool) -> None:
+        if before:
+            release.wait(60)
         step(stream, tokens, last)
-        if stream.jobs == 1 and not last:
+        if not before and stream.jobs == 1 and not last:
             release.wait(60)
 
     engine.mode.step = held

@@ -23,7 +23,7 @@ from kokoro_opt.serve import ServeConfig, bench, running
 from kokoro_opt.serve.app import create_app
 from kokoro_opt.serve.server import ServerThread, wait_ready
 from tests import needs
-from tests.serve_helpers import held_after_first_job, metric
+from tests.serve_helpers import held_after_first_job, held_before_first_job, metric
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
 
@@ -132,21 +132,11 @@ def test_a_stream_left_before_its_first_audio_gives_its_place_back(served) -> No
     first audio (or the timeout) comes: its slot and its synthesis go at once."""
     url, engine = served
     cancelled = metric(url, "kokoro_cancelled_total")
-    release, step = threading.Event(), engine.mode.step
-
-    def stalled(stream: object, tokens: list[int], last: bool) -> None:
-        release.wait(60)
-        step(stream, tokens, last)
-
-    engine.mode.step = stalled
-    try:
+    with held_before_first_job(engine):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/v1/audio/speech", json=body(LONG), timeout=1.0)
-        wait_for(lambda: metric(url, "kokoro_cancelled_total") == cancelled + 1, 30)  # the worker still stalled
+        wait_for(lambda: metric(url, "kokoro_cancelled_total") == cancelled + 1, 30)  # the worker still held
         assert metric(url, "kokoro_active_requests") == 0  # its queue slot given back
-    finally:
-        release.set()
-        engine.mode.step = step
     wait_for(lambda: idle(url), 30)
 
 
@@ -236,19 +226,9 @@ def test_auth_and_timeout(tiny_artifact) -> None:
         with held_after_first_job(engine), pytest.raises(ConnectionResetError):
             http10(base, "/v1/audio/speech", json.dumps(body(LONG)).encode(), key)
         # a stream that fails before its first audio is an error response, not a 200 with nothing in it
-        release, step = threading.Event(), engine.mode.step
-
-        def stalled(stream: object, tokens: list[int], last: bool) -> None:
-            release.wait(60)
-            step(stream, tokens, last)
-
-        engine.mode.step = stalled
-        try:
+        with held_before_first_job(engine):
             r = httpx.post(f"{base}/v1/audio/speech", json=body(SHORT), headers=key, timeout=30)
             assert r.status_code == 504 and r.json()["error"]["code"] == "timeout", r.text
-        finally:
-            release.set()
-            engine.mode.step = step
         # events say so in an `error` event, of the error body's schema
         from kokoro_opt.serve.openai_compat import ErrorDetail
 
