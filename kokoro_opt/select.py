@@ -83,6 +83,8 @@ def tuned_selection(root: Path, notes: list[str] | None = None) -> Selection | N
         return None
     artifact = _by_id(root, tuned["artifact_id"])
     if artifact is None:
+        if notes is not None:
+            notes.append(f"{path} was tuned on artifact {tuned['artifact_id']}, which is not under {root}: not applied")
         return None
     if (newer := superseded_by(artifact)) is not None:
         if notes is not None:

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ def test_shipped_recipe_parses_and_errors_name_the_field() -> None:
         "CPUExecutionProvider takes no options": {"space": {"providers": {"CPUExecutionProvider": {"x": ["a", "b"]}}}},
         "field 'best.weights'.*one of them > 0": {"best": {"weights": {"ttfa_p50": -1.0}}},
         "field 'best.weights'.*>= 0": {"best": {"weights": {}}},
+        "crossfade_ms must be within 0..200 ms": {"space": {"crossfade_ms": [5000]}},  # else every trial fails
     }
     for expected, data in cases.items():
         with pytest.raises(UserError, match=expected):
@@ -330,6 +333,52 @@ def test_two_worker_processes_share_one_study(tune_env: dict[str, Any]) -> None:
     # one MLflow run per finished trial; a race surplus (closed unmeasured) has none
     measured = [t.number for t in result.study.trials if t.state.is_finished() and not t.user_attrs.get("surplus")]
     assert _trial_runs(env, "pair") == sorted(measured)
+
+
+def test_thread_choices_all_above_the_cores_are_refused(tune_env: dict[str, Any]) -> None:
+    """Dropping them all would leave nothing but an oversubscribed count measured (64 threads on 2 cores ran)."""
+    space = {"artifacts": ["tiny"], "intra_op_num_threads": [4096], "first_chunk_tokens": [6], "chunk_tokens": [16]}
+    with pytest.raises(UserError, match=r"every space\.intra_op_num_threads choice is above this machine's"):
+        _run(tune_env, _recipe(tune_env, "oversubscribed", space=space))
+
+
+def test_a_terminated_run_stops_its_workers_and_their_trials(tune_env: dict[str, Any]) -> None:
+    """`kill` (SIGTERM) on `tune --workers 2` ended the parent and left its two workers measuring on their own;
+    terminated, a worker also left its trial RUNNING until its heartbeat went stale. Now the run ends as Ctrl-C
+    ends it: each worker is interrupted, marks its running trial failed and exits."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    env = tune_env
+    recipe = _recipe(env, "terminated", trials=100_000)  # far more than the workers run while the test waits
+    command = [sys.executable, "-m", "kokoro_opt.cli", "tune", str(recipe), "--workers", "2", "--artifacts", str(env["root"]),
+               "--tracking-uri", env["uri"]]  # fmt: skip
+    parent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"sqlite:///{env['base']}/optuna.db"
+    workers: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # both workers measuring: a trial of each RUNNING
+            assert parent.poll() is None and time.monotonic() < deadline, "the workers never ran trials"
+            with contextlib.suppress(Exception):  # the study is not created yet
+                trials = optuna.load_study(study_name="terminated", storage=url).get_trials(deepcopy=False)
+                if len({t.user_attrs.get("worker") for t in trials if t.state.name == "RUNNING"}) == 2:
+                    break
+            time.sleep(0.2)
+        workers = psutil.Process(parent.pid).children()
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(60)
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, alive
+    finally:
+        for process in [psutil.Process(parent.pid), *workers] if parent.poll() is None else workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+    trials = optuna.load_study(study_name="terminated", storage=url).get_trials(deepcopy=False)
+    assert not [t.number for t in trials if t.state.name == "RUNNING"]  # each marked as it was interrupted
 
 
 def test_tuned_settings_from_another_machine_are_not_applied_silently(tmp_path: Path) -> None:

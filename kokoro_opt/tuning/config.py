@@ -18,6 +18,7 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.recipe_yaml import NAME_PATTERN, explain, name_from_file, read_yaml_mapping, require_kind
 from kokoro_opt.select import QUALITY_BUDGET_PESQ, QUALITY_BUDGET_PHRASE_PESQ
 from kokoro_opt.serve.bench import PARAGRAPH
+from kokoro_opt.serve.config import MAX_CROSSFADE_MS
 from kokoro_opt.text import CONTEXT_TOKENS
 
 DEFAULT_STORAGE = "sqlite:///experiments/optuna.db"
@@ -74,8 +75,8 @@ class SpaceConfig(Strict):
             raise ValueError(f"chunk sizes must be within 1..{CONTEXT_TOKENS} tokens")
         if min(self.first_chunk_tokens) > max(self.chunk_tokens):
             raise ValueError("no first_chunk_tokens choice is <= a chunk_tokens choice")
-        if min(self.crossfade_ms) < 0:
-            raise ValueError("crossfade_ms must be >= 0")
+        if min(self.crossfade_ms) < 0 or max(self.crossfade_ms) > MAX_CROSSFADE_MS:
+            raise ValueError(f"crossfade_ms must be within 0..{MAX_CROSSFADE_MS:g} ms, as serve takes it")
         if min(self.first_window_steps) < 4 or max(self.first_window_steps) > 400:
             raise ValueError("first_window_steps must be within 4..400 steps")
         return self

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +76,7 @@ def _spawn(args: list[WorkerArgs], total: int, study: Any, console: Console) -> 
         for a in args
     ]
     try:
-        with _progress(console) as progress:
+        with _progress(console) as progress, _terminated_as_interrupted():
             task = progress.add_task("", total=total, completed=finished(study))
             while any(p.poll() is None for p in procs):
                 time.sleep(1.0)
@@ -81,12 +85,42 @@ def _spawn(args: list[WorkerArgs], total: int, study: Any, console: Console) -> 
                 last = max(done, key=lambda t: t.number, default=None)
                 progress.update(task, completed=len(done), description=_describe(last) if last else "")
     except BaseException:
-        for p in procs:
-            p.terminate()
+        _stop(procs)
         raise
     failed = [p.returncode for p in procs if p.returncode]
     if failed:
         raise UserError(f"{len(failed)} of {len(procs)} workers exited with an error", "see their messages above")
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted() -> Iterator[None]:
+    """SIGTERM (`kill`) ends the run as Ctrl-C does, so its workers are stopped too, not left running alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    """Interrupt the workers as Ctrl-C does, so each marks its running trial failed at once (terminated, it stays
+    RUNNING until its heartbeat goes stale); those still running after `grace` seconds are terminated."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.terminate()
 
 
 def _sync_records(study: Any, records: StudyRecords, names: list[str]) -> None:

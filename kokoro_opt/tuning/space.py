@@ -217,13 +217,19 @@ def resolve_space(recipe: TuneRecipe, root: Path, tracking_uri: str | None, say:
     candidates = gather_candidates(recipe, root, tracking_uri, note)
     if not candidates:
         raise UserError(
-            f"no artifact under {root} passes the quality budget", "build and evaluate one: kokoro-opt build recipes/fp32.yaml"
+            f"no artifact under {root} can be tuned",
+            "see the notes above; build and evaluate one: kokoro-opt build recipes/fp32.yaml",
         )
     providers = available_providers(recipe.space, note)
     if not providers:
         raise UserError("none of space.providers is available here", f"add {CPU} to the tuning recipe")
     cores = os.cpu_count() or 1
-    intra = [n for n in recipe.space.intra_op_num_threads if n <= cores] or [min(recipe.space.intra_op_num_threads)]
+    intra = [n for n in recipe.space.intra_op_num_threads if n <= cores]
+    if not intra:  # every one would oversubscribe the cores: nothing worth measuring
+        raise UserError(
+            f"every space.intra_op_num_threads choice is above this machine's {cores} cores",
+            f"add {cores} (or 0, ONNX Runtime's default) to the tuning recipe",
+        )
     if len(intra) < len(recipe.space.intra_op_num_threads):
         note(f"intra_op_num_threads above this machine's {cores} cores dropped")
     first = first_chunk_sizes(recipe, candidates, root, note)

@@ -57,6 +57,8 @@ def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
         db.parent.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{db}" + (f"?{url.partition('?')[2]}" if "?" in url else "")
         kwargs = {"connect_args": {"timeout": 60}}  # several worker processes write to one file
+    elif url.split(":", 1)[0].split("+", 1)[0] in ("postgresql", "mysql"):  # a server that accepts and never answers
+        kwargs = {"connect_args": {"connect_timeout": 15}}
     try:
         beat = workers or WorkersConfig()
         return _open_rdb(optuna, url, kwargs, beat)
@@ -70,11 +72,11 @@ def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
 
 def _open_rdb(optuna: Any, url: str, engine_kwargs: dict[str, Any], beat: WorkersConfig, attempts: int = 5) -> Any:
     """RDBStorage, opened again when another worker was creating the same new database's tables at that moment:
-    PostgreSQL then refuses the second CREATE (UniqueViolation on pg_type), and the tables exist a moment later.
-    Seen when two `tune` workers (or a worker and a reader) opened a fresh study database together."""
+    PostgreSQL then refuses the second CREATE (UniqueViolation on pg_type), SQLite says the table already exists,
+    and the tables exist a moment later. Seen when two `tune` runs or workers opened a fresh study database together."""
     import time
 
-    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.exc import IntegrityError, OperationalError
 
     def storage() -> Any:
         return optuna.storages.RDBStorage(
@@ -85,6 +87,10 @@ def _open_rdb(optuna: Any, url: str, engine_kwargs: dict[str, Any], beat: Worker
         try:
             return storage()
         except IntegrityError:
+            time.sleep(0.5)
+        except OperationalError as exc:
+            if "already exists" not in str(exc):
+                raise
             time.sleep(0.5)
     return storage()
 
