@@ -359,6 +359,7 @@ def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = N
     if failures >= MAX_CONSECUTIVE_FAILURES:  # a setup problem, not noise: the exit status says so
         raise UserError(
             f"{failures} trials in a row failed, the last with: {last_error}",
-            "fix what it names, then run the same command again: the study resumes",
+            "fix what it names, then run the same command again: the study resumes (a fix in the recipe's space, "
+            "measure or quality starts a new one: add --study NEW)",
         )
     return cache
