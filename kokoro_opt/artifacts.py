@@ -292,11 +292,16 @@ def checked_kokoro(meta: dict[str, Any], path: Path) -> dict[str, Any]:
         problem = "audio_gain is not a positive gain"
     elif not (isinstance(windows, dict) and all(type(v) in (int, float, bool) for v in windows.values())):
         problem = "windows is not a map of settings to numbers"
-    elif steps := [k for k, v in windows.items() if k != "served_by_default" and not _steps(k, v)]:
+    elif steps := [k for k, v in windows.items() if k in WINDOW_STEP_SETTINGS and not _steps(k, v)]:
         problem = f"windows.{steps[0]} is {windows[steps[0]]!r}, not a number of steps"
     if problem:
         raise UserError(f"{path}: {problem}", _FETCH_AGAIN)
     return meta
+
+
+# kokoro.json's window settings (runtime.windowed.WindowSettings' fields, tests/test_untrusted_artifacts.py)
+WINDOW_STEP_SETTINGS = ("first_steps", "steps", "overlap_steps", "lead_frames", "trail_frames", "finish_steps",
+                        "bridge_overlap_steps")  # fmt: skip
 
 
 def _steps(name: str, value: Any) -> bool:

@@ -353,7 +353,9 @@ def test_a_terminated_run_stops_its_workers_and_their_trials(tune_env: dict[str,
     import psutil
 
     env = tune_env
-    recipe = _recipe(env, "terminated", trials=100_000)  # far more than the workers run while the test waits
+    # far more trials than the workers run while the test waits, each long (seconds): the signal lands inside one
+    measure = {"paragraph": "Hi there, friend. Bye.", "rtf_text": "Hi.", "warmup": 0, "ttfa_runs": 40, "rtf_runs": 40}
+    recipe = _recipe(env, "terminated", trials=100_000, measure=measure)
     command = [sys.executable, "-m", "kokoro_opt.cli", "tune", str(recipe), "--workers", "2", "--artifacts", str(env["root"]),
                "--tracking-uri", env["uri"]]  # fmt: skip
     parent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

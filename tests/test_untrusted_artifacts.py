@@ -210,6 +210,13 @@ def test_a_derived_artifact_arrives_with_its_fp32_export(
         artifact_by_id(derived.id[:12], root, f"sqlite:///{tmp_path / 'other.db'}", say=lambda _: None)
 
 
+def test_the_window_settings_kokoro_json_checks_are_the_decoder_s() -> None:
+    from kokoro_opt.artifacts import WINDOW_STEP_SETTINGS
+    from kokoro_opt.runtime.windowed import WindowSettings
+
+    assert set(WINDOW_STEP_SETTINGS) == set(WindowSettings.__dataclass_fields__)
+
+
 @pytest.mark.parametrize(
     ("name", "content", "match"),
     [("kokoro.json", b'{"vocab": {"a": 1}, "windows": "x"}', "windows is not a map"),

@@ -62,15 +62,11 @@ def serve(
     ] = 1,
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (POST /v1/audio/speech), streaming."""
-    from kokoro_opt.errors import UserError
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.serve import ServeConfig, serve_forever
     from kokoro_opt.serve.config import mode_reason
-    from kokoro_opt.serve.connections import is_loopback
 
     ServeConfig(api_key=api_key, public_metrics=public_metrics)  # flags wrong on their own: before any artifact is sought
-    if allowed_host and not is_loopback(host):
-        raise UserError(f"--allowed-host changes nothing on {host}: any Host is answered there", "drop --allowed-host")
     selection = resolve_artifact(artifact, artifacts, tracking_uri)
     chosen = selection.artifact
     err.print(f"serving {chosen.name} artifact {chosen.id} ({chosen.path}): {selection.reason}")

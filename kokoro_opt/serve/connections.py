@@ -44,18 +44,19 @@ class LoopbackHost:
     can have its own domain re-pointed at 127.0.0.1 (DNS rebinding): the browser then sends it here as same-origin,
     no CORS preflight asked, but its Host header still names that domain. This machine's names are answered, and
     `allowed` ones (a reverse proxy on this machine passing its public name; "*": any). Bound to another address
-    (`bound()` is where the server listens: the app does not know it before it is served) any Host is answered."""
+    (`bound()`: the address the server's socket listens on, set once it is served) any Host is answered."""
 
     def __init__(self, app: ASGIApp, refusal: Callable[[str], Response], bound: Callable[[], str | None],
                  allowed: tuple[str, ...] = ()) -> None:  # fmt: skip
         import socket
 
         self.app, self.refusal, self.bound = app, refusal, bound
-        self.allowed = {name.lower().rstrip(".") for name in (*allowed, socket.gethostname())}
+        self.allowed = {_host_name(name).lower().rstrip(".") for name in (*allowed, socket.gethostname())}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        bound = self.bound()
-        if scope["type"] == "http" and bound is not None and is_loopback(bound) and "*" not in self.allowed:
+        # where it listens (a name given as --host resolved); run by another server, the connection's own address
+        bound = self.bound() or str((scope.get("server") or ("", 0))[0] or "")
+        if scope["type"] == "http" and is_loopback(bound) and "*" not in self.allowed:
             host = dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1")
             name = _host_name(host)
             if host and not is_loopback(name) and name.lower().rstrip(".") not in self.allowed:

@@ -291,6 +291,7 @@ class Engine:
         stream = min(runnable, key=Stream.urgency)
         if self.mode.defers(stream) and (listeners := [s for s in runnable if s.streaming]):
             stream = min(listeners, key=Stream.urgency)  # a whole answer waits while listeners' audio runs short
+        stream.held_since = None  # its unit runs: the next is held afresh
         if stream.job is not None:
             return stream, stream.job[0], stream.job[1]
         tokens, last = self.next_job(stream.pieces, self._budget(stream, time.monotonic()))

@@ -22,12 +22,11 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.app import create_app
 from kokoro_opt.serve.config import ServeConfig
-from kokoro_opt.serve.connections import ABORT
+from kokoro_opt.serve.connections import ABORT, is_loopback
 from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.service import Service
 
 log = logging.getLogger("kokoro_opt.serve")
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 class DrainingServer(uvicorn.Server):
@@ -143,9 +142,9 @@ def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.
     """Serve until SIGTERM or Ctrl-C (then drain, see `DrainingServer`); the artifact loads and warms up
     while /health already answers."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if host not in LOOPBACK and not config.api_key:
-        log.warning("listening on %s without an API key: anyone who can reach it can use it (set --api-key)", host)
     sock = listening_socket(host, port)
+    if not is_loopback(sock.getsockname()[0]) and not config.api_key:
+        log.warning("listening on %s without an API key: anyone who can reach it can use it (set --api-key)", host)
     shown = f"[{host}]" if ":" in host else host
     log.info("listening on http://%s:%d (Ctrl-C to stop)", shown, sock.getsockname()[1])  # uvicorn's own line needs its bind
     try:
@@ -153,7 +152,10 @@ def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.
     except BaseException:
         sock.close()
         raise
-    app.state.bound_host = host
+    app.state.bound_host = bound = sock.getsockname()[0]  # a name given as --host, resolved
+    if config.allowed_hosts and not is_loopback(bound):
+        sock.close()
+        raise UserError(f"--allowed-host changes nothing on {host}: any Host is answered there", "drop --allowed-host")
     # after the drain nothing should be left: what still runs (past the drain timeout) is cut after 1 s
     settings = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=1,
                               http=guarded_http(config))  # fmt: skip
@@ -168,7 +170,7 @@ class ServerThread:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
         service = getattr(app.state, "serve", None)
         http = guarded_http(service.config) if service is not None else "h11"
-        app.state.bound_host = host
+        self.app = app
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", http=http))
         self.host = host
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
@@ -181,7 +183,10 @@ class ServerThread:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise UserError("the server did not start", "is the port free?")
             time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
+        address = self.server.servers[0].sockets[0].getsockname()
+        port = address[1]
+        with contextlib.suppress(AttributeError):  # a Starlette app: where it listens (connections.LoopbackHost)
+            self.app.state.bound_host = address[0]
         self.url = f"http://{self.host}:{port}"
         return self.url
 

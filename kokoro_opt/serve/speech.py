@@ -193,11 +193,11 @@ async def _before_disconnect(request: Request, work: Awaitable[T]) -> T:
     try:
         await asyncio.wait({watcher, task}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
-            task.cancel()
             raise _Gone
         return task.result()
-    finally:
+    finally:  # gone, or this handler cancelled (a shutdown): neither task outlives it
         watcher.cancel()
+        task.cancel()
 
 
 class SpeechHandler:

@@ -25,7 +25,6 @@ from kokoro_opt.evaluate.tracking_store import (
     our_experiments,
     resolve_tracking_uri,
 )
-from kokoro_opt.paths import sqlite_file
 
 EXPERIMENT = "kokoro-opt-tune"
 log = logging.getLogger("kokoro_opt.tune")
@@ -43,11 +42,10 @@ def redact(url: str) -> str:
 
 
 def study_key(storage: str, study: Any) -> str:
-    """Storage, name and the uid set at creation: a deleted and re-created study does not inherit runs. An SQLite
-    storage is its file, however it was spelt (relative or absolute)."""
+    """Storage, name and the uid set at creation: a deleted and re-created study does not inherit runs. (The storage
+    as spelt: every study's records are keyed so, and one SQLite file named two ways is two keys.)"""
     uid = study.user_attrs.get("kokoro_opt.uid", "")
-    where = str(db.resolve()) if (db := sqlite_file(storage)) is not None else redact(storage)
-    return hashlib.sha256(f"{where}|{study.study_name}|{uid}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{redact(storage)}|{study.study_name}|{uid}".encode()).hexdigest()[:16]
 
 
 def recorded_evaluation(

@@ -71,22 +71,28 @@ def _progress(console: Console) -> Progress:
 
 def _spawn(args: list[WorkerArgs], total: int, study: Any, console: Console) -> None:
     """N worker processes on this machine against the same storage; progress read back from the storage."""
+    # a session of their own: a terminal's Ctrl-C reaches this process alone, which interrupts each worker once
     procs = [
-        subprocess.Popen([sys.executable, "-m", "kokoro_opt.tuning.worker", json.dumps(asdict(a))], stdout=subprocess.DEVNULL)
+        subprocess.Popen(
+            [sys.executable, "-m", "kokoro_opt.tuning.worker", json.dumps(asdict(a))],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         for a in args
     ]
-    try:
-        with _progress(console) as progress, _terminated_as_interrupted():
-            task = progress.add_task("", total=total, completed=finished(study))
-            while any(p.poll() is None for p in procs):
-                time.sleep(1.0)
-                trials = study.get_trials(deepcopy=False)
-                done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
-                last = max(done, key=lambda t: t.number, default=None)
-                progress.update(task, completed=len(done), description=_describe(last) if last else "")
-    except BaseException:
-        _stop(procs)
-        raise
+    with _terminated_as_interrupted():
+        try:
+            with _progress(console) as progress:
+                task = progress.add_task("", total=total, completed=finished(study))
+                while any(p.poll() is None for p in procs):
+                    time.sleep(1.0)
+                    trials = study.get_trials(deepcopy=False)
+                    done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+                    last = max(done, key=lambda t: t.number, default=None)
+                    progress.update(task, completed=len(done), description=_describe(last) if last else "")
+        except BaseException:
+            _stop(procs)
+            raise
     failed = [p.returncode for p in procs if p.returncode]
     if failed:
         raise UserError(f"{len(failed)} of {len(procs)} workers exited with an error", "see their messages above")
@@ -116,11 +122,14 @@ def _stop(procs: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
     deadline = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.terminate()
+    try:
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.0, deadline - time.monotonic()))
+    finally:  # also when interrupted again while waiting
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
 
 
 def _sync_records(study: Any, records: StudyRecords, names: list[str]) -> None:

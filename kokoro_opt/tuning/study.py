@@ -50,6 +50,10 @@ def objective_names(resolved: ResolvedSpace) -> list[str]:
     return ["ttfa_p50", "rtf_p50", "quality"] if resolved.quality_objective else ["ttfa_p50", "rtf_p50"]
 
 
+# database drivers that take libpq's or MySQL's `connect_timeout` (the URL's own setting is kept)
+_TIMED_DRIVERS = ("postgresql", "postgresql+psycopg2", "postgresql+psycopg", "mysql", "mysql+pymysql", "mysql+mysqldb")
+
+
 def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
     optuna = load_optuna()
     kwargs: dict[str, Any] = {}
@@ -57,7 +61,7 @@ def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
         db.parent.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{db}" + (f"?{url.partition('?')[2]}" if "?" in url else "")
         kwargs = {"connect_args": {"timeout": 60}}  # several worker processes write to one file
-    elif url.split(":", 1)[0].split("+", 1)[0] in ("postgresql", "mysql"):  # a server that accepts and never answers
+    elif url.split(":", 1)[0] in _TIMED_DRIVERS and "connect_timeout" not in url:  # a server that never answers
         kwargs = {"connect_args": {"connect_timeout": 15}}
     try:
         beat = workers or WorkersConfig()
