@@ -344,6 +344,32 @@ def test_a_whole_answer_waits_while_a_listener_would_run_dry() -> None:
     }
 
 
+def test_retry_after_prices_the_queue_with_what_whole_windowed_jobs_took() -> None:
+    """Windowed, the job cost model prices a job's front only (~80 ms for a first piece on 2 cores): a 429's
+    Retry-After was 1 s whatever the queue. It is priced with what whole jobs took per token, once one was done."""
+    import asyncio
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from kokoro_opt.runtime.windowed import WindowSettings
+    from kokoro_opt.select import Selection
+    from kokoro_opt.serve import ServeConfig
+    from kokoro_opt.serve.engine import Engine
+    from kokoro_opt.serve.modes import WindowedJobs
+    from tests.test_serve_units import _FakeEncoder
+
+    async def retry_after() -> tuple[int, int]:
+        engine = Engine(cast(Selection, None), ServeConfig())
+        engine.mode = WindowedJobs(engine, cast(Any, SimpleNamespace(settings=WindowSettings())))
+        engine.cost.calibrate((10, 0.05), (100, 0.1))  # a front: 44 ms + 0.6 ms a token
+        engine.submit([[1] * 100] * 3, np.zeros((510, 1, 256), np.float32), 1.0, _FakeEncoder(), True)
+        before = engine.retry_after(2)
+        engine.mode.seconds_per_token = 0.01  # a whole job: 10 ms a token
+        return before, engine.retry_after(2)
+
+    assert asyncio.run(retry_after()) == (1, 6)  # 300 tokens left, shared by two requests: 0.42 s -> 1 s; 6 s
+
+
 @pytest.mark.parametrize("kind", ["windowed", "fused_artifact"])
 def test_the_server_finishes_short_jobs_with_the_whole_generator(kind: str, request: pytest.FixtureRequest) -> None:
     """A request nobody hears before it ends: each short job is one whole-generator run, no window. A listener:
@@ -387,6 +413,7 @@ def test_the_server_finishes_short_jobs_with_the_whole_generator(kind: str, requ
         whole = asyncio.run(collect(False))
         assert finished == [0]
         assert engine.mode.finish_ratio not in (priced, FINISH_RATIO)  # each finish prices the next by what it took
+        assert engine.mode.seconds_per_token > 0  # a whole job's compute per token: what Retry-After prices
         finished.clear()
         heard = asyncio.run(collect(True))
         assert all(windows >= 1 for windows in finished)

@@ -268,7 +268,7 @@ class Engine:
         """Seconds until a slot likely frees: the smallest remaining work, shared fairly among `active`."""
         with self.cond:
             left = [sum(map(len, s.pieces)) for s in self.streams]
-        seconds = self.cost.predict(min(left, default=0)) * max(active, 1)
+            seconds = self.mode.seconds_for(min(left, default=0)) * max(active, 1)
         return int(min(60, max(1, round(seconds))))
 
     # ---- the worker ---------------------------------------------------------------------------------

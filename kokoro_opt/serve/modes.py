@@ -46,6 +46,10 @@ class WholeJobs:
         """Never: a job nobody hears is already sized to the tightest listener's buffered audio (`Engine._budget`)."""
         return False
 
+    def seconds_for(self, tokens: int) -> float:
+        """Seconds the synthesis of `tokens` more takes (Retry-After): the job cost model."""
+        return self.engine.cost.predict(tokens)
+
     def step(self, stream: Any, tokens: list[int], last: bool) -> None:
         engine = self.engine
         audio, compute = engine.run_job(tokens, stream.pack, stream.speed, stream.run_options)
@@ -77,6 +81,7 @@ class WindowedJobs:
         self.engine, self.decoder = engine, decoder
         self.finish_ratio = FINISH_RATIO
         self.warm_finish: tuple[int, float] | None = None  # (steps, seconds) of a finish timed at warm-up
+        self.seconds_per_token: float | None = None  # a whole job's compute (front, windows, finish) per token
 
     def finish_seconds(self, job: WindowedJob) -> float:
         """What `job`'s finish is priced at: the window cost of its steps, scaled by what finishes took (from the
@@ -152,6 +157,10 @@ class WindowedJobs:
         closes = job.done
         if closes:
             stream.job = None
+            with engine.cond:  # what `seconds_for` prices the rest of a queue with
+                per = job.compute / max(len(tokens), 1)
+                held = self.seconds_per_token
+                self.seconds_per_token = per if held is None else 0.7 * held + 0.3 * per
             if engine.metrics:
                 engine.metrics.observe_job(job.compute, job.samples / engine.sample_rate)
         if not stream.cancelled:
@@ -196,6 +205,13 @@ class WindowedJobs:
         if stream.held_since is None:
             stream.held_since = now
         return now - stream.held_since < MAX_HOLD
+
+    def seconds_for(self, tokens: int) -> float:
+        """Seconds the synthesis of `tokens` more takes (Retry-After): what whole jobs took per token, front, windows
+        and finish together; the front's cost model alone (a fraction of it) until a job was done."""
+        if self.seconds_per_token is None:
+            return self.engine.cost.predict(tokens)
+        return tokens * self.seconds_per_token
 
     def bridges(self, stream: Any, job: WindowedJob) -> bool:
         """Whether `job`'s next unit is a bridge (call it holding the engine's lock, after `finishes` said no):
