@@ -85,16 +85,14 @@ def real_weights_recipe(name: str):
 @pytest.fixture(scope="module")
 def served(tiny_artifact):
     """A real server (uvicorn on a free loopback port) serving the tiny artifact, warmed: (its URL, its engine)."""
-    from kokoro_opt.select import resolve_artifact
-    from kokoro_opt.serve import Engine, ServeConfig, running
-    from kokoro_opt.serve.metrics import Metrics
+    from kokoro_opt.serve import ServeConfig
+    from tests.serve_helpers import serving_with_engine
 
     # no audio cache: these tests repeat inputs and time, cancel or count their synthesis (test_audio_cache.py)
-    config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120, audio_cache_mb=0)
-    selection = resolve_artifact(str(tiny_artifact.path))
-    engine = Engine(selection, config, Metrics())
-    with running(selection, config, engine=engine) as base:
-        yield base, engine
+    with serving_with_engine(
+        tiny_artifact, ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120, audio_cache_mb=0)
+    ) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,20 @@ def metric(url: str, name: str) -> float:
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
+@contextlib.contextmanager
+def serving_with_engine(artifact: Any, config: Any) -> Iterator[tuple[str, Any]]:
+    """A real server (uvicorn on a free loopback port) serving `artifact`, warmed: (its URL, its engine, which a test
+    may watch or steer)."""
+    from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.serve import Engine, running
+    from kokoro_opt.serve.metrics import Metrics
+
+    selection = resolve_artifact(str(artifact.path))
+    engine = Engine(selection, config, Metrics())
+    with running(selection, config, engine=engine) as base:
+        yield base, engine
+
+
 def held_after_first_job(engine: Any) -> contextlib.AbstractContextManager[threading.Event]:
     """The engine's worker stops after a request's first job, its audio handed out, until the block ends or the
     yielded event is set. What a test then sees of the rest of the request follows from the engine's order,

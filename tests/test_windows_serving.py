@@ -49,15 +49,11 @@ def test_a_job_in_windows_joins_like_the_job_whole(cuts: tuple[int, ...], pause:
 @pytest.fixture(scope="module")
 def windowed_served(windowed):
     """A real server streaming the tiny windowed artifact: (its URL, its engine)."""
-    from kokoro_opt.select import resolve_artifact
-    from kokoro_opt.serve import Engine, ServeConfig, running
-    from kokoro_opt.serve.metrics import Metrics
+    from kokoro_opt.serve import ServeConfig
+    from tests.serve_helpers import serving_with_engine
 
-    config = ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120, windowed=True)
-    selection = resolve_artifact(str(windowed.path))
-    engine = Engine(selection, config, Metrics())
-    with running(selection, config, engine=engine) as base:
-        yield base, engine
+    with serving_with_engine(windowed, ServeConfig(max_queue=4, first_chunk_tokens=20, chunk_tokens=120, windowed=True)) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
