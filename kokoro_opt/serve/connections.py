@@ -23,7 +23,7 @@ def abort_connection(scope: Scope) -> None:
 
 
 def is_loopback(host: str) -> bool:
-    name = host.strip("[]").lower().rstrip(".")
+    name = host.strip("[]").lower().rstrip(".")  # an address, or a name (`_host_name`'s)
     if name == "localhost" or name.endswith(".localhost"):  # resolved to loopback by browsers, never by DNS
         return True
     try:
@@ -33,10 +33,12 @@ def is_loopback(host: str) -> bool:
 
 
 def _host_name(value: str) -> str:
-    """The host of a Host header: `name`, `name:port`, `[v6]`, `[v6]:port`."""
+    """The host of a Host header (`name`, `name:port`, `[v6]`, `[v6]:port`), as compared: lower case, no final dot."""
     if value.startswith("["):
-        return value[: value.find("]") + 1] if "]" in value else value
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+        value = value[: value.find("]") + 1] if "]" in value else value
+    elif value.count(":") == 1:
+        value = value.rsplit(":", 1)[0]
+    return value.lower().rstrip(".")
 
 
 class LoopbackHost:
@@ -51,7 +53,7 @@ class LoopbackHost:
         import socket
 
         self.app, self.refusal, self.bound = app, refusal, bound
-        self.allowed = {_host_name(name).lower().rstrip(".") for name in (*allowed, socket.gethostname())}
+        self.allowed = {_host_name(name) for name in (*allowed, socket.gethostname())}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # where it listens (a name given as --host resolved); run by another server, the connection's own address
@@ -59,7 +61,7 @@ class LoopbackHost:
         if scope["type"] == "http" and is_loopback(bound) and "*" not in self.allowed:
             host = dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1")
             name = _host_name(host)
-            if host and not is_loopback(name) and name.lower().rstrip(".") not in self.allowed:
+            if host and not is_loopback(name) and name not in self.allowed:
                 await self.refusal(host)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -200,9 +200,8 @@ class WindowedJobs:
         else:
             price = self.engine.window_cost.predict(self.window_steps(stream))
         if price <= self.others_seconds(stream, now):
-            stream.held_since = None
             return False
-        if stream.held_since is None:
+        if stream.held_since is None:  # cleared when its unit is picked (`Engine._pick`)
             stream.held_since = now
         return now - stream.held_since < MAX_HOLD
 
