@@ -133,16 +133,17 @@ def remove_stale_temporaries(root: Path) -> None:
 Fill = Callable[[Path], tuple[dict[str, Any], dict[str, Any]]]
 
 
-def build_folder(final: Path, fill: Fill, root: Path | None = None) -> Path:
+def build_folder(final: Path, fill: Fill, root: Path | None = None, built_here: bool = False) -> Path:
     """Run `fill(tmp)` in a temporary folder, write the manifest and build record it returns, rename into place.
 
     `fill` returns (manifest fields, build record); the manifest's `files` are hashed here. A folder with a
     manifest is complete by construction, and reused while its files still match it (`folder_damage`); a
-    damaged one is built again, with a warning. A killed build's temporary folder is never read: the next build
+    damaged one is built again, with a warning. `built_here` (a build's stage outputs and results): a folder
+    `fetch` brought is built again too. A killed build's temporary folder is never read: the next build
     of that folder, or any build's start (`remove_stale_temporaries`), removes it. The lock and the temporary
     folder go under `root` (default: a store's, two levels up from <root>/<recipe>/<id>).
     """
-    if (final / MANIFEST).is_file() and folder_damage(final) is None:
+    if (final / MANIFEST).is_file() and _not_reusable(final, built_here) is None:
         return final
     slot = f"{final.parent.name}-{final.name}"  # unique in the store: <recipe>-<id>, _cache-<kind>-<key>
     root = root if root is not None else final.parent.parent
@@ -151,9 +152,9 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None) -> Path:
     temporary.mkdir(exist_ok=True)
     with _exclusive(locks / slot):
         if (final / MANIFEST).is_file():  # another process finished it while we waited, or it was damaged since
-            if (damage := folder_damage(final)) is None:
+            if (why := _not_reusable(final, built_here)) is None:
                 return final
-            log.warning("%s: %s; building it again", final, damage)
+            log.warning("%s: %s; building it again", final, why)
         for stale in temporary.glob(f"{slot}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = temporary / f"{slot}-{uuid.uuid4().hex[:12]}"
@@ -170,6 +171,15 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _not_reusable(final: Path, built_here: bool) -> str | None:
+    """Why a finished folder is not taken as it is: damaged, or (`built_here`) fetched. None: reuse it."""
+    if (damage := folder_damage(final)) is not None:
+        return damage
+    if built_here and (origin := read_build_record(final).fetched_from):
+        return f"fetched from {origin}, and a build takes as its own only what it built"
+    return None
 
 
 def update_manifest(folder: Path, fields: dict[str, Any]) -> None:

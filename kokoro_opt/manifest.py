@@ -169,6 +169,9 @@ class BuildRecord(BaseModel):
     versions: dict[str, str] = Field(default_factory=dict)
     stages: list[dict[str, Any]] = Field(default_factory=list)
     steps: list[dict[str, Any]] = Field(default_factory=list)
+    # where `fetch` brought the folder from ("" for one built here): a build never takes a fetched folder as its
+    # own cache, since an id hashes a stage's inputs, not the files a pusher put under it
+    fetched_from: str = ""
 
     def find(self, kind: str) -> dict[str, Any] | None:
         """The record of the chain's last stage of this kind; None when this record has none (a chain without

@@ -283,7 +283,7 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
             for file, size in listed.items():
                 if file != MANIFEST and (got := (folder / file).stat().st_size) != size:
                     raise UserError(f"{origin}: {file} arrived with {got} bytes, not {size}", "fetch it again")
-            record = read_build_record(folder).model_dump(mode="json")
+            record = read_build_record(folder).model_dump(mode="json") | {"fetched_from": run_origin}
             for item in folder.iterdir():
                 if item.name not in (MANIFEST, BUILD_RECORD):
                     shutil.move(str(item), tmp / item.name)

@@ -49,14 +49,14 @@ class Store:
         return open_artifact(folder) if (folder / MANIFEST).is_file() else None
 
     def put_stage(self, kind: str, key: str, fill: Fill) -> Artifact:
-        return open_artifact(build_folder(self.stage_path(kind, key), fill))
+        return open_artifact(build_folder(self.stage_path(kind, key), fill, built_here=True))
 
     def put_recipe(self, recipe: str, key: str, fill: Fill, fields: dict[str, Any] | None = None) -> Artifact:
         """The recipe's artifact, built or found; either way it becomes the recipe's newest build (what
         `artifacts/<recipe>` and `best` take): building an earlier recipe again makes it current again. `fields`:
         what the manifest records of the recipe; a found folder records them as they are now (its `evaluate:` or
         description may have been edited since: `evaluate` and `tune` read them there)."""
-        folder = build_folder(self.recipe_path(recipe, key), fill)
+        folder = build_folder(self.recipe_path(recipe, key), fill, built_here=True)
         if fields is not None:
             update_manifest(folder, fields)
         os.utime(folder)

@@ -210,6 +210,30 @@ def test_a_derived_artifact_arrives_with_its_fp32_export(
         artifact_by_id(derived.id[:12], root, f"sqlite:///{tmp_path / 'other.db'}", say=lambda _: None)
 
 
+def test_a_build_takes_nothing_fetched_as_its_own(tracking: str, tiny_recipe, artifacts_root: Path, tmp_path: Path) -> None:
+    """A stage output's id hashes its inputs, not its files: whoever pushed it could have put anything under it. So
+    a build on the machine that fetched it builds every stage and the result again, and what it built replaces
+    what was fetched; what a fetch brings stays what `say`, `serve` and `evaluate` read."""
+    from kokoro_opt.build import build
+    from kokoro_opt.recipe import parse_recipe
+    from kokoro_opt.store import Store
+
+    recipe = parse_recipe(tiny_recipe.model_dump(mode="json", by_alias=True) | {"name": "tiny-ort", "stages": [{"kind": "ort"}]})
+    built = build(recipe, artifacts_root).artifact
+    push_artifact(built, tracking, say=lambda _: None)  # a no-op when the test above pushed it
+    root = tmp_path / "machine" / "artifacts"
+    fetched = fetch_artifact(built.id, root, tracking, say=lambda _: None)
+    assert fetched is not None and (export := Store(root).reference_export(fetched)) is not None
+    assert fetched.build.fetched_from.startswith("MLflow run ") and export.build.fetched_from.startswith("MLflow run ")
+    assert not built.build.fetched_from  # built here
+
+    rebuilt = build(recipe, root)
+    assert rebuilt.artifact.id == built.id and [s["cached"] for s in rebuilt.stages] == [False] * len(rebuilt.stages)
+    again = Store(root).reference_export(rebuilt.artifact)
+    assert again is not None and not again.build.fetched_from and not rebuilt.artifact.build.fetched_from
+    assert all(s["cached"] for s in build(recipe, root).stages)  # and what it built is its cache from now on
+
+
 def test_the_window_settings_kokoro_json_checks_are_the_decoder_s() -> None:
     from kokoro_opt.artifacts import WINDOW_STEP_SETTINGS
     from kokoro_opt.runtime.windowed import WindowSettings
