@@ -422,6 +422,7 @@ def _served_alone_and_together(windowed) -> tuple[list[bytes], list[bytes], int]
     """Two non-streaming requests on a 2-worker engine: each served alone, then both at once."""
     import asyncio
 
+    from kokoro_opt.runtime.session import usable_cores
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.serve import ServeConfig
     from kokoro_opt.serve.encoders import make_encoder
@@ -436,6 +437,8 @@ def _served_alone_and_together(windowed) -> tuple[list[bytes], list[bytes], int]
         assert engine.ready.wait(120) and engine.synth is not None, engine.error
         options = engine.windows.front_session.get_session_options()
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"  # two workers: no spinning
+        # and, where nothing names the threads, each run its share of the cores rather than a pool over all of them
+        assert options.intra_op_num_threads == max(1, usable_cores() // 2)
         pack = engine.synth.packs["tiny_0"]
 
         async def collect(stream) -> bytes:
@@ -471,9 +474,14 @@ def _served_alone_and_together(windowed) -> tuple[list[bytes], list[bytes], int]
     return alone, together, engine.most_running
 
 
-def test_two_workers_serve_two_requests_at_once_with_the_same_audio(windowed) -> None:
+def test_two_workers_serve_two_requests_at_once_with_the_same_audio(windowed, monkeypatch: pytest.MonkeyPatch) -> None:
     """--workers 2 (windowed) runs two requests' windows at once on the shared sessions, and each request's
     audio is what it is served alone (where one worker ran one unit at a time)."""
+    from kokoro_opt.runtime.session import THREADS_ENV, SessionSettings, shared_by
+
+    monkeypatch.delenv(THREADS_ENV, raising=False)  # what a user's server gets: no thread count named
+    named = SessionSettings(intra_op_num_threads=3)
+    assert shared_by(named, 2) == named  # a count tuned.json names is kept
     alone, together, most = _served_alone_and_together(windowed)
     assert most == 2
     for solo, shared in zip(alone, together, strict=True):

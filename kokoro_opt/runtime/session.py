@@ -54,6 +54,21 @@ def default_threads() -> int:
     return int(value)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as a container or `taskset` sets it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def shared_by(settings: SessionSettings, runs: int) -> SessionSettings:
+    """`settings` for sessions that `runs` threads run at once (a windowed server's workers): where nothing names
+    their threads, each run gets its share of the cores, not a pool over all of them that the other run's waits
+    on (two workers on a 2-core AMD EPYC: 8 real-time streams with one thread per run, 7 with two;
+    docs/measurements/2026-11-29-capacity.md)."""
+    if runs <= 1 or settings.resolved().intra_op_num_threads:
+        return settings
+    return replace(settings, intra_op_num_threads=max(1, usable_cores() // runs))
+
+
 GRAPH_LEVELS = {
     "disabled": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",

@@ -36,6 +36,7 @@ import numpy as np
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime import open_synthesizer
+from kokoro_opt.runtime.session import shared_by
 from kokoro_opt.runtime.synth import Speaker, Synthesizer
 from kokoro_opt.runtime.windowed import WindowedDecoder, WindowedJob
 from kokoro_opt.select import Selection
@@ -165,11 +166,12 @@ class Engine:
         sel = self.selection
         log.info("serving artifact %s (%s) at %s: %s", sel.artifact.id, sel.artifact.name, sel.artifact.path, sel.reason)
         started = time.perf_counter()
+        settings = shared_by(sel.settings, self.config.workers)  # more than one worker: windowed only (ServeConfig)
         if self.config.windowed:  # windowed jobs never run the whole graph: never load it
-            self.attach(Synthesizer(sel.artifact, sel.settings, load=False))
+            self.attach(Synthesizer(sel.artifact, settings, load=False))
         else:
-            self.attach(open_synthesizer(sel.artifact, sel.settings))
-        log.info("loaded in %.1f s (session settings: %s)", time.perf_counter() - started, sel.settings)
+            self.attach(open_synthesizer(sel.artifact, settings))
+        log.info("loaded in %.1f s (session settings: %s)", time.perf_counter() - started, settings)
         if self.config.warmup:
             self._warm_up()
 
