@@ -158,18 +158,20 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None, built_here: 
         for stale in temporary.glob(f"{slot}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = temporary / f"{slot}-{uuid.uuid4().hex[:12]}"
+        replaced = temporary / f"{slot}-old{uuid.uuid4().hex[:12]}"  # a damaged or fetched folder, moved aside
         tmp.mkdir()  # not mkdtemp: its 0700 would make the store unreadable to anyone else (a serving account)
         try:
             fields, record = fill(tmp)
             manifest = Manifest.model_validate({**fields, "files": file_hashes(tmp)})
             (tmp / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
             write_json_atomic(tmp / BUILD_RECORD, BuildRecord.model_validate(record).model_dump(mode="json"))
-            if final.exists():
-                shutil.rmtree(final)
+            with contextlib.suppress(FileNotFoundError):  # replaced: a reader (a server loading it, `/v1/models`)
+                os.replace(final, replaced)  # never finds it gone for longer than between two renames
             final.parent.mkdir(parents=True, exist_ok=True)  # only now: a fill that failed leaves no empty folder
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(replaced, ignore_errors=True)
     return final
 
 

@@ -51,7 +51,7 @@ from kokoro_opt.manifest import (
     parse_manifest,
     read_build_record,
 )
-from kokoro_opt.store import PEERS, Store, stage_chain
+from kokoro_opt.store import Store, stage_chain
 
 EXPERIMENT = EXPERIMENT_PREFIX + "artifacts"
 PUSHED_KIND = "artifact"
@@ -251,7 +251,8 @@ def _read_manifest(client: Any, run_id: str, download: str, origin: str) -> Mani
     return manifest
 
 
-def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
+def _fetch_run(client: Any, run: Any, root: Path, say: Say, kind: str | None = None) -> Artifact:
+    """Fetch one push into `root`, verified; `kind`: what its manifest must be (an artifact's fp32 export)."""
     tags = run.data.tags
     run_origin = f"MLflow run {run.info.run_id}"
     artifact_id = check_artifact_id(str(tags.get("artifact_id", "")), f"{run_origin}: its artifact id")
@@ -270,10 +271,13 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say) -> Artifact:
             if manifest.id != artifact_id:
                 raise UserError(f"{origin}: its manifest is for artifact {manifest.id}", "push it again")
             place, expected = _store_place(final), _place_of(manifest)
-            if place != (expected or place) or (expected is None and not place.startswith(PEERS + "/")):
-                # else a tiny artifact placed as int8-mixed/<id> would be that recipe's newest build here
-                belongs = expected or f"{PEERS}/..."
-                raise UserError(f"{origin}: its store place {place!r} is not where its manifest belongs ({belongs})", _PUSH_AGAIN)
+            if expected is None:  # a peer: `push` never sends one, and its folder is what `evaluate --peers` scores
+                raise UserError(f"{origin}: its manifest is a peer's, which no push sends", _PUSH_AGAIN)
+            if place != expected:  # else a tiny artifact placed as int8-mixed/<id> would be that recipe's newest build here
+                wrong = f"its store place {place!r} is not where its manifest belongs ({expected})"
+                raise UserError(f"{origin}: {wrong}", _PUSH_AGAIN)
+            if kind is not None and manifest.kind != kind:
+                raise UserError(f"{origin}: it is a {manifest.kind}, not the {kind} its artifact was built from", _PUSH_AGAIN)
             _check_listing(listed, manifest, origin)
             total = sum(size or 0 for size in listed.values())
             name = tags.get("artifact_name", "?")
@@ -317,7 +321,7 @@ def fetch_artifact(spec: str, root: Path, tracking_uri: str | None = None, say: 
         place = _store_place(Store(root).stage_path("export", key))
         reference = _pushed_runs(client, key, place=place) or _pushed_runs(client, key)
         if reference:
-            _fetch_run(client, reference[0], root, say)
+            _fetch_run(client, reference[0], root, say, kind="export")
         else:
             say(f"its fp32 export {key} was not pushed: it can be served here, not scored against fp32")
     return artifact

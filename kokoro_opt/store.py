@@ -63,7 +63,7 @@ class Store:
         return open_artifact(folder)
 
     def put_peer(self, name: str, fill: Fill) -> Artifact:
-        return open_artifact(build_folder(self.peer_path(name), fill))
+        return open_artifact(build_folder(self.peer_path(name), fill, built_here=True))
 
     def exports(self) -> list[Artifact]:
         """Every cached export, newest first."""

@@ -4,6 +4,7 @@ refuses each with a clear error and writes nothing outside the store."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -113,21 +114,41 @@ def test_a_manifest_whose_recipe_is_no_recipe_is_refused(tracking: str, tmp_path
 
 
 @pytest.mark.parametrize(
-    ("place", "manifest"),
-    [("int8-mixed/{id}", {"kind": "recipe", "recipe": {"name": "tiny"}}),
-     ("_cache/export-{id}", {"kind": "recipe", "recipe": {"name": "tiny"}}),
-     ("_cache/simplify-{id}", {"kind": "export"}),
-     ("_peers/x-{id}", {"kind": "export"}),
-     ("tiny/{id}", {"kind": "peer"})],
+    ("place", "manifest", "match"),
+    [("int8-mixed/{id}", {"kind": "recipe", "recipe": {"name": "tiny"}}, "is not where its manifest belongs"),
+     ("_cache/export-{id}", {"kind": "recipe", "recipe": {"name": "tiny"}}, "is not where its manifest belongs"),
+     ("_cache/simplify-{id}", {"kind": "export"}, "is not where its manifest belongs"),
+     ("_peers/x-{id}", {"kind": "export"}, "is not where its manifest belongs"),
+     ("tiny/{id}", {"kind": "peer"}, "a peer's, which no push sends"),
+     ("_peers/x-{id}", {"kind": "peer"}, "a peer's, which no push sends")],
 )  # fmt: skip
-def test_a_store_place_that_is_not_the_manifests_is_refused(tracking: str, tmp_path: Path, place: str, manifest: dict) -> None:
+def test_a_store_place_that_is_not_the_manifests_is_refused(
+    tracking: str, tmp_path: Path, place: str, manifest: dict, match: str
+) -> None:
     """A push run says where a fetch puts it: it must be where its manifest belongs. A tiny artifact placed as
     int8-mixed/<id> became that recipe's newest build on the machine that fetched it (what `serve` and `voices`
-    took), and any artifact could be placed as a stage output that builds reuse."""
+    took), and any artifact could be placed as a stage output that builds reuse. A peer (kokoro-onnx's model, what
+    `evaluate --peers` scores) is never pushed: one in a tracking store is refused wherever it says it goes."""
     artifact_id = f"c{abs(hash(place + json.dumps(manifest))) % 16**15:015x}"
     text = json.dumps({"format": 2, "id": artifact_id, "files": {}, **manifest})
     craft(tracking, artifact_id, {"voices.npz": b"x"}, place=place.format(id=artifact_id), manifest_text=text)
-    refused(tracking, tmp_path / "machine", artifact_id, "is not where its manifest belongs")
+    refused(tracking, tmp_path / "machine", artifact_id, match)
+
+
+def test_an_artifact_s_fp32_export_must_be_an_export(tracking: str, tmp_path: Path) -> None:
+    """What a fetch brings as an artifact's fp32 export is the push of the id its chain names: a push of that id
+    that is no export (here a recipe artifact, which would become that recipe's newest build) is refused."""
+    reference, artifact_id = "c0de0000c0de0001", "c0de0000c0de0002"
+    craft(tracking, reference, {"voices.npz": b"x"})  # a tiny recipe artifact, placed as tiny/<id>
+    chain = [{"kind": "export", "key": reference}, {"kind": "ort", "key": artifact_id}]
+    files = {"voices.npz": {"sha256": hashlib.sha256(b"x").hexdigest(), "size": 1}}
+    text = json.dumps({"format": 2, "id": artifact_id, "kind": "recipe", "recipe": {"name": "tiny"}, "chain": chain,
+                       "files": files})  # fmt: skip
+    craft(tracking, artifact_id, {"voices.npz": b"x"}, manifest_text=text)
+    machine = tmp_path / "machine"
+    with pytest.raises(UserError, match="not the export its artifact was built from"):
+        fetch_artifact(artifact_id, machine / "artifacts", tracking, say=lambda _: None)
+    assert not (machine / "artifacts" / "tiny" / reference).exists()
 
 
 def test_a_file_larger_than_its_manifest_says_is_refused_before_download(tracking: str, tmp_path: Path) -> None:
