@@ -480,8 +480,10 @@ def test_two_workers_serve_two_requests_at_once_with_the_same_audio(windowed, mo
     from kokoro_opt.runtime.session import THREADS_ENV, SessionSettings, shared_by
 
     monkeypatch.delenv(THREADS_ENV, raising=False)  # what a user's server gets: no thread count named
-    named = SessionSettings(intra_op_num_threads=3)
-    assert shared_by(named, 2) == named  # a count tuned.json names is kept
+    # a count tuned.json or KOKORO_OPT_THREADS names is the process's, split among the workers too
+    assert shared_by(SessionSettings(intra_op_num_threads=4), 2).intra_op_num_threads == 2
+    assert shared_by(SessionSettings(intra_op_num_threads=1), 2).intra_op_num_threads == 1
+    assert shared_by(SessionSettings(), 1) == SessionSettings()  # one worker: as named, or every core
     alone, together, most = _served_alone_and_together(windowed)
     assert most == 2
     for solo, shared in zip(alone, together, strict=True):

@@ -58,7 +58,7 @@ def serve(
     ] = None,
     audio_cache_mb: Annotated[float, typer.Option(help="responses kept to answer repeats at once; 0: off")] = 8.0,
     workers: Annotated[
-        int, typer.Option(help="streams worked for at once; 2 (windowed): more listeners at once, a core each, more memory")
+        int, typer.Option(help="streams worked for at once; 2 (windowed): more listeners, half the threads each, more memory")
     ] = 1,
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (POST /v1/audio/speech), streaming."""

@@ -8,7 +8,6 @@ then, which the generator carries as it carries any float noise (the stage's gat
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from kokoro_opt.runtime.fused_plan import (
     own_constants,
 )
 from kokoro_opt.runtime.glue import ChainArgs, Kernels, per_channel
-from kokoro_opt.runtime.session import SessionSettings, make_session
+from kokoro_opt.runtime.session import SessionSettings, make_session, usable_cores
 
 FUSED_DIR = "fused"
 __all__ = ["CONSTANTS_FILE", "FUSED_DIR", "PLAN_FILE", "FusedGenerator", "FusedSpeaker"]
@@ -43,7 +42,7 @@ class FusedGenerator:
         self.plan = FusedPlan.read(folder, self.constants)
         self._held: dict[tuple[str, int], np.ndarray] = {}  # constants as the kernels read them (_constant)
         threads = settings.resolved().intra_op_num_threads  # 0: ONNX Runtime takes every core, a chain up to 4
-        self.kernels = Kernels.load(threads if threads > 0 else min(os.cpu_count() or 2, 4))
+        self.kernels = Kernels.load(threads if threads > 0 else min(usable_cores(), 4))
         self.chain_seconds = 0.0  # time in the native chains: a profile's row beside ONNX Runtime's operators
         segments = self.plan.segments()
         for name in segments:  # the plan names files of its own folder only (its schema); they must be there

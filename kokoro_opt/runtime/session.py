@@ -55,18 +55,26 @@ def default_threads() -> int:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, as a container or `taskset` sets it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores this process may run on: its CPU affinity (`taskset`, a container's cpuset), within its cgroup's
+    CPU quota (`docker --cpus`, a Kubernetes limit) where one is set."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return max(1, min(cores, -(-int(quota) // int(period))))  # "max 100000": no quota (ValueError)
+    except (OSError, ValueError):
+        return cores
 
 
 def shared_by(settings: SessionSettings, runs: int) -> SessionSettings:
-    """`settings` for sessions that `runs` threads run at once (a windowed server's workers): where nothing names
-    their threads, each run gets its share of the cores, not a pool over all of them that the other run's waits
-    on (two workers on a 2-core AMD EPYC: 8 real-time streams with one thread per run, 7 with two;
+    """`settings` for sessions that `runs` threads run at once (a windowed server's workers): the process's
+    threads (as named, else its usable cores) split among the runs, so that each has its share rather than
+    every run a pool over all of them that the other runs wait on (two workers on a 2-core AMD EPYC: eight streams
+    played through in every run with a thread each, and ran short with one shared pool;
     docs/measurements/2026-11-29-capacity.md)."""
-    if runs <= 1 or settings.resolved().intra_op_num_threads:
+    if runs <= 1:
         return settings
-    return replace(settings, intra_op_num_threads=max(1, usable_cores() // runs))
+    budget = settings.resolved().intra_op_num_threads or usable_cores()
+    return replace(settings, intra_op_num_threads=max(1, budget // runs))
 
 
 GRAPH_LEVELS = {

@@ -15,7 +15,7 @@ from typing import Any
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.runtime.session import SessionSettings
+from kokoro_opt.runtime.session import SessionSettings, usable_cores
 from kokoro_opt.store import Store
 from kokoro_opt.tuning.config import QualityConfig, SpaceConfig, TuneRecipe
 from kokoro_opt.voices import unknown_voice
@@ -206,8 +206,6 @@ def available_providers(space: SpaceConfig, say: Say) -> dict[str, dict[str, lis
 
 
 def resolve_space(recipe: TuneRecipe, root: Path, tracking_uri: str | None, say: Say) -> ResolvedSpace:
-    import os
-
     skipped: list[str] = []
 
     def note(message: str) -> None:
@@ -223,7 +221,7 @@ def resolve_space(recipe: TuneRecipe, root: Path, tracking_uri: str | None, say:
     providers = available_providers(recipe.space, note)
     if not providers:
         raise UserError("none of space.providers is available here", f"add {CPU} to the tuning recipe")
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     intra = [n for n in recipe.space.intra_op_num_threads if n <= cores]
     if not intra:  # every one would oversubscribe the cores: nothing worth measuring
         raise UserError(
