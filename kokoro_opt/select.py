@@ -239,12 +239,15 @@ def names_a_path(spec: str) -> bool:
 def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
     if spec != "best":
         if names_a_path(spec):
-            return Selection(open_artifact(spec), reason=f"given as a path: {spec}")
+            given = open_artifact(spec)
+            given.check_intact()  # never spoken with as what its id names once changed (an id is checked as it is found)
+            return Selection(given, reason=f"given as a path: {spec}")
         return Selection(artifact_by_id(spec, root, tracking_uri), reason=f"given as an id: {spec}")
     notes: list[str] = []
     # in turn: the evaluation records are read (MLflow, in a child process) only when nothing tuned is served
     pick = tuned_selection(root, notes) or evaluated_selection(root, tracking_uri)
     if pick is not None:
+        pick.artifact.check_intact()
         pick.reason = "; ".join([pick.reason, *notes])
         return pick
     every = Store(root).artifacts()
@@ -253,5 +256,6 @@ def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
     fp32 = [a for a in every if a.name == "fp32"]
     runnable = [a for a in every if _runs_here(a)]
     chosen = (fp32 or runnable or every)[-1]
+    chosen.check_intact()
     reason = f"no tuning or evaluation records yet: newest {chosen.name} artifact"
     return Selection(chosen, reason="; ".join([reason, *notes]))

@@ -300,6 +300,22 @@ def test_an_artifact_path_that_is_not_one_says_what_it_is(tiny_artifact, tmp_pat
     assert not (tmp_path / "x.wav").exists()
 
 
+def test_a_folder_changed_since_it_was_built_is_never_spoken_with(tiny_artifact, tmp_path: Path) -> None:
+    """What `say` and `serve` take by path or as `best` is checked against its manifest, as `evaluate` and an id
+    are: a changed file is one error naming it, not audio from what the id no longer names."""
+    copy = tmp_path / "artifacts" / "tiny" / tiny_artifact.id
+    link_or_copy(tiny_artifact.path, copy)
+    voices = copy / "voices.npz"
+    data = voices.read_bytes()
+    voices.unlink()  # a hard link to the fixture's file: replaced, not written through
+    voices.write_bytes(data + b"\0")
+    out = tmp_path / "x.wav"
+    for spec in (str(copy), "best"):
+        result = run_cli("say", "Hi.", "--artifact", spec, "--artifacts", str(tmp_path / "artifacts"), "-o", str(out))
+        assert result.returncode == 2 and "voices.npz" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not out.exists()
+
+
 def test_an_id_prefix_two_artifacts_share_is_refused(tiny_artifact, tmp_path: Path) -> None:
     from kokoro_opt.errors import UserError
     from kokoro_opt.manifest import MANIFEST
