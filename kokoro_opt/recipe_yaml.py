@@ -48,6 +48,21 @@ def name_from_file(data: dict[str, Any], path: Path) -> None:
     data.setdefault("name", path.stem)
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error: PyYAML keeps the last one, so
+    a second `stages:` further down would silently replace the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"'{key}' is given twice (lines {seen[key]} and {line})")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml_mapping(path: Path, kind: str, example: str) -> dict[str, Any]:
     """A YAML file that must hold a mapping; every problem is one UserError naming the file."""
     if path.is_dir():
@@ -55,7 +70,7 @@ def read_yaml_mapping(path: Path, kind: str, example: str) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{kind} file not found: {path}", f"pass an existing .yaml file, e.g. {example}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys)
     except yaml.YAMLError as exc:
         raise UserError(f"{path} is not valid YAML: {exc}".replace("\n", " "), "fix the YAML syntax") from exc
     except UnicodeDecodeError as exc:
@@ -109,4 +124,5 @@ def explain(error: Any) -> str:
         return f"field '{where}': {message}" if error["loc"] else message
     if kind in ("literal_error", "union_tag_invalid"):
         return f"field '{where}': {error['msg']}"
-    return f"field '{where}': {error['msg']} (got {error.get('input')!r})"
+    got = repr(error.get("input"))  # a whole section when the wrong kind of file is given (a lock): the start of it
+    return f"field '{where}': {error['msg']} (got {got if len(got) <= 80 else got[:77] + '...'})"

@@ -67,6 +67,15 @@ def test_bad_yaml_and_self_extension(tmp_path: Path) -> None:
         load_recipe(write(tmp_path, "name: [x\n"))
     with pytest.raises(UserError, match="extends itself"):
         load_recipe(write(tmp_path, "extends: loop.yaml\nname: loop\n", "loop.yaml"))
+    # a key given twice: PyYAML would keep the last, so a second `stages:` would replace the first unsaid
+    with pytest.raises(UserError, match=r"'stages' is given twice \(lines 2 and 4\)"):
+        load_recipe(write(tmp_path, "name: x\nstages: [{kind: simplify}]\nevaluate: {runs: 1}\nstages: [{kind: ort}]\n"))
+    with pytest.raises(UserError, match=r"'kind' is given twice"):  # in a nested mapping too
+        load_recipe(write(tmp_path, "name: x\nstages:\n  - kind: simplify\n    kind: ort\n"))
+    # the wrong kind of file (a lock parses as YAML): what was found is quoted by its start, not the whole section
+    with pytest.raises(UserError, match="field 'stages'") as refused:
+        load_recipe(Path(__file__).parent.parent / "recipes" / "int8-mixed.lock.json")
+    assert len(str(refused.value)) < 1_000
     latin1 = tmp_path / "latin1.yaml"
     latin1.write_bytes(b"name: caf\xe9\n")
     with pytest.raises(UserError, match="is not UTF-8 text"):
