@@ -284,7 +284,7 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say, kind: str | None = N
             total = sum(size or 0 for size in listed.values())
             name = tags.get("artifact_name", "?")
             say(f"fetching {name} {artifact_id} ({total / 1e6:.0f} MB) from MLflow run {run.info.run_id}")
-            folder = Path(client.download_artifacts(run.info.run_id, FOLDER, download))
+            folder = Path(download_quietly(client, run.info.run_id, FOLDER, download))
             verify_folder(folder, manifest, origin, damaged)
             for file, size in listed.items():
                 if file != MANIFEST and (got := (folder / file).stat().st_size) != size:

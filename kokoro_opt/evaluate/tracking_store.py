@@ -4,6 +4,7 @@ Evaluations (tracking.py), tuning trials (tuning/records.py), rankings and push/
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from functools import cache
@@ -52,8 +53,12 @@ def _answers(uri: str) -> None:
         return
     if scheme in ("", "file"):
         raise UserError(f"{uri!r} is not a tracking store MLflow writes", "use sqlite:///path/to/mlflow.db or http://host:5000")
-    if scheme not in ("http", "https"):
+    if scheme == "databricks":  # answered by MLflow's own client, which knows its profiles
         return
+    if scheme not in ("http", "https"):  # else MLflow would fail only after the work is done, at the first log
+        raise UserError(
+            f"{uri!r}: MLflow has no tracking store for {scheme}://", "use sqlite:///path/to/mlflow.db or http://host:5000"
+        )
     from urllib.error import HTTPError, URLError
     from urllib.request import urlopen
 
@@ -77,10 +82,24 @@ def _sqlite_writable(db: Path, uri: str) -> None:
             raise IsADirectoryError(f"{db} is not a file")
         with tempfile.NamedTemporaryFile(dir=db.parent, prefix=".kokoro-opt-probe-"):
             pass
+        if db.is_file() and db.stat().st_size:
+            _is_sqlite(db, uri)
     except OSError as exc:
         why = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
         hint = f"point --tracking-uri ({uri}) at a writable place, e.g. sqlite:///experiments/mlflow.db"
         raise UserError(f"cannot write the SQLite tracking store {db} ({why})", hint) from None
+
+
+def _is_sqlite(db: Path, uri: str) -> None:
+    """An existing file is an SQLite database (MLflow's or not yet): else MLflow fails after the work, with a traceback."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+            connection.execute("PRAGMA schema_version")
+    except sqlite3.DatabaseError as exc:
+        hint = f"point --tracking-uri ({uri}) at a new file or an MLflow database"
+        raise UserError(f"{db} is not an SQLite database ({exc})", hint) from None
 
 
 def _database_answers(uri: str, scheme: str) -> None:
