@@ -159,7 +159,14 @@ def test_cli_mistakes_outside_recipes_are_one_line_too(tiny_artifact, tmp_path: 
         (["tune", str(ROOT / "recipes" / "tiny.yaml")], "is a build recipe, not a tuning recipe"),
         # nothing listens on port 9: at once, not after MLflow's minutes of retries
         (["push", str(tiny_artifact.path), "--tracking-uri", "http://127.0.0.1:9"], "does not answer"),
-        (["fetch", "abcdef12", "--tracking-uri", "foo://bar", "--artifacts", str(tmp_path / "f")], "MLflow: "),
+        (
+            ["fetch", "abcdef12", "--tracking-uri", "foo://bar", "--artifacts", str(tmp_path / "f")],
+            "no tracking store for foo://",
+        ),
+        (
+            ["build", str(ROOT / "recipes" / "tiny.yaml"), "--no-evaluate", "--tracking-uri", "http://127.0.0.1:9"],
+            "--tracking-uri would change nothing",
+        ),
         # checked before the build whose evaluation it would log
         (
             [
