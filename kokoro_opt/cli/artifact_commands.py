@@ -112,8 +112,11 @@ def say(
     artifacts: ArtifactsRoot = Path("artifacts"),
     output: Annotated[Path, typer.Option("-o", "--output", help="WAV file to write")] = Path("out.wav"),
     voice: Annotated[
-        str, typer.Option(help="voice name, an OpenAI name (alloy, ...), or a blend like jf_alpha(2)+jm_kumo(1)")
-    ] = "jf_alpha",
+        str,
+        typer.Option(
+            help="voice name, an OpenAI name (alloy, ...: every artifact has them), or a blend like jf_alpha(2)+jm_kumo(1)"
+        ),
+    ] = "alloy",
     speed: Annotated[float, typer.Option(help="0.25 to 4.0")] = 1.0,
     tracking_uri: TrackingUri = None,
 ) -> None:
