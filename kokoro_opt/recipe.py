@@ -163,6 +163,22 @@ class QuantizeStage(Strict):
             raise ValueError(f"fallback_precision 'fp16' needs mode 'mixed' (mode '{self.mode}' has no fallback blocks)")
         return self
 
+    @model_validator(mode="after")
+    def _fields_the_mode_reads(self) -> QuantizeStage:
+        """A field the mode never reads would change nothing: refused, not ignored (dynamic mode is kokoro-onnx's
+        recipe, per-tensor and ranges at run time; static quantizes every op of `op_types`, no analysis)."""
+        unread = sorted(_UNREAD_BY_MODE.get(self.mode, set()) & self.model_fields_set)
+        if unread:
+            fields = ", ".join(unread)
+            raise ValueError(f"mode '{self.mode}' does not read {fields}: drop {'it' if len(unread) == 1 else 'them'}")
+        return self
+
+
+_STATIC_FIELDS = {"per_channel", "activation_type", "calibrate_method", "op_types", "calibration_sentences", "equalize_outputs"}
+_MIXED_FIELDS = {"quality_budget_pesq", "min_sentence_pesq", "max_high_band_db", "min_durations_equal", "min_block_time_share",
+                 "sensitivity_sentences", "input_clip_percentiles", "fallback_precision"}  # fmt: skip
+_UNREAD_BY_MODE = {"dynamic": _STATIC_FIELDS | _MIXED_FIELDS, "static": _MIXED_FIELDS}
+
 
 class CompressStage(Strict):
     """8-bit storage of the weights that stay FP32; ONNX Runtime expands them when it loads the model."""

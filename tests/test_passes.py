@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -263,6 +264,23 @@ def test_quantize_config_is_validated(bad: dict) -> None:
 
     with pytest.raises(UserError):
         parse_recipe({"name": "x", "stages": [{"kind": "quantize", "mode": "static", **bad}]})
+
+
+@pytest.mark.parametrize(
+    ("stage", "unread"),
+    [({"mode": "dynamic", "per_channel": True, "op_types": ["MatMul"]}, "mode 'dynamic' does not read op_types, per_channel"),
+     ({"mode": "dynamic", "quality_budget_pesq": 4.5}, "mode 'dynamic' does not read quality_budget_pesq"),
+     ({"mode": "static", "min_durations_equal": 0.5}, "mode 'static' does not read min_durations_equal")],
+)  # fmt: skip
+def test_a_quantize_field_its_mode_never_reads_is_refused(stage: dict, unread: str) -> None:
+    """Dynamic mode (kokoro-onnx's recipe) took per_channel and op_types and quantized per tensor, every op type:
+    a field that would change nothing is refused, not recorded as if it had been applied."""
+    from kokoro_opt.errors import UserError
+
+    with pytest.raises(UserError, match=re.escape(unread)):
+        parse_recipe({"name": "x", "stages": [{"kind": "quantize", **stage}]})
+    kept = parse_recipe({"name": "x", "stages": [{"kind": "quantize", "mode": "dynamic", "exclude_nodes": ["/a"]}]})
+    assert kept.stages[0].exclude_nodes == ["/a"]  # what dynamic mode reads
 
 
 def test_selector_cuts_the_inputs_of_a_fallen_block_when_that_scores_better() -> None:
