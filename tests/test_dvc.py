@@ -31,6 +31,30 @@ def test_every_recipe_has_a_dvc_stage() -> None:
         assert f"recipes/{name}.yaml" in stage["deps"]
 
 
+def test_each_dvc_stage_depends_on_what_its_build_reads() -> None:
+    """`dvc repro` reruns a stage only when a dep changed: each must name every file its build's cache keys read (the
+    recipes it extends, the data its passes read, the locks it applies), or DVC skips a rebuild kokoro-opt would do."""
+    from kokoro_opt.build import chain_of
+    from kokoro_opt.export import PASS as EXPORT
+    from kokoro_opt.locks import lock_path, parent_locks
+    from kokoro_opt.recipe import load_recipe
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        recipe_file = ROOT / "recipes" / f"{name}.yaml"
+        deps = set(stage["deps"])
+        reads = {read for p in [EXPORT, *chain_of(load_recipe(recipe_file))] for read in p.reads}
+        for read in sorted(reads):
+            assert any(read == dep or read.startswith(dep.rstrip("/") + "/") for dep in deps), (name, read)
+        for lock in [lock_path(recipe_file), *parent_locks(lock_path(recipe_file))]:
+            if lock.is_file():
+                assert str(lock.relative_to(ROOT)) in deps, (name, lock)
+        parent = yaml.safe_load(recipe_file.read_text()).get("extends")
+        while parent:
+            assert f"recipes/{parent}" in deps, (name, parent)
+            parent = yaml.safe_load((ROOT / "recipes" / parent).read_text()).get("extends")
+
+
 def _tool(name: str) -> str:
     found = shutil.which(name) or (str(BIN / name) if (BIN / name).exists() else None)
     if found is None:
