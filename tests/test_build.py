@@ -180,6 +180,8 @@ def test_cli_mistakes_outside_recipes_are_one_line_too(tiny_artifact, tmp_path: 
             "does not answer",
         ),
         (["build", str(ROOT / "recipes" / "tune-cpu.yaml")], "is a tuning recipe, not a build recipe"),
+        (["build", str(ROOT / "recipes" / "tiny.yaml"), "--reanalyze"], "--reanalyze would change nothing: recipe tiny"),
+        (["compare", str(tiny_artifact.path), "--no-log", "--tracking-uri", "http://127.0.0.1:9"], "with --no-log"),
         (["tune", "--show", "--seed", "3"], "--show alone runs no trial: --seed would change nothing"),
         (["serve", "--public-metrics"], "--public-metrics changes nothing without --api-key"),
         (["voices", "--artifact", ""], "the artifact given is an empty name"),

@@ -28,6 +28,7 @@ def build(
 
     Measured decisions come from the lock beside the recipe (recipes/<name>.lock.json) where it fits, else are written there."""
     from kokoro_opt.build import build as run_build
+    from kokoro_opt.build import chain_of
     from kokoro_opt.errors import UserError
     from kokoro_opt.locks import lock_path
     from kokoro_opt.recipe import load_recipe
@@ -35,6 +36,8 @@ def build(
     parsed = load_recipe(recipe)
     if tracking_uri is not None and not (push or (evaluate and parsed.evaluate.enabled)):
         raise UserError("--tracking-uri would change nothing: this build neither evaluates nor pushes", "drop it, or add --push")
+    if reanalyze and not any(p.decides for p in chain_of(parsed)):
+        raise UserError(f"--reanalyze would change nothing: recipe {parsed.name} measures no decisions", "drop it")
     if push or (evaluate and parsed.evaluate.enabled):  # a store that does not answer: before the build, not after
         from kokoro_opt.evaluate.tracking_store import require_answers
 

@@ -118,6 +118,10 @@ def compare(
     from kokoro_opt.machine import fingerprint
     from kokoro_opt.store import Store
 
+    if not log and tracking_uri is not None:
+        from kokoro_opt.errors import UserError
+
+        raise UserError("--tracking-uri would change nothing with --no-log", "drop it, or drop --no-log")
     if log:
         require_answers(tracking_uri)  # where the comparison goes: before the measuring, not after
     chosen = [open_artifact(f) for f in folders] if folders else Store(artifacts).artifacts()
