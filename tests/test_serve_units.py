@@ -367,13 +367,16 @@ def test_a_capacity_probe_narrows_down_between_its_steps(carries: int, probed: l
     assert list(results) == probed
 
 
-def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, tmp_path: Path) -> None:
-    """bench-serve --capacity records, per machine, artifact and mode; serve takes it as its default queue limit."""
+def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, tmp_path: Path, monkeypatch) -> None:
+    """bench-serve --capacity records, per machine, artifact, mode, workers and their threads; serve takes it as its
+    default queue limit."""
     from kokoro_opt.artifacts import link_or_copy, open_artifact
+    from kokoro_opt.runtime.session import THREADS_ENV
     from kokoro_opt.select import Selection
     from kokoro_opt.serve import ServeConfig
     from kokoro_opt.serve.capacity import DEFAULT_QUEUE, measured_capacity, record_capacity
 
+    monkeypatch.delenv(THREADS_ENV, raising=False)  # a server whose sessions take every core (threads 0)
     root = tmp_path / "artifacts"
     link_or_copy(tiny_artifact.path, root / "tiny" / tiny_artifact.id)
     selection = Selection(open_artifact(root / "tiny" / tiny_artifact.id))
@@ -386,7 +389,13 @@ def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, t
     record_capacity(root, tiny_artifact.id, "whole", 1, 7)  # measured again: replaces it
     assert measured_capacity(root, tiny_artifact.id, "whole", 1).streams == 7
     record_capacity(root, tiny_artifact.id, "whole", 2, 11)  # two workers: a count of its own
+    record_capacity(root, tiny_artifact.id, "whole", 1, 5, threads=1)  # sessions of one thread: one of its own too
     assert measured_capacity(root, tiny_artifact.id, "whole", 1).streams == 7
+    assert measured_capacity(root, tiny_artifact.id, "whole", 1, threads=1).streams == 5
+    monkeypatch.setenv(THREADS_ENV, "1")
+    assert ServeConfig.for_selection(selection).max_queue == 5
+    assert "(whole, 1 worker of 1 thread;" in ServeConfig.for_selection(selection).admission(selection, False)
+    monkeypatch.delenv(THREADS_ENV)
     assert ServeConfig.for_selection(selection).max_queue == 7
     assert "this machine sustains 7 simultaneous" in ServeConfig.for_selection(selection).admission(selection, False)
     assert ServeConfig.for_selection(selection, max_queue=2).max_queue == 2  # asked for: kept

@@ -201,8 +201,8 @@ def serve_args(
 def keep_probe_result(scenarios: list[Scenario], served: dict[str, Any], artifacts: Path) -> tuple[capacity.Capacity, Path]:
     """Keep what a capacity probe found for the served artifact and mode, where `serve` reads its default."""
     streams, limit = capacity.sustained([s.summary() for s in scenarios])
-    mode, workers = served.get("mode", "whole"), served.get("workers", 1)
-    kept = capacity.record_capacity(artifacts, served["id"], mode, workers, streams, limit)
+    mode, workers, threads = served.get("mode", "whole"), served.get("workers", 1), served.get("threads", 0)
+    kept = capacity.record_capacity(artifacts, served["id"], mode, workers, streams, limit, threads)
     return kept, artifacts / capacity.CAPACITY_FILE
 
 

@@ -87,44 +87,50 @@ class Capacity:
     machine: dict[str, Any]
     measured: str
     ttfa_limit: float = TTFA_P95_LIMIT
+    threads: int = 0  # each worker's session threads (ServeConfig.session_threads); 0: ONNX Runtime's, every core
 
     def describe(self) -> str:
         return (
             f"{self.streams} simultaneous real-time stream{'' if self.streams == 1 else 's'} ({self.mode}, {self.workers} worker"
-            f"{'s' if self.workers > 1 else ''}; first audio within {self.ttfa_limit:.2f} s), measured by "
-            f"bench-serve --capacity on {self.measured[:10]}"
+            f"{'s' if self.workers > 1 else ''}{_threads_text(self.threads)}; first audio within {self.ttfa_limit:.2f} s), "
+            f"measured by bench-serve --capacity on {self.measured[:10]}"
         )
 
 
+def _threads_text(threads: int) -> str:
+    return f" of {threads} thread{'s' if threads > 1 else ''}" if threads else ""
+
+
 def record_capacity(
-    root: Path, artifact_id: str, mode: str, workers: int, streams: int, ttfa_limit: float = TTFA_P95_LIMIT
+    root: Path, artifact_id: str, mode: str, workers: int, streams: int, ttfa_limit: float = TTFA_P95_LIMIT, threads: int = 0
 ) -> Capacity:
-    """Keep the measurement for this machine, replacing an earlier one of the same artifact and mode."""
+    """Keep the measurement for this machine, replacing an earlier one of the same artifact, mode, workers and threads."""
     from kokoro_opt.machine import fingerprint
 
     measured = datetime.now(UTC).isoformat(timespec="seconds")
-    found = Capacity(artifact_id, mode, workers, streams, fingerprint(), measured, round(ttfa_limit, 3))
-    kept = [c for c in _read(root) if (c.artifact_id, c.mode, c.workers, c.machine.get("id")) != _key(found)]
+    found = Capacity(artifact_id, mode, workers, streams, fingerprint(), measured, round(ttfa_limit, 3), threads)
+    kept = [c for c in _read(root) if _key(c) != _key(found)]
     root.mkdir(parents=True, exist_ok=True)
     write_json_atomic(root / CAPACITY_FILE, {"measurements": [asdict(c) for c in [*kept, found]]})
     return found
 
 
-def measured_capacity(root: Path, artifact_id: str, mode: str, workers: int) -> Capacity | None:
-    """This machine's measurement for the artifact and mode, if any."""
+def measured_capacity(root: Path, artifact_id: str, mode: str, workers: int, threads: int = 0) -> Capacity | None:
+    """This machine's measurement for the artifact and mode, served with as many workers of as many threads, if any."""
     from kokoro_opt.machine import fingerprint, same_machine
 
     here = fingerprint()
     matches = [
         c
         for c in _read(root)
-        if (c.artifact_id, c.mode, c.workers) == (artifact_id, mode, workers) and same_machine(c.machine, here)
+        if (c.artifact_id, c.mode, c.workers, c.threads) == (artifact_id, mode, workers, threads)
+        and same_machine(c.machine, here)
     ]
     return matches[-1] if matches else None
 
 
-def _key(c: Capacity) -> tuple[str, str, int, Any]:
-    return c.artifact_id, c.mode, c.workers, c.machine.get("id")
+def _key(c: Capacity) -> tuple[str, str, int, int, Any]:
+    return c.artifact_id, c.mode, c.workers, c.threads, c.machine.get("id")
 
 
 def _read(root: Path) -> list[Capacity]:
@@ -148,5 +154,6 @@ def _record(entry: Any) -> Capacity | None:
         return None
     texts = all(isinstance(v, str) for v in (c.artifact_id, c.mode, c.measured)) and isinstance(c.machine, dict)
     counts = type(c.workers) is int and type(c.streams) is int and 0 <= c.streams <= max(COUNTS)
+    counts = counts and type(c.threads) is int and c.threads >= 0
     limit = type(c.ttfa_limit) in (int, float) and 0 < c.ttfa_limit <= TTFA_P95_CEILING
     return c if texts and counts and limit else None

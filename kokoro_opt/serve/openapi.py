@@ -52,6 +52,7 @@ class ModelEntry(BaseModel):
     reason: str | None = None
     mode: Literal["windowed", "whole", "whole-capped"] | None = None  # how the served artifact is decoded (ServeConfig.mode_name)
     workers: int | None = None
+    threads: int | None = None  # each worker's session threads; 0: ONNX Runtime's default, every core
     root: str | None = None  # an OpenAI model name: the artifact it stands for
 
 
