@@ -142,6 +142,7 @@ def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, locks: Seq
     _check_placeable(artifact)
     existing = _pushed_runs(client, artifact.id, place=_store_place(artifact.path))
     if existing:
+        _say_if_other_bytes(client, existing[0], artifact, say)
         return str(existing[0].info.run_id)
     from kokoro_opt.machine import fingerprint
 
@@ -181,6 +182,19 @@ def push_artifact(artifact: Artifact, tracking_uri: str | None = None, say: Say 
     if reference is not None and reference.id != artifact.id:
         _push_folder(client, uri, reference, say)
     return _push_folder(client, uri, artifact, say, locks)
+
+
+def _say_if_other_bytes(client: Any, run: Any, artifact: Artifact, say: Say) -> None:
+    """An id already pushed is not pushed again; where the pushed files differ from these (a stage whose output is not
+    byte for byte reproducible, `.ort` conversion, built again on this machine), say so rather than claim them."""
+    run_id = str(run.info.run_id)
+    with tempfile.TemporaryDirectory(prefix=".kokoro-opt-push-") as download:
+        pushed = _read_manifest(client, run_id, download, f"artifact {artifact.id} (MLflow run {run_id})")
+    differ = sorted(n for n in {*pushed.files, *artifact.manifest.files} if pushed.files.get(n) != artifact.manifest.files.get(n))
+    if differ:
+        files = ", ".join(differ[:3]) + (" ..." if len(differ) > 3 else "")
+        say(f"{_label(artifact)} {artifact.id} was pushed before from another build (MLflow run {run_id}) whose {files} "
+            "differ from these: that push stays what the id fetches")  # fmt: skip
 
 
 def _check_placeable(artifact: Artifact) -> None:

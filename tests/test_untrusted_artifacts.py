@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kokoro_opt.artifacts import Artifact, link_or_copy
+from kokoro_opt.artifacts import Artifact, link_or_copy, open_artifact
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.tracking_store import KIND_TAG
 from kokoro_opt.hashing import file_sha256
@@ -336,6 +336,29 @@ def test_a_genuine_push_fetches_with_its_record(tracking: str, tiny_artifact: Ar
     voices.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # damaged after it arrived
     again = fetch_artifact(tiny_artifact.id, root, tracking, say=lambda _: None)
     assert again is not None and (again.path / "voices.npz").read_bytes() == original  # fetched again, not refused
+
+
+def test_pushing_an_id_again_with_other_files_says_which(tracking: str, tiny_artifact: Artifact, tmp_path: Path) -> None:
+    """An id is pushed once; a build of it whose files differ (a stage not byte for byte reproducible, built on another
+    machine) is not pushed over it, and the push says which files differ instead of claiming them."""
+    from kokoro_opt.manifest import FileEntry
+
+    push_artifact(tiny_artifact, tracking, say=lambda _: None)  # a no-op when another test pushed it
+    other = tmp_path / "other" / "artifacts" / "tiny" / tiny_artifact.id
+    link_or_copy(tiny_artifact.path, other)
+    voices = other / "voices.npz"
+    data = voices.read_bytes() + b"\0"
+    voices.unlink()  # a hard link to the fixture's file: replaced, not written through
+    voices.write_bytes(data)
+    files = {**tiny_artifact.manifest.files, "voices.npz": FileEntry(sha256=file_sha256(voices), size=len(data))}
+    (other / MANIFEST).unlink()
+    (other / MANIFEST).write_text(tiny_artifact.manifest.model_copy(update={"files": files}).to_json(), encoding="utf-8")
+    said: list[str] = []
+    push_artifact(open_artifact(other), tracking, say=said.append)
+    assert any("pushed before from another build" in line and "voices.npz differ" in line for line in said), said
+    said.clear()
+    push_artifact(tiny_artifact, tracking, say=said.append)  # the same files: nothing to say
+    assert not any("differ" in line for line in said), said
 
 
 def test_symlinks_in_the_store_are_refused(tracking: str, tiny_artifact: Artifact, tmp_path: Path) -> None:
