@@ -15,6 +15,8 @@ import pytest
 
 from kokoro_opt.artifacts import build_folder, link_or_copy, open_artifact
 from kokoro_opt.build import build
+from kokoro_opt.hashing import file_sha256
+from kokoro_opt.manifest import MANIFEST, FileEntry
 from kokoro_opt.recipe import load_recipe
 from kokoro_opt.runtime.synth import Synthesizer
 
@@ -262,6 +264,9 @@ def test_what_a_user_mistypes_is_one_line_before_any_work(tiny_artifact, tmp_pat
     link_or_copy(tiny_artifact.path, broken)
     (broken / "model.onnx").unlink()  # a hard link to the fixture's file: replaced, not written through
     (broken / "model.onnx").write_bytes(b"not a model")
+    files = {**tiny_artifact.manifest.files, "model.onnx": FileEntry(sha256=file_sha256(broken / "model.onnx"), size=11)}
+    (broken / MANIFEST).unlink()  # its manifest says so: the folder is intact, its model does not load
+    (broken / MANIFEST).write_text(tiny_artifact.manifest.model_copy(update={"files": files}).to_json(), encoding="utf-8")
     say = ("say", "Hi.", "--artifact", str(tiny_artifact.path), "-o")
     cases = {
         (*say, str(tmp_path / "x.mp3")): "is not a .wav file name",
@@ -327,7 +332,6 @@ def test_a_folder_changed_since_it_was_built_is_never_spoken_with(tiny_artifact,
 
 def test_an_id_prefix_two_artifacts_share_is_refused(tiny_artifact, tmp_path: Path) -> None:
     from kokoro_opt.errors import UserError
-    from kokoro_opt.manifest import MANIFEST
     from kokoro_opt.select import artifact_by_id
 
     root = tmp_path / "artifacts"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.runtime.session import shared_by
+from kokoro_opt.runtime.session import SessionSettings, shared_by
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.capacity import DEFAULT_QUEUE, Capacity, measured_capacity
 from kokoro_opt.store import store_of
@@ -139,9 +139,13 @@ class ServeConfig:
         art = selection.artifact
         return measured_capacity(store_of(art).root, art.id, self.mode_name, self.workers, self.session_threads(selection))
 
+    def session_settings(self, selection: Selection) -> SessionSettings:
+        """What the engine's sessions run with: the selection's settings, their threads split among the workers."""
+        return shared_by(selection.settings, self.workers)
+
     def session_threads(self, selection: Selection) -> int:
-        """The threads each worker's sessions get (the engine's `shared_by`); 0: ONNX Runtime's default, every core."""
-        return shared_by(selection.settings, self.workers).resolved().intra_op_num_threads
+        """The threads each worker's sessions get; 0: ONNX Runtime's default, every core."""
+        return self.session_settings(selection).resolved().intra_op_num_threads
 
     def admission(self, selection: Selection, asked: bool) -> str:
         """The start-up line on the queue limit: asked for, measured here, or the unmeasured default."""

@@ -36,7 +36,6 @@ import numpy as np
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime import open_synthesizer
-from kokoro_opt.runtime.session import shared_by
 from kokoro_opt.runtime.synth import Speaker, Synthesizer
 from kokoro_opt.runtime.windowed import WindowedDecoder, WindowedJob
 from kokoro_opt.select import Selection
@@ -166,7 +165,7 @@ class Engine:
         sel = self.selection
         log.info("serving artifact %s (%s) at %s: %s", sel.artifact.id, sel.artifact.name, sel.artifact.path, sel.reason)
         started = time.perf_counter()
-        settings = shared_by(sel.settings, self.config.workers)  # more than one worker: windowed only (ServeConfig)
+        settings = self.config.session_settings(sel)  # threads split among the workers (windowed only)
         if self.config.windowed:  # windowed jobs never run the whole graph: never load it
             self.attach(Synthesizer(sel.artifact, settings, load=False))
         else:
