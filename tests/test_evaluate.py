@@ -409,7 +409,7 @@ def test_best_and_tuned_settings_follow_a_recipe_built_again(tiny_recipe, tmp_pa
      ("garbage", "is not a tracking store MLflow writes"), ("file:///somewhere", "is not a tracking store MLflow writes"),
      ("sqlite:///", "is an in-memory database"), ("sqlite://", "is an in-memory database"),
      ("sqlite:///:memory:", "is an in-memory database"), ("sqlite://x.db", "is an in-memory database"),
-     ("sqllite:////tmp/x.db", "MLflow has no tracking store for sqllite://"),
+     ("sqllite:///mlflow.db", "MLflow has no tracking store for sqllite://"),
      (f"sqlite:///{Path(__file__).resolve()}", "is not an SQLite database")],
 )  # fmt: skip
 def test_a_tracking_store_that_cannot_answer_is_one_line_at_once(uri: str, match: str) -> None:
