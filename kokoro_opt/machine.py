@@ -90,19 +90,26 @@ def machine_id(fp: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (`taskset`, a container's cpuset), within its cgroup's
+    CPU quota (`docker --cpus`, a Kubernetes limit) where one is set."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return max(1, min(cores, -(-int(quota) // int(period))))  # "max 100000": no quota (ValueError)
+    except (OSError, ValueError):
+        return cores
+
+
 @lru_cache(maxsize=1)
 def _fingerprint() -> dict[str, Any]:
     system = platform.system()
     model, flags = _darwin() if system == "Darwin" else _cpuinfo()
-    if hasattr(os, "sched_getaffinity"):
-        usable: int | None = len(os.sched_getaffinity(0))
-    else:
-        usable = os.cpu_count()
     fp: dict[str, Any] = {
         "cpu": model or platform.processor() or platform.machine(),
         "isa": [f for f in ISA_FLAGS if f in flags],
         "cores": os.cpu_count(),
-        "usable_cores": usable,
+        "usable_cores": usable_cores(),
         "os": system,
         "os_release": platform.release(),
         "arch": platform.machine(),

@@ -422,7 +422,7 @@ def _served_alone_and_together(windowed) -> tuple[list[bytes], list[bytes], int]
     """Two non-streaming requests on a 2-worker engine: each served alone, then both at once."""
     import asyncio
 
-    from kokoro_opt.runtime.session import usable_cores
+    from kokoro_opt.machine import usable_cores
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.serve import ServeConfig
     from kokoro_opt.serve.encoders import make_encoder

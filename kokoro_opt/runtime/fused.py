@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.errors import UserError, read_arrays
+from kokoro_opt.machine import usable_cores
 from kokoro_opt.runtime.fused_plan import (
     CONSTANTS_FILE,
     PLAN_FILE,
@@ -26,7 +27,7 @@ from kokoro_opt.runtime.fused_plan import (
     own_constants,
 )
 from kokoro_opt.runtime.glue import ChainArgs, Kernels, per_channel
-from kokoro_opt.runtime.session import SessionSettings, make_session, usable_cores
+from kokoro_opt.runtime.session import SessionSettings, make_session
 
 FUSED_DIR = "fused"
 __all__ = ["CONSTANTS_FILE", "FUSED_DIR", "PLAN_FILE", "FusedGenerator", "FusedSpeaker"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.machine import usable_cores
 
 THREADS_ENV = "KOKORO_OPT_THREADS"
 
@@ -52,17 +53,6 @@ def default_threads() -> int:
             f"{THREADS_ENV}={value!r} is not a number of threads", "set it to a whole number (0: every core) or unset it"
         )
     return int(value)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (`taskset`, a container's cpuset), within its cgroup's
-    CPU quota (`docker --cpus`, a Kubernetes limit) where one is set."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        return max(1, min(cores, -(-int(quota) // int(period))))  # "max 100000": no quota (ValueError)
-    except (OSError, ValueError):
-        return cores
 
 
 def shared_by(settings: SessionSettings, runs: int) -> SessionSettings:

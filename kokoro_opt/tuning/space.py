@@ -15,7 +15,8 @@ from typing import Any
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.runtime.session import SessionSettings, usable_cores
+from kokoro_opt.machine import usable_cores
+from kokoro_opt.runtime.session import SessionSettings
 from kokoro_opt.store import Store
 from kokoro_opt.tuning.config import QualityConfig, SpaceConfig, TuneRecipe
 from kokoro_opt.voices import unknown_voice
