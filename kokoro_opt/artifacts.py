@@ -238,10 +238,15 @@ class Artifact:
         speech within the stage's default_budget (the whole decoding's quality, recipe.WHOLE_QUALITY)."""
         return self.capabilities.windowed and self.kokoro.get("windows", {}).get(WINDOWED_BY_DEFAULT) is True
 
+    def damage(self) -> str | None:
+        """What changed or damaged the folder since its manifest was written; None: intact, or a manifest of an older
+        version, without file hashes, that has nothing to check against."""
+        return folder_damage(self.path, self.manifest) if self.manifest.files else None
+
     def check_intact(self, hint: str = REBUILD) -> None:
         """Refuse a folder changed or damaged since its manifest was written (not measured, served or pushed as
-        what its id names). A manifest of an older version, without file hashes, has nothing to check against."""
-        if self.manifest.files and (damage := folder_damage(self.path, self.manifest)):
+        what its id names)."""
+        if damage := self.damage():
             raise UserError(f"artifact {self.id} at {self.path}: {damage}", hint)
 
     @cached_property

@@ -186,6 +186,8 @@ def resolve_artifact(
     """`best`, a folder, or an artifact id (prefix) -> what to serve, and why; UserError if it cannot run here
     (`runs_here=False`: found, whether or not, for what only reads its files)."""
     selection = _resolve(spec, root, tracking_uri)
+    if spec == "best" or names_a_path(spec):  # never spoken with as what its id names once changed (an id is
+        selection.artifact.check_intact()  # checked as it is found: artifact_by_id fetches a changed copy again)
     problem = runtime_problem(selection.artifact) if runs_here else None
     if problem is not None:
         raise problem
@@ -196,12 +198,12 @@ def artifact_by_id(spec: str, root: Path, tracking_uri: str | None = None, say: 
     """The artifact under `root` whose id starts with `spec`; else fetched from the MLflow artifact store
     (pushed by `kokoro-opt push` or `build --push` on another machine) and verified against its manifest. A copy
     here that changed since it was written is fetched again (an error if it was never pushed)."""
-    from kokoro_opt.artifacts import REBUILD, folder_damage
+    from kokoro_opt.artifacts import REBUILD
     from kokoro_opt.remote import fetch_artifact
 
     say = say or _stderr
     found = _by_id(root, spec)
-    if found is not None and found.manifest.files and (damage := folder_damage(found.path, found.manifest)):
+    if found is not None and (damage := found.damage()):
         say(f"{found.path}: {damage}: fetching it again")
         if (found := fetch_artifact(found.id, root, tracking_uri, say)) is None:  # built here and never pushed
             raise UserError(f"artifact {spec} under {root}: {damage}", REBUILD)
@@ -221,9 +223,8 @@ def export_missing(root: Path, artifact: Artifact) -> bool:
     """Whether an artifact built from an fp32 export lacks it under `root` (a fetch killed before it arrived)."""
     from kokoro_opt.store import stage_chain
 
-    chain = stage_chain(artifact)
-    has_own = bool(chain) and chain[0].kind == "export" and chain[0].key != artifact.id
-    return has_own and Store(root).reference_export(artifact) is None
+    chain = stage_chain(artifact)  # an fp32 export is its own reference (Store.reference_export)
+    return bool(chain) and chain[0].kind == "export" and Store(root).reference_export(artifact) is None
 
 
 def _stderr(message: str) -> None:
@@ -239,15 +240,12 @@ def names_a_path(spec: str) -> bool:
 def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
     if spec != "best":
         if names_a_path(spec):
-            given = open_artifact(spec)
-            given.check_intact()  # never spoken with as what its id names once changed (an id is checked as it is found)
-            return Selection(given, reason=f"given as a path: {spec}")
+            return Selection(open_artifact(spec), reason=f"given as a path: {spec}")
         return Selection(artifact_by_id(spec, root, tracking_uri), reason=f"given as an id: {spec}")
     notes: list[str] = []
     # in turn: the evaluation records are read (MLflow, in a child process) only when nothing tuned is served
     pick = tuned_selection(root, notes) or evaluated_selection(root, tracking_uri)
     if pick is not None:
-        pick.artifact.check_intact()
         pick.reason = "; ".join([pick.reason, *notes])
         return pick
     every = Store(root).artifacts()
@@ -256,6 +254,5 @@ def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
     fp32 = [a for a in every if a.name == "fp32"]
     runnable = [a for a in every if _runs_here(a)]
     chosen = (fp32 or runnable or every)[-1]
-    chosen.check_intact()
     reason = f"no tuning or evaluation records yet: newest {chosen.name} artifact"
     return Selection(chosen, reason="; ".join([reason, *notes]))

@@ -34,11 +34,12 @@ def build(
     from kokoro_opt.recipe import load_recipe
 
     parsed = load_recipe(recipe)
-    if tracking_uri is not None and not (push or (evaluate and parsed.evaluate.enabled)):
+    evaluates = evaluate and parsed.evaluate.enabled
+    if tracking_uri is not None and not (push or evaluates):
         raise UserError("--tracking-uri would change nothing: this build neither evaluates nor pushes", "drop it, or add --push")
     if reanalyze and not any(p.decides for p in chain_of(parsed)):
         raise UserError(f"--reanalyze would change nothing: recipe {parsed.name} measures no decisions", "drop it")
-    if push or (evaluate and parsed.evaluate.enabled):  # a store that does not answer: before the build, not after
+    if push or evaluates:  # a store that does not answer: before the build, not after
         from kokoro_opt.evaluate.tracking_store import require_answers
 
         require_answers(tracking_uri)
@@ -51,7 +52,7 @@ def build(
     print_table(console, table)
     if result.weights.note:
         console.print(f"note: {result.weights.note}")
-    if evaluate and parsed.evaluate.enabled:
+    if evaluates:
         from kokoro_opt.evaluate.run import evaluate_artifacts, print_results
 
         print_results(evaluate_artifacts([result.artifact], parsed.evaluate, tracking_uri=tracking_uri, console=err), console)
