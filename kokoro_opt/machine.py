@@ -90,15 +90,41 @@ def machine_id(fp: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
+CPU_TOPOLOGY = Path("/sys/devices/system/cpu")
+
+
 def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (`taskset`, a container's cpuset), within its cgroup's
-    CPU quota (`docker --cpus`, a Kubernetes limit) where one is set."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The physical cores this process may run on: those of its CPU affinity (`taskset`, a container's cpuset),
+    within its cgroup's CPU quota (`docker --cpus`, a Kubernetes limit) where one is set. Physical, as ONNX
+    Runtime's own default counts them: a core's second hardware thread adds little to its GEMMs and convolutions,
+    and a pool that counts it has twice the threads contending for each core."""
+    if hasattr(os, "sched_getaffinity"):
+        cores = physical_cores(os.sched_getaffinity(0), CPU_TOPOLOGY)
+    else:  # macOS, Windows: no affinity to read
+        import psutil
+
+        cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
     try:
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
         return max(1, min(cores, -(-int(quota) // int(period))))  # "max 100000": no quota (ValueError)
     except (OSError, ValueError):
         return cores
+
+
+def physical_cores(cpus: Iterable[int], topology: Path) -> int:
+    """How many cores the logical `cpus` sit on, by the hardware threads Linux lists as one core's
+    (`cpuN/topology/core_cpus_list`, `thread_siblings_list` before Linux 5.3); where the topology cannot be read,
+    every logical CPU counts as a core."""
+    cpus = set(cpus)
+    cores: set[str] = set()
+    for cpu in cpus:
+        folder = topology / f"cpu{cpu}" / "topology"
+        listed = [folder / name for name in ("core_cpus_list", "thread_siblings_list") if (folder / name).is_file()]
+        try:
+            cores.add(listed[0].read_text().strip())
+        except (IndexError, OSError):
+            return max(1, len(cpus))
+    return max(1, len(cores))
 
 
 @lru_cache(maxsize=1)
@@ -128,7 +154,7 @@ def cpu_features() -> str:
 
 
 def fingerprint() -> dict[str, Any]:
-    """This machine: cpu, isa, cores (logical), usable_cores (this process may run on), os, os_release,
+    """This machine: cpu, isa, cores (logical), usable_cores (the physical cores this process may run on), os, os_release,
     arch, python, versions (of the libraries that shape the numbers) and id. Read once per process."""
     return copy.deepcopy(_fingerprint())
 

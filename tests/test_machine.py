@@ -63,3 +63,32 @@ def test_describe_is_one_line_with_cores_arch_isa_and_id() -> None:
         assert part in line, part
     here = describe(fingerprint())
     assert f"{fingerprint()['usable_cores']} " in here and platform.machine() in here and fingerprint()["id"] in here
+
+
+def _topology(root, siblings: dict[int, str], file: str = "core_cpus_list"):
+    for cpu, listed in siblings.items():
+        folder = root / f"cpu{cpu}" / "topology"
+        folder.mkdir(parents=True)
+        (folder / file).write_text(listed + "\n")
+    return root
+
+
+def test_physical_cores_count_a_cores_hardware_threads_once(tmp_path) -> None:
+    from kokoro_opt.machine import physical_cores
+
+    smt = _topology(tmp_path / "smt", {0: "0,4", 1: "1,5", 2: "2,6", 3: "3,7", 4: "0,4", 5: "1,5", 6: "2,6", 7: "3,7"})
+    assert physical_cores(range(8), smt) == 4  # a laptop's 4 cores, 8 threads: ONNX Runtime's default is 4
+    assert physical_cores({0, 4}, smt) == 1  # pinned to one core's two threads
+    assert physical_cores({0, 1, 4}, smt) == 2
+    older = _topology(tmp_path / "older", {0: "0-1", 1: "0-1", 2: "2-3", 3: "2-3"}, file="thread_siblings_list")
+    assert physical_cores(range(4), older) == 2  # before Linux 5.3 the file has the older name
+    plain = _topology(tmp_path / "plain", {0: "0", 1: "1"})
+    assert physical_cores({0, 1}, plain) == 2
+    assert physical_cores({0, 1, 2}, tmp_path / "absent") == 3  # no topology: every logical CPU counts
+
+
+def test_usable_cores_are_at_most_the_cpus_this_process_may_run_on() -> None:
+    from kokoro_opt.machine import usable_cores
+
+    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert 1 <= usable_cores() <= logical
