@@ -24,8 +24,10 @@ OPENAI_VOICES: dict[str, str] = {
     "sage": "jf_tebukuro",
     "shimmer": "jf_alpha",
     "verse": "jm_kumo",
+    "marin": "jf_gongitsune",  # the two OpenAI added for gpt-realtime and gpt-4o-mini-tts
+    "cedar": "jm_kumo",
 }
-_OPENAI_MALE = {"ash", "ballad", "echo", "fable", "onyx", "verse"}
+_OPENAI_MALE = {"ash", "ballad", "echo", "fable", "onyx", "verse", "cedar"}
 
 
 def openai_voice_map(voices: list[str]) -> dict[str, str]:

@@ -176,7 +176,7 @@ def test_what_the_server_answers_without_reading_a_body_closes_the_connection(ur
 
 
 def test_voices_blends_and_openai_names(url: str) -> None:
-    for voice in ("tiny_1", "tiny_0(2)+tiny_1(1)", "shimmer", "Echo", "alloy(1)+onyx(1)", {"id": "sage"}):
+    for voice in ("tiny_1", "tiny_0(2)+tiny_1(1)", "shimmer", "Echo", "alloy(1)+onyx(1)", {"id": "sage"}, "marin", "cedar"):
         response = speech(url, input="Hi.", voice=voice, response_format="pcm", stream=False)
         assert response.status_code == 200, (voice, response.text)
     a = speech(url, input="Hi.", voice="tiny_0", response_format="pcm", stream=False).content
@@ -233,6 +233,24 @@ def test_bad_input_is_an_openai_error_and_server_keeps_serving(url: str, body: d
     assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["param"] == param
     assert requests_with_status(url, status) == counted + 1  # in kokoro_requests_total, refused early or late
     assert speech(url, input="Still here.", response_format="pcm", stream=False).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"voice": "alloy"}, "input", "missing_required_parameter"),
+        ({"input": "Hi.", "user": "u1"}, "user", "unknown_parameter"),
+        ({"input": "Hi.", "speed": 5}, "speed", "decimal_above_max_value"),
+        ({"input": "Hi.", "speed": 0.2}, "speed", "decimal_below_min_value"),
+        ({"input": "Hi.", "instructions": "x" * 4097}, "instructions", "string_above_max_length"),
+        ({"input": "Hi.", "speed": "2"}, "speed", None),
+    ],
+)
+def test_a_refused_argument_has_openai_s_error_code(url: str, body: dict, param: str, code: str | None) -> None:
+    """Clients that switch on `error.code` see OpenAI's codes for what the schema refuses."""
+    response = httpx.post(f"{url}/v1/audio/speech", json=body, timeout=60)
+    error = response.json()["error"]
+    assert response.status_code == 400 and (error["param"], error["code"]) == (param, code), response.text
 
 
 def test_a_normalization_bomb_is_refused_before_synthesis(url: str) -> None:

@@ -166,8 +166,8 @@ def _error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = validation_message(list(exc.errors()))
-        return fail(ApiError(400, message, param=param))
+        message, param, code = validation_message(list(exc.errors()))
+        return fail(ApiError(400, message, param=param, code=code))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

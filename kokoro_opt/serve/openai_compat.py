@@ -132,19 +132,31 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def validation_message(errors: list[Any]) -> tuple[str, str | None]:
-    """Pydantic errors -> (one readable message, the offending field)."""
+# OpenAI's error codes for what a request's schema refuses, by pydantic's error type
+_CODES = {
+    "missing": "missing_required_parameter",
+    "extra_forbidden": "unknown_parameter",
+    "less_than_equal": "decimal_above_max_value",
+    "less_than": "decimal_above_max_value",
+    "greater_than_equal": "decimal_below_min_value",
+    "greater_than": "decimal_below_min_value",
+    "string_too_long": "string_above_max_length",
+}
+
+
+def validation_message(errors: list[Any]) -> tuple[str, str | None, str | None]:
+    """Pydantic errors -> (one readable message, the offending field, OpenAI's code for it where it has one)."""
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = loc[0] if loc else None
+    param, code = (loc[0] if loc else None), _CODES.get(first.get("type", ""))
     if first.get("type") == "missing":
-        return f"missing required parameter '{param}'", param
+        return f"missing required parameter '{param}'", param, code
     if first.get("type") == "extra_forbidden":
         known = ", ".join(SpeechRequest.model_fields)
-        return f"unrecognized request argument '{param}': the arguments are {known}", param
+        return f"unrecognized request argument '{param}': the arguments are {known}", param, code
     if param is None:  # the body as a whole (a key that is no text, such as a lone surrogate)
-        return f"invalid request body: {first.get('msg', 'invalid')}", None
-    return f"invalid value for '{param}': {first.get('msg', 'invalid')}", param
+        return f"invalid request body: {first.get('msg', 'invalid')}", None, code
+    return f"invalid value for '{param}': {first.get('msg', 'invalid')}", param, code
 
 
 def sse_event(kind: str, **fields: Any) -> bytes:

@@ -119,8 +119,8 @@ def parse(data: dict[str, Any], config: ServeConfig) -> SpeechRequest:
     try:
         req = SpeechRequest.model_validate(data)
     except ValidationError as exc:
-        message, param = validation_message(exc.errors())
-        raise ApiError(400, message, param=param) from None
+        message, param, code = validation_message(exc.errors())
+        raise ApiError(400, message, param=param, code=code) from None
     if req.response_format not in supported_formats():
         raise ApiError(400, f"unsupported response_format '{req.response_format}'; use one of: {', '.join(supported_formats())}",
                        param="response_format")  # fmt: skip
