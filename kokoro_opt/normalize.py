@@ -109,12 +109,13 @@ def cardinal(n: int) -> str:
     # Past 10^15 it is an ID or a card number, not a quantity (and num2words eventually overflows).
     if abs(n) >= 10**15:
         return _digits(n)
-    # num2words puts commas in big numbers; they would become pauses (and clause splits).
-    return num2words(n).replace(",", "")
+    # num2words puts commas in big numbers; they would become pauses (and clause splits). Its "and" after
+    # hundreds is British: this reads American English ("one hundred one"), as misaki does.
+    return num2words(n).replace(",", "").replace(" and ", " ")
 
 
 def ordinal(n: int) -> str:
-    return _digits(n) + "th" if n >= 10**15 else num2words(n, to="ordinal").replace(",", "")
+    return _digits(n) + "th" if n >= 10**15 else num2words(n, to="ordinal").replace(",", "").replace(" and ", " ")
 
 
 # Past 15 digits a number is an ID or a card number, read digit by digit, and never through int(): Python refuses
@@ -270,6 +271,13 @@ def _unit(m: re.Match[str]) -> str:
     return f"{'minus ' if m.group('neg') else ''}{number(amount)} {one if amount == '1' else many}"
 
 
+def _comparison(m: re.Match[str]) -> str:
+    if m.group(1):  # a tag, as it was
+        return m.group(1)
+    said = "less than" if m.group(2) == "<" else "greater than"
+    return f" {said}{' or equal to' if m.group(3) else ''} "
+
+
 def _plain_number(m: re.Match[str]) -> str:
     sign, digits = m.group(1), m.group(2)
     if not sign and re.fullmatch(r"1[1-9]\d\d|20\d\d", digits):
@@ -282,11 +290,43 @@ def _plain_number(m: re.Match[str]) -> str:
     return (" " if before.isalpha() else "") + words + (" " if after.isalpha() else "")
 
 
+def _compatible(c: str) -> bool:
+    """Full-width ASCII (typed with CJK input methods) and circled or parenthesized numbers and letters: read as
+    the plain characters they stand for (NFKC), which espeak would otherwise name letter by letter or drop."""
+    code = ord(c)
+    return 0xFF01 <= code <= 0xFF5E or 0x2460 <= code <= 0x24FF or 0x3251 <= code <= 0x32BF
+
+
+def _emoji_apart(text: str) -> str:
+    """A space between two symbols in a row ("😂😂", "✅✅"): espeak reads a run of them as one word and keeps
+    only the first word of each name ("facefaceface"). Skin tones, variation selectors and a flag's second
+    letter stay with their symbol; symbols joined by a zero-width joiner are one."""
+    out: list[str] = []
+    symbol = half_flag = False  # the last character (skin tones and selectors aside) was a symbol; an odd letter
+    for c in text:
+        code = ord(c)
+        if 0x1F3FB <= code <= 0x1F3FF or c in "\ufe0e\ufe0f":
+            out.append(c)
+            continue
+        letter = 0x1F1E6 <= code <= 0x1F1FF  # regional indicators: two make a flag
+        is_symbol = unicodedata.category(c) == "So"
+        if symbol and is_symbol and not (letter and half_flag):
+            out.append(" ")
+        half_flag = letter and not half_flag
+        symbol = is_symbol
+        out.append(c)
+    return "".join(out)
+
+
 def clean_unicode(text: str) -> str:
     """Unicode quotes, dashes and spaces -> the few symbols Kokoro's vocab has; control characters -> spaces
     (espeak reads NUL as the end of the text: "hello\x00world" would say "hello")."""
     text = unicodedata.normalize("NFC", text.translate(_CONTROLS)).translate(_UNICODE)
+    if any(map(_compatible, text)):
+        text = "".join(unicodedata.normalize("NFKC", c) if _compatible(c) else c for c in text)
+    text = _emoji_apart(text)
     text = re.sub(r"(?<=\d)\s*\u2013\s*(?=\d)", " to ", text)  # 1990–1995
+    text = re.sub(r"(?<=\d)\s+-\s+(?=\d)", " minus ", text)  # 5 - 3 = 2; "5 -- 3" stays a pause
     text = text.replace("\u2013", "\u2014")
     text = re.sub(r"\s+-{1,2}\s+|--", " \u2014 ", text)
     text = re.sub(r"\.{3,}|(?:\.\s){2,}\.", "\u2026", text)
@@ -300,7 +340,10 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(r"(?<![\w.])\.(\d)"), r"0.\1"),  # ".5" -> "0.5" -> "zero point five"; "$.50" -> "$0.50"
     (re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b"), _iso_date),
     (re.compile(r"(?<![\d/])(\d{1,2})/(\d{1,2})/(\d{4})\b"), _slash_date),
-    (re.compile(r"(?<![\w+.-])(?:\+?(1)[-. ])?(?:\((\d{3})\)\s?|(\d{3})([-.]))(\d{3})(?(4)\4|-)(\d{4})\b"), _phone),
+    (re.compile(r"(?<![\w+.-])(?:\+?(1)[-. ])?(?:\((\d{3})\)\s?|(\d{3})([-. ]))(\d{3})(?(4)\4|-)(\d{4})\b"), _phone),
+    (re.compile(r"(?<![\w+.-])(\d{3})-(\d{4})(?![\w-])"), _phone),  # 555-1234
+    # "5-10", "1990-1995", "10-15%": a range, as an en dash between numbers is (clean_unicode)
+    (re.compile(r"(?<![\w.,-])(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)(?![\w-]|\.\d)"), r"\1 to \2"),
     (re.compile(r"(?<![\w/])(1/2|1/3|2/3|1/4|3/4|24/7)(?![\w/])"), lambda m: _FRACTIONS[m.group(1)]),
     (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}})\b)?"), _month_day),
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),
@@ -323,7 +366,17 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(r"\b\d+(?:\.\d+){2,}\b"), lambda m: " point ".join(number(p) for p in m.group(0).split("."))),
     (re.compile(rf"(?:(?<![\w-])(-))?({_NUM})(?!\d)"), _plain_number),
     (re.compile(r"\s*&\s*"), " and "),
+    # comparisons between words or numbers; a markup tag ("<b>", "</b>") and an arrow ("->") are not
+    (re.compile(r"(</?[A-Za-z][^<>]*>)|(?<=[\w\s])\s*(<|>)(=?)\s*(?=[\w\s])"), _comparison),
+    # a dot inside a word, as in addresses and file names, is said: "example.com", "john.doe", "report.pdf"
+    (re.compile(r"(?<=[A-Za-z]{2})\.(?=[A-Za-z]{2})"), " dot "),
 )
+
+
+def read_together(text: str) -> list[tuple[int, int]]:
+    """Spans of `text` that a rule reads as one across a space ("(555) 123-4567", "25 December 2023",
+    "3:30 pm", "$3 million"): text cut inside one would be read part by part, as other words."""
+    return [m.span() for pattern, _ in _RULES for m in pattern.finditer(text) if any(c.isspace() for c in m.group(0))]
 
 
 def latin_share(text: str) -> float:

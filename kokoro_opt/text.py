@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.normalize import MONTHS, NEVER_END, NOT_END_BEFORE_NUMBER, clean_unicode, normalize_text
+from kokoro_opt.normalize import MONTHS, NEVER_END, NOT_END_BEFORE_NUMBER, clean_unicode, normalize_text, read_together
 
 __all__ = [
     "CONTEXT_TOKENS",
@@ -161,7 +161,8 @@ def utterance_tokens(text: str, vocab: dict[str, int], limit: int = CONTEXT_TOKE
 
 _CLOSERS = "\"”’')]"
 _CLOSE = re.escape(_CLOSERS)  # for use inside [...]
-_SENTENCE_END = re.compile(rf"[.!?;:…]+[{_CLOSE}]*(?=\s|$)|\n[ \t]*\n")  # blank lines end headings too
+# blank lines end headings too (Windows' line ends and the Unicode paragraph separator as well)
+_SENTENCE_END = re.compile(rf"[.!?;:…]+[{_CLOSE}]*(?=\s|$)|\r?\n[ \t]*\r?\n|\u2029")
 _CLAUSE_END = re.compile(rf"[,;:—–]+[{_CLOSE}]*(?=\s)|—")
 _PHONEME_END = re.compile(rf"[.!?;:…]+[{_CLOSE}]*(?=\s|$)")
 _WORD = re.compile(r"\S+")
@@ -209,7 +210,7 @@ def _next_char(text: str, pos: int, end: int) -> str:
 def _sentence_spans(text: str, start: int, end: int) -> list[Span]:
     bounds = [start]
     for m in _SENTENCE_END.finditer(text, start, end):
-        if m.group(0).startswith("\n"):
+        if m.group(0)[0] in "\r\n\u2029":
             bounds.append(m.start())
         elif _is_sentence_end(text, m):
             bounds.append(m.end())
@@ -239,8 +240,9 @@ def _glued(prev: str, word: str) -> bool:
 def _word_spans(text: str, start: int, end: int) -> list[Span]:
     spans: list[Span] = []
     prev = ""
+    together = read_together(text[start:end])  # a phone number, "25 December 2023": cut, each part reads otherwise
     for m in _WORD.finditer(text, start, end):
-        if spans and _glued(prev, m.group(0)):
+        if spans and (_glued(prev, m.group(0)) or any(a < m.start() - start < b for a, b in together)):
             spans[-1] = (spans[-1][0], m.end())
         else:
             spans.append(m.span())

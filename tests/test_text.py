@@ -52,7 +52,8 @@ def _words(text: str) -> list[str]:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("I have 1,234 apples.", "I have one thousand two hundred and thirty-four apples."),
+        ("I have 1,234 apples.", "I have one thousand two hundred thirty-four apples."),
+        ("101 and the 101st", "one hundred one and the one hundred first"),
         ("Pi is 3.14", "Pi is three point one four"),
         ("It costs $3.50.", "It costs three dollars fifty cents."),
         ("$1 or $0.99", "one dollar or ninety-nine cents"),
@@ -67,7 +68,8 @@ def _words(text: str) -> list[str]:
             "It is -3°C, -$5 and -5€ at -40 km",
             "It is minus three degrees Celsius, minus five dollars and minus five euros at minus forty kilometers",
         ),
-        ("COVID-19 and 5-10 km", "COVID-nineteen and five-ten kilometers"),
+        ("COVID-19 and 5-10 km", "COVID-nineteen and five to ten kilometers"),
+        ("pages 5-10, 1990-1995, 5 - 3", "pages five to ten, nineteen ninety to nineteen ninety-five, five minus three"),
         (
             "Due 12/25/2023, paid 25/12/2023",
             "Due December twenty-fifth, twenty twenty-three, paid the twenty-fifth of December, twenty twenty-three",
@@ -82,13 +84,21 @@ def _words(text: str) -> list[str]:
         ),
         (
             "5-10% and 123 456.7890",
-            "five-ten percent and one hundred and twenty-three four hundred and fifty-six point seven eight nine zero",
+            "five to ten percent and one hundred twenty-three four hundred fifty-six point seven eight nine zero",
         ),
         (
             "Call (555) 123-4567 or 555-123-4567.",
             "Call five five five, one two three, four five six seven or five five five, one two three, four five six seven.",
         ),
         ("1/2 cup, 3/4 full, open 24/7", "one half cup, three quarters full, open twenty-four seven"),
+        ("555-1234 or 555 123 4567", "five five five, one two three four or five five five, one two three, four five six seven"),
+        ("x < 5, y >= 3, <b>bold</b>", "x less than five, y greater than or equal to three, <b>bold</b>"),
+        ("Mail john.doe@example.com, see report.pdf; U.S.", "Mail john dot doe@example dot com, see report dot pdf; U.S."),
+        ("\uff28\uff45\uff4c\uff4c\uff4f \u2462 Settings", "Hello three Settings"),
+        (
+            "\U0001f602\U0001f602 \U0001f44d\U0001f3fd\U0001f44d \U0001f1fa\U0001f1f8\U0001f1ec\U0001f1e7 \u2764\ufe0f\u2764",
+            "\U0001f602 \U0001f602 \U0001f44d\U0001f3fd \U0001f44d \U0001f1fa\U0001f1f8 \U0001f1ec\U0001f1e7 \u2764\ufe0f \u2764",
+        ),
         ("Up 25% and -5%", "Up twenty-five percent and minus five percent"),
         ("the 1st, 2nd and 23rd", "the first, second and twenty-third"),
         ("In 1999 and the 1990s", "In nineteen ninety-nine and the nineteen nineties"),
@@ -240,6 +250,20 @@ def test_word_splits_keep_number_units_titles_and_dates_together(vocab: dict[str
         _check_chunks(chunks, text, vocab, max(40, first_tokens))
         for left, right in itertools.pairwise(chunks):
             assert (left.text.split()[-1], right.text.split()[0]) not in glued
+
+
+@pytest.mark.parametrize("text", ["Call (555) 123-4567 now, please.", "25 December 2023 was the day we met again at last."])
+def test_a_cut_never_falls_inside_what_normalization_reads_as_one(text: str, vocab: dict[str, int]) -> None:
+    """Cut inside, each part is read alone: "(555)" as a quantity, "25" and "December 2023" apart."""
+    whole = next(m.group(0) for m in re.finditer(r"\(555\) 123-4567|25 December 2023", text))
+    for first_tokens in range(4, 40, 3):  # pieces as the server cuts them (a group longer than a piece is cut by words)
+        chunks = chunk_text(text, vocab, first_chunk_tokens=first_tokens, chunk_tokens=80)
+        assert any(whole in c.text for c in chunks), [c.text for c in chunks]
+
+
+def test_blank_lines_of_any_kind_end_a_heading() -> None:
+    for blank in ("\n\n", "\r\n\r\n", "\n \t\n", "\u2029"):
+        assert split_sentences(f"Title{blank}Body text here") == ["Title", "Body text here"]
 
 
 def test_first_chunk_never_cuts_a_word(vocab: dict[str, int]) -> None:
