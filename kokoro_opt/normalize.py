@@ -368,6 +368,9 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(r"\s*&\s*"), " and "),
     # comparisons between words or numbers; a markup tag ("<b>", "</b>") and an arrow ("->") are not
     (re.compile(r"(</?[A-Za-z][^<>]*>)|(?<=[\w\s])\s*(<|>)(=?)\s*(?=[\w\s])"), _comparison),
+    # a capital A inside a sentence, before a lowercase word or a stop, is the letter ("Press A to continue", "plan A."),
+    # which espeak reads as the article; before a capitalized word it is a title's article ("Read A Tale Of ...")
+    (re.compile(r"(?<=[a-z] )A(?=\s+[a-z]|[.,;:!?)]|\s*$)"), "Eh"),
     # a dot inside a word, as in addresses and file names, is said: "example.com", "john.doe", "report.pdf"
     (re.compile(r"(?<=[A-Za-z]{2})\.(?=[A-Za-z]{2})"), " dot "),
 )

@@ -173,6 +173,14 @@ def test_phonemize_hello_world(vocab: dict[str, int]) -> None:
     assert len(tokenize(ps, vocab)) == len(ps)  # every symbol is in Kokoro's vocab
 
 
+def test_a_capital_a_inside_a_sentence_is_the_letter() -> None:
+    """Screen readers announce keys and options ("Press A"); espeak alone reads every "A" as the article."""
+    for text in ("Press A to continue.", "Plan A or plan B.", "Option A"):
+        assert "ˈA" in phonemize(text), text
+    assert phonemize("A dog and a cat.").startswith("ə ")
+    assert phonemize("Read A Tale Of Two Cities").split()[1] == "ə"  # a title's article
+
+
 def test_phonemize_uses_kokoro_symbols_only(vocab: dict[str, int]) -> None:
     ps = phonemize(PARAGRAPH)
     assert set(ps) <= set(vocab), set(ps) - set(vocab)
