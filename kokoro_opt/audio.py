@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +44,20 @@ def wav_target(path: str | Path) -> Path:
     return output_file(path, ".wav", "hello.wav")
 
 
+def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
+    """A 16-bit WAV file's bytes."""
+    buffer = io.BytesIO()
+    sf.write(buffer, np.clip(audio, -1.0, 1.0), sample_rate, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
     """A 16-bit WAV, written to a temporary file beside `path` and renamed into place (never half-written)."""
     path = wav_target(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        sf.write(tmp, np.clip(audio, -1.0, 1.0), sample_rate, format="WAV", subtype="PCM_16")
+        tmp.write_bytes(wav_bytes(audio, sample_rate))
         tmp.replace(path)
     except (OSError, sf.LibsndfileError) as exc:
         tmp.unlink(missing_ok=True)

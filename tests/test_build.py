@@ -300,6 +300,23 @@ def test_say_writes_a_24khz_wav_and_rejects_a_bad_voice(tiny_artifact, tmp_path:
     assert result.returncode == 0, result.stderr
 
 
+def test_say_reads_text_piped_in_and_writes_the_wav_to_standard_output(tiny_artifact, tmp_path: Path) -> None:
+    """`kokoro-opt say - < chapter.txt -o - | player`: nothing is written to the working folder."""
+    import io
+
+    import soundfile as sf
+
+    command = [sys.executable, "-m", "kokoro_opt.cli", "say", "-", "--artifact", str(tiny_artifact.path), "-o", "-"]
+    done = subprocess.run(command, input="Hello world.\n".encode(), capture_output=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()
+    audio, rate = sf.read(io.BytesIO(done.stdout))
+    assert rate == 24000 and len(audio) > 2400 and b"to standard output" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+    for piped, says in ((b"", "nothing was piped in"), (b"\xff\xfe", "not UTF-8")):
+        done = subprocess.run(command, input=piped, capture_output=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 2 and says in done.stderr.decode() and not done.stdout, done.stderr.decode()
+
+
 def test_an_artifact_path_that_is_not_one_says_what_it_is(tiny_artifact, tmp_path: Path) -> None:
     recipe = Path(__file__).parent.parent / "recipes" / "tiny.yaml"
     cases = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -9,6 +10,7 @@ import typer
 from rich.table import Table
 
 from kokoro_opt.cli.app import ARTIFACT_HELP, ArtifactsRoot, TrackingUri, app, console, err, say_line, user_errors
+from kokoro_opt.errors import UserError
 from kokoro_opt.tables import print_table
 
 
@@ -108,13 +110,36 @@ def fetch(
     console.print(f"{found.name} {found.id}: {found.path} (every file matches its manifest)", highlight=False)
 
 
+STDIO = "-"  # say's text and output: standard input, standard output
+
+
+def piped_text() -> str:
+    """What is piped to `say -`: UTF-8 text (a terminal would wait for typing that says when it ends)."""
+    if sys.stdin is None or sys.stdin.isatty():
+        raise UserError("say - reads the text from standard input, and nothing is piped in", "kokoro-opt say - < chapter.txt")
+    try:
+        text = sys.stdin.buffer.read().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"the text piped in is not UTF-8 (byte {exc.start})", "convert it first, e.g. with iconv -t UTF-8"
+        ) from None
+    if not text.strip():
+        raise UserError("nothing was piped in to say", "kokoro-opt say - < chapter.txt")
+    return text
+
+
 @app.command()
 @user_errors
 def say(
-    text: Annotated[str, typer.Argument(help="English text to speak (one that starts with '-': last, after --)")],
+    text: Annotated[
+        str,
+        typer.Argument(help="English text to speak, or - to read it from standard input (text starting with '-': after --)"),
+    ],
     artifact: Annotated[str, typer.Option(help=ARTIFACT_HELP)] = "best",
     artifacts: ArtifactsRoot = Path("artifacts"),
-    output: Annotated[Path, typer.Option("-o", "--output", help="WAV file to write")] = Path("out.wav"),
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="WAV file to write; - writes it to standard output (pipe it to a player)")
+    ] = Path("out.wav"),
     voice: Annotated[
         str,
         typer.Option(
@@ -127,12 +152,16 @@ def say(
     """Speak text with an artifact and write a 24 kHz WAV."""
     from rich.progress import Progress
 
-    from kokoro_opt.audio import wav_target, write_wav
+    from kokoro_opt.audio import wav_bytes, wav_target, write_wav
     from kokoro_opt.normalize import latin_share
     from kokoro_opt.runtime import synthesize
     from kokoro_opt.select import resolve_artifact
 
-    wav_target(output)  # before the model loads and speaks
+    to_stdout = output == Path(STDIO)
+    if not to_stdout:
+        wav_target(output)  # before the model loads and speaks
+    if text == STDIO:
+        text = piped_text()
     if latin_share(text) < 0.5:
         err.print("note: most of this text is not in the Latin script; the model speaks English, and reads other "
                   "scripts by their letters' names", highlight=False)  # fmt: skip
@@ -147,8 +176,13 @@ def say(
             speed=speed,
             on_chunk=lambda done, total: progress.update(task, completed=done, total=total),
         )
-    write_wav(output, result.audio, result.sample_rate)
-    console.print(f"wrote {output}: {result.seconds:.2f} s of audio at {result.sample_rate} Hz")
+    if to_stdout:
+        sys.stdout.buffer.write(wav_bytes(result.audio, result.sample_rate))
+        sys.stdout.buffer.flush()
+        err.print(f"wrote {result.seconds:.2f} s of audio at {result.sample_rate} Hz to standard output")
+    else:
+        write_wav(output, result.audio, result.sample_rate)
+        console.print(f"wrote {output}: {result.seconds:.2f} s of audio at {result.sample_rate} Hz")
 
 
 @app.command()
