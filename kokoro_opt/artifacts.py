@@ -86,8 +86,8 @@ REBUILD = "the folder was changed or damaged: build it again (kokoro-opt build <
 
 
 def folder_damage(folder: Path, manifest: Manifest | None = None) -> str | None:
-    """What makes a finished folder untrustworthy now: a manifest this version cannot read, a symbolic link, or a
-    file changed, missing or added since it was written. None: intact. Hashing its files is what reusing it costs
+    """What makes a finished folder untrustworthy now: a manifest or build record this version cannot read, a symbolic
+    link, or a file changed, missing or added since it was written. None: intact. Hashing its files is what reusing it costs
     (~0.3 s per 250 MB), paid so that a damaged stage output is built again instead of carried into a new artifact."""
     if manifest is None:
         try:
@@ -96,6 +96,10 @@ def folder_damage(folder: Path, manifest: Manifest | None = None) -> str | None:
             return exc.message
     if link := first_link(folder):
         return f"{link.relative_to(folder)} is a symbolic link"
+    try:  # not among the hashed files (it records how the folder was made), but read by every build that reuses it
+        read_build_record(folder)
+    except UserError as exc:
+        return exc.message
     return files_mismatch(file_hashes(folder), manifest.files)
 
 

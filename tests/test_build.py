@@ -103,6 +103,49 @@ def test_build_folder_is_atomic(tmp_path: Path) -> None:
     assert manifest["files"]["model.onnx"]["size"] == 5 and json.loads((final / "build.json").read_text())["created"] == "now"
 
 
+def test_a_folder_whose_build_record_cannot_be_read_is_built_again(tmp_path: Path) -> None:
+    """build.json is not among the hashed files, but every build that reuses the folder reads it: a truncated one
+    used to stop every later build with a hint ("rebuild") that could not work."""
+    from kokoro_opt.artifacts import folder_damage
+
+    final = tmp_path / "recipe" / "thing"
+    fills = []
+
+    def fill(out: Path) -> tuple[dict, dict]:
+        fills.append(out)
+        (out / "model.onnx").write_bytes(b"whole")
+        return {"id": "thing", "kind": "test"}, {"created": f"fill {len(fills)}"}
+
+    build_folder(final, fill)
+    record = final / "build.json"
+    record.write_text(record.read_text()[:20])  # as a crash before the disk wrote it all
+    assert "build.json is not readable JSON" in (folder_damage(final) or "")
+    build_folder(final, fill)
+    assert len(fills) == 2 and json.loads(record.read_text())["created"] == "fill 2" and folder_damage(final) is None
+
+
+def test_evaluate_refuses_a_reference_changed_since_it_was_built(tiny_artifact, tmp_path: Path) -> None:
+    """Scores against a changed fp32 export would be logged under its id, and found again as measured after
+    `build` repaired it."""
+    from kokoro_opt.evaluate.runners import reference_folder
+
+    store, recipe = tmp_path / "store", tmp_path / "simplified.yaml"
+    shutil.copytree(tiny_artifact.path.parent.parent, store, ignore=shutil.ignore_patterns(".locks", ".tmp"))
+    tiny = ROOT / "recipes" / "tiny.yaml"
+    recipe.write_text(f"extends: {tiny}\nname: simplified\nstages:\n  - {{kind: simplify, tool: none}}\n")
+    built = run_cli("build", str(recipe), "--artifacts", str(store), "--no-evaluate")
+    assert built.returncode == 0, built.stderr
+    copy = next((store / "simplified").iterdir())
+    reference = reference_folder(open_artifact(copy))
+    assert reference is not None and reference.is_relative_to(store / "_cache")
+    with (reference / "model.onnx").open("r+b") as model:  # a weight changed, the file still loads
+        model.seek(-64, os.SEEK_END)
+        model.write(bytes(64))
+    result = run_cli("evaluate", str(copy), "--artifacts", str(store), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "model.onnx does not match its manifest" in said and "kokoro-opt build" in said, said
+
+
 def test_a_killed_build_leaves_nothing_and_resumes(tmp_path: Path) -> None:
     """SIGKILL a real `kokoro-opt build` mid-export: no artifact appears; the rerun completes."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -307,7 +350,7 @@ def test_say_reads_text_piped_in_and_writes_the_wav_to_standard_output(tiny_arti
     import soundfile as sf
 
     command = [sys.executable, "-m", "kokoro_opt.cli", "say", "-", "--artifact", str(tiny_artifact.path), "-o", "-"]
-    done = subprocess.run(command, input="Hello world.\n".encode(), capture_output=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(command, input=b"Hello world.\n", capture_output=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr.decode()
     audio, rate = sf.read(io.BytesIO(done.stdout))
     assert rate == 24000 and len(audio) > 2400 and b"to standard output" in done.stderr

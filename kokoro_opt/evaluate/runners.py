@@ -296,10 +296,11 @@ def runner_groups(
             say(f"skipped: {problem}", markup=False, highlight=False)
             continue
         ref = real_reference(root, []) if artifact.manifest.external else reference_folder(artifact)
-        ref_id = open_artifact(ref).id if ref else None
+        reference = intact_reference(ref) if ref else None
+        ref_id = reference.id if reference else None
         group = [_onnx_runner(artifact, reference_id=ref_id)]
-        if ref is not None and ref_id != artifact.id:
-            group.append(_onnx_runner(open_artifact(ref), REFERENCE_LABEL, ref_id))
+        if reference is not None and ref_id != artifact.id:
+            group.append(_onnx_runner(reference, REFERENCE_LABEL, ref_id))
         groups.append(group)
     check_peers(peers)
     if PEER_INT8 in peers:
@@ -310,9 +311,17 @@ def runner_groups(
         if eager is None:
             say(f"{PEER_TORCH}: no kokoro-opt artifact whose weights can be loaded again: skipped")
         else:
-            reference = open_artifact(eager.folder)
+            reference = intact_reference(eager.folder)
             groups.append([eager, _onnx_runner(reference, REFERENCE_LABEL, reference.id)])
     return groups
+
+
+def intact_reference(folder: Path) -> Artifact:
+    """The fp32 export scores are measured against, refused when changed since it was built: its scores would be
+    logged under its id, and found again as already measured after `build` repairs it."""
+    reference = open_artifact(folder)
+    reference.check_intact("build a recipe on these weights again (kokoro-opt build): it builds a damaged export again")
+    return reference
 
 
 def _int8_group(root: Path, artifacts: list[Artifact], say: Callable[..., None]) -> list[Runner]:
@@ -321,5 +330,5 @@ def _int8_group(root: Path, artifacts: list[Artifact], say: Callable[..., None])
     if ref is None:
         say(f"{PEER_INT8}: no fp32 export of the real weights under {root}: its quality is not scored")
         return [_onnx_runner(int8)]
-    reference = open_artifact(ref)
+    reference = intact_reference(ref)
     return [_onnx_runner(int8, reference_id=reference.id), _onnx_runner(reference, REFERENCE_LABEL, reference.id)]
