@@ -154,6 +154,11 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None, built_here: 
     locks, temporary = root / LOCKS, root / TEMPORARY
     locks.mkdir(parents=True, exist_ok=True)
     temporary.mkdir(exist_ok=True)
+    if final.parent.is_dir() and final.parent.stat().st_dev != temporary.stat().st_dev:  # before the work: no rename
+        raise UserError(  # from one to the other (EXDEV), and copying would not be atomic
+            f"{final.parent} is on another file system than {temporary}, where its folders are made",
+            "keep a store on one file system: link or mount the whole artifacts folder, or pass --artifacts there",
+        )
     with _exclusive(locks / slot):
         if (final / MANIFEST).is_file():  # another process finished it while we waited, or it was damaged since
             if (why := _not_reusable(final, built_here)) is None:

@@ -59,7 +59,8 @@ class Store:
         folder = build_folder(self.recipe_path(recipe, key), fill, built_here=True)
         if fields is not None:
             update_manifest(folder, fields)
-        os.utime(folder)
+        with contextlib.suppress(OSError):  # a store on a read-only file system is read, not marked
+            os.utime(folder)
         return open_artifact(folder)
 
     def put_peer(self, name: str, fill: Fill) -> Artifact:

@@ -8,6 +8,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +145,25 @@ def test_evaluate_refuses_a_reference_changed_since_it_was_built(tiny_artifact, 
     result = run_cli("evaluate", str(copy), "--artifacts", str(store), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
     said = " ".join(result.stderr.split())
     assert result.returncode == 2 and "model.onnx does not match its manifest" in said and "kokoro-opt build" in said, said
+
+
+def test_a_store_folder_on_another_file_system_is_refused_before_the_work(tmp_path: Path) -> None:
+    """`_cache` linked to a larger disk: no folder could be renamed into it from the store's `.tmp` (EXDEV), and
+    every build used to fail after its first stage's work."""
+    from kokoro_opt.errors import UserError
+
+    other = Path("/dev/shm")
+    if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second file system here")
+    elsewhere = Path(tempfile.mkdtemp(dir=other))
+    try:
+        (tmp_path / "_cache").symlink_to(elsewhere)
+        filled = []
+        with pytest.raises(UserError, match=r"on another file system than .*keep a store on one file system"):
+            build_folder(tmp_path / "_cache" / "export-x", lambda out: filled.append(out) or ({}, {}))
+        assert filled == [] and list(elsewhere.iterdir()) == []
+    finally:
+        shutil.rmtree(elsewhere)
 
 
 def test_a_killed_build_leaves_nothing_and_resumes(tmp_path: Path) -> None:
@@ -358,6 +378,11 @@ def test_say_reads_text_piped_in_and_writes_the_wav_to_standard_output(tiny_arti
     for piped, says in ((b"", "nothing was piped in"), (b"\xff\xfe", "not UTF-8")):
         done = subprocess.run(command, input=piped, capture_output=True, timeout=300, cwd=tmp_path)
         assert done.returncode == 2 and says in done.stderr.decode() and not done.stdout, done.stderr.decode()
+    if Path("/dev/full").exists():  # a full disk is one line naming the cause, as any the file system refuses
+        with open("/dev/full", "wb") as full:
+            done = subprocess.run(command, input=b"Hi.", stdout=full, stderr=subprocess.PIPE, timeout=300, cwd=tmp_path)
+        said = " ".join(done.stderr.decode().split())
+        assert done.returncode == 2 and "No space left on device — free space there" in said and "Traceback" not in said, said
 
 
 def test_an_artifact_path_that_is_not_one_says_what_it_is(tiny_artifact, tmp_path: Path) -> None:

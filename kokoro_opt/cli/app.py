@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -43,9 +44,18 @@ ON_INTERRUPT = {
 }
 
 
+# what the file system refuses, and what to do about it (any other OSError is a defect, with its traceback)
+_FILE_SYSTEM = {
+    errno.ENOSPC: "free space there, or point --artifacts or KOKORO_OPT_CACHE at a larger disk",
+    errno.EDQUOT: "your disk quota is used up there: free space, or point --artifacts or KOKORO_OPT_CACHE elsewhere",
+    errno.EROFS: "that file system is read-only: point --artifacts, -o or KOKORO_OPT_CACHE at a writable folder",
+}
+
+
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Print UserError as one line and exit 2: no traceback for mistakes in input. So too a path that is a file
-    where a folder belongs (or the reverse), and what MLflow refuses (a tracking URI it cannot use)."""
+    where a folder belongs (or the reverse), a full or read-only disk, and what MLflow refuses (a tracking URI it
+    cannot use)."""
 
     @wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -56,6 +66,13 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             raise typer.Exit(2) from None
         except (NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as exc:
             _print_error(f"{exc.strerror}: {exc.filename}", "check the paths given: --artifacts, -o, sqlite URIs, the cache")
+            raise typer.Exit(2) from None
+        except OSError as exc:  # what the file system refuses, named with the file, and what the command kept
+            if (hint := _FILE_SYSTEM.get(exc.errno or 0)) is None:
+                raise
+            kept = ON_INTERRUPT.get(command.__name__)
+            where = f": {exc.filename}" if exc.filename else ""
+            _print_error(f"{exc.strerror}{where}", hint + (f"; {kept}" if kept else ""))
             raise typer.Exit(2) from None
         except Exception as exc:
             if not type(exc).__module__.startswith("mlflow."):
