@@ -192,6 +192,27 @@ def test_kernels_built_for_one_cpu_are_not_loaded_on_another(tmp_path, monkeypat
     assert here.is_file() and elsewhere.is_file() and here != elsewhere
 
 
+def test_a_truncated_kernel_library_is_built_again_not_loaded(tmp_path, monkeypatch) -> None:
+    """A library cut short (a full disk, a killed copy) loads, and crashes the process at its first call (SIGBUS)."""
+    import ctypes
+
+    from kokoro_opt.runtime import glue
+
+    monkeypatch.setenv("KOKORO_OPT_CACHE", str(tmp_path))
+    glue.library_path.cache_clear()
+    try:
+        library = glue.library_path()
+        whole = library.read_bytes()
+        library.unlink()
+        library.write_bytes(whole[: len(whole) // 2])
+        glue.library_path.cache_clear()
+        again = glue.library_path()
+    finally:
+        glue.library_path.cache_clear()
+    assert again == library and len(library.read_bytes()) > len(whole) // 2  # built again, whole
+    assert ctypes.CDLL(str(again)).branch_sum is not None  # it loads and names its functions
+
+
 def test_the_stage_needs_the_windows_stage(tiny_recipe, artifacts_root) -> None:
     from kokoro_opt.errors import UserError
 

@@ -55,8 +55,28 @@ def _build(cc: str, flags: tuple[str, ...], target: Path) -> subprocess.Complete
         built = Path(scratch) / target.name
         result = subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
         if result.returncode == 0:
+            digest = Path(scratch) / "sha256"
+            digest.write_text(_sha256(built))
+            os.replace(digest, _digest_of(target))  # the digest first: a library without its own is built again
             os.replace(built, target)  # atomic: another process may be building the same library
     return result
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _digest_of(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _intact(library: Path) -> bool:
+    """Whether a cached library is the one built: a truncated file loads, and crashes the process at its first
+    call (SIGBUS), which no exception handler sees."""
+    try:
+        return library.is_file() and _digest_of(library).read_text().strip() == _sha256(library)
+    except OSError:
+        return False
 
 
 @cache
@@ -75,7 +95,7 @@ def library_path() -> Path:
         made_for = cpu_features() if "-march=native" in flags else platform.machine()
         key = hashlib.sha256("\0".join((SOURCE.read_text(), *flags, version, made_for)).encode()).hexdigest()
         target = cache_dir() / f"chains-{key[:16]}{'.dll' if os.name == 'nt' else '.so'}"
-        if target.exists():
+        if _intact(target):
             return target
         result = _build(cc, flags, target)
         if result.returncode == 0:
