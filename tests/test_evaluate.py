@@ -530,3 +530,26 @@ def test_two_builds_of_one_recipe_are_told_apart_in_tables_and_plots() -> None:
         EvalResult("fp32", "c", "onnx"),
     ]
     assert distinct_labels(results) == ["int8-mixed aaaaaaaa", "int8-mixed bbbbbbbb", "fp32"]
+
+
+def test_an_unfinished_run_is_removed_only_when_nothing_is_logging_it(tmp_path: Path) -> None:
+    """Two builds of one recipe evaluate it at once: the first to look deleted the other's run while it was being
+    logged, and failed it. A run is removed when it failed, or when the process logging it here is gone."""
+    import subprocess
+    import sys
+
+    if not tracking._owner():
+        pytest.skip("no boot id on this system: an unfinished run's logger cannot be told alive or gone")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking.open_client(store)
+    experiment = client.create_experiment(tracking.EXPERIMENT_PREFIX + "test", artifact_location=str(tmp_path / "runs"))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    boot = tracking._owner().rpartition(":")[0]
+    owners = {"gone": f"{boot}:{gone.stdout.strip()}", "alive": tracking._owner(), "unknown": "", "failed": ""}
+    for name, owner in owners.items():
+        run = client.create_run(experiment, tags={tracking.KEY_TAG: "k", tracking.OWNER_TAG: owner}, run_name=name)
+        if name == "failed":
+            client.set_terminated(run.info.run_id, "FAILED")
+    assert tracking.find_evaluation(store, "k") is None
+    left = {run.info.run_name for run in client.search_runs([experiment])}
+    assert left == {"alive", "unknown"}  # still being logged, or nothing says it is not

@@ -7,9 +7,11 @@ artifact id and every setting that shapes the numbers; evaluating again searches
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import os
 import shutil
 import subprocess
 import tempfile
@@ -33,6 +35,7 @@ from kokoro_opt.evaluate.tracking_store import (
 )
 
 KEY_TAG = "eval_key"
+OWNER_TAG = "kokoro_opt_owner"  # boot id and process of the run's logger (`_abandoned`)
 _PARAM_CHARS = 500  # MLflow caps param values; long lists are truncated, the manifest artifact has them whole
 
 
@@ -52,8 +55,9 @@ def _runs_with_key(client: Any, key: str) -> list[Any]:
 
 
 def find_evaluation(tracking_uri: str | None, key: str, needs: str | None = None) -> EvalResult | None:
-    """The logged result of an identical evaluation, or None. Runs a crash left unfinished are removed. `needs`: a
-    metric the result must hold (`wer`: an evaluation asked for ASR that was not installed then is measured again)."""
+    """The logged result of an identical evaluation, or None. Runs a crash left unfinished are removed (not one
+    another process is logging now: `_abandoned`). `needs`: a metric the result must hold (`wer`: an evaluation
+    asked for ASR that was not installed then is measured again)."""
     opened = existing_client(tracking_uri)
     if opened is None:
         return None
@@ -62,9 +66,34 @@ def find_evaluation(tracking_uri: str | None, key: str, needs: str | None = None
     for run in _runs_with_key(client, key):
         if run.info.status == "FINISHED" and found is None and (needs is None or needs in run.data.metrics):
             found = run
-        elif run.info.status != "FINISHED":
+        elif run.info.status != "FINISHED" and _abandoned(run):
             client.delete_run(run.info.run_id)
     return None if found is None else _result_from_run(found, client)
+
+
+def _owner() -> str:
+    """Who logs a run: this boot of this machine (a random id the kernel draws at boot, no host name) and process."""
+    with contextlib.suppress(OSError):
+        return f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip()}:{os.getpid()}"
+    return ""
+
+
+def _abandoned(run: Any) -> bool:
+    """Whether an unfinished run will never finish: it failed or was killed, or the process logging it on this
+    machine, since this boot, is gone. A run another process may still be logging is left alone: two builds of
+    one recipe evaluate it at once, and deleting the other's run failed it."""
+    if run.info.status in ("FAILED", "KILLED"):
+        return True
+    boot, _, pid = run.data.tags.get(OWNER_TAG, "").rpartition(":")
+    if not pid.isdigit() or not boot or boot != _owner().rpartition(":")[0]:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
 
 
 def _result_from_run(run: Any, client: Any) -> EvalResult:
@@ -178,8 +207,6 @@ def log_evaluation(
     uri = resolve_tracking_uri(tracking_uri)
     client = open_client(uri)
     machine = result.machine or fingerprint()
-    for old in _runs_with_key(client, key):
-        client.delete_run(old.info.run_id)
     manifest = runner.manifest
     family = "peers" if result.external else recipe_family(manifest.name or result.label)
     experiment = experiment_id(client, uri, EXPERIMENT_PREFIX + family)
@@ -187,6 +214,7 @@ def log_evaluation(
     tags = {
         KEY_TAG: key,
         KIND_TAG: "evaluation",
+        OWNER_TAG: _owner(),
         "artifact_id": result.artifact_id,
         "artifact_name": result.label,
         "runtime": result.kind,
@@ -235,6 +263,11 @@ def log_evaluation(
         client.set_terminated(run_id, "FAILED")
         raise
     client.set_terminated(run_id, end_time=ended)
+    # Earlier runs of this key (a forced evaluation, one a crash left) go only now that this one is whole: killed
+    # while logging, it leaves the last good run. One another process is logging now stays (`_abandoned`).
+    for old in _runs_with_key(client, key):
+        if old.info.run_id != run_id and (old.info.status == "FINISHED" or _abandoned(old)):
+            client.delete_run(old.info.run_id)
     return run_id
 
 

@@ -144,9 +144,16 @@ def open_client(uri: str) -> Any:
     for name in ("mlflow", "alembic"):  # schema migration chatter on a new store
         logging.getLogger(name).setLevel(logging.WARNING)
     db = sqlite_file(uri)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=uri)
+    if db is None:
+        return MlflowClient(tracking_uri=uri)
+    from kokoro_opt.artifacts import exclusive
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    # MLflow makes a new store's tables on first use, and two processes doing it at once fail in its migration
+    with exclusive(db.with_name(f".{db.name}.lock")):
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)
+    return client
 
 
 # MLflow 3 opens an experiment without a kind on its GenAI overview (traces, token usage: empty
