@@ -500,7 +500,10 @@ def test_the_commit_an_evaluation_records_is_the_checkout_s_not_the_working_fold
     here = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=PROJECT_ROOT, check=False)
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)  # started from a folder of another repository
     monkeypatch.chdir(tmp_path)
-    assert _git_commit() == (here.stdout.strip() if here.returncode == 0 else None)
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                             cwd=PROJECT_ROOT, check=False).stdout.strip()  # fmt: skip
+    expected = (here.stdout.strip() + ("+changes" if changed else "")) if here.returncode == 0 else None
+    assert _git_commit() == expected  # "+changes": the numbers are of code no commit holds
 
 
 def test_results_as_json_hold_no_nan_and_notes_print_as_written() -> None:
@@ -553,3 +556,36 @@ def test_an_unfinished_run_is_removed_only_when_nothing_is_logging_it(tmp_path: 
     assert tracking.find_evaluation(store, "k") is None
     left = {run.info.run_name for run in client.search_runs([experiment])}
     assert left == {"alive", "unknown"}  # still being logged, or nothing says it is not
+
+
+def test_an_experiment_deleted_in_the_ui_is_restored_to_log_into(tmp_path: Path) -> None:
+    """Deleted in MLflow's UI to start afresh, an experiment keeps its name until `mlflow gc`: logging into it
+    failed after the whole measurement ("must be in the 'active' state")."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking.open_client(store)
+    name = tracking.EXPERIMENT_PREFIX + "test"
+    first = tracking.experiment_id(client, store, name)
+    client.delete_experiment(first)
+    assert tracking.experiment_id(client, store, name) == first
+    assert client.get_experiment(first).lifecycle_stage == "active"
+    client.create_run(first)  # as an evaluation's run
+
+
+def test_a_long_param_is_cut_at_mlflow_s_limit_and_says_so() -> None:
+    params: dict[str, str] = {}
+    tracking._flat("export", {"sentences": ["x" * 100] * 80, "short": [1, 2]}, params)
+    assert len(params["export.sentences"]) == 6000 and params["export.sentences"].endswith("(cut: manifest.json has it whole)")
+    assert params["export.short"] == "[1, 2]"
+
+
+def test_an_evaluation_found_logged_says_its_notes_again(tmp_path: Path) -> None:
+    """Notes (an edge input that failed, no reference to score against) are the run's description in the UI, and
+    a later `evaluate` that finds the run prints them again rather than only "already evaluated"."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking.open_client(store)
+    experiment = tracking.experiment_id(client, store, tracking.EXPERIMENT_PREFIX + "test")
+    notes = ["edge input '?!' gave silence", "no fp32 export measured alongside: no quality numbers"]
+    run = client.create_run(experiment, tags={tracking.KEY_TAG: "k", tracking.NOTES_TAG: "\n".join(notes)})
+    client.set_terminated(run.info.run_id)
+    found = tracking.find_evaluation(store, "k")
+    assert found is not None and found.skipped and found.notes == notes

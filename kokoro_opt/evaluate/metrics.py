@@ -21,6 +21,7 @@ PESQ_MAX = 4.644  # the ceiling of P.862.2 MOS-LQO (wide band)
 HIGH_BAND = (4_000.0, 12_000.0)
 _RMS_TARGET = 0.05  # about -26 dBFS: P.862's nominal speech level
 _N_FFT, _HOP, _N_MELS, _N_MFCC = 1024, 256, 80, 13
+MEL_HOP = _HOP  # samples per log-mel frame (plots put frames on a time axis)
 _MCD_SCALE = 10.0 * math.sqrt(2.0) / math.log(10.0)  # the usual dB factor on natural-log cepstra
 
 

@@ -201,7 +201,8 @@ def pareto_png(results: list[EvalResult], path: Path) -> Path | None:
         ax.set_xlabel("RTF p50 (synthesis time / audio time, lower is faster)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    fig.suptitle("kokoro-opt: speed vs quality (squares: peers)")
+    peers = "; squares: peers" if any(r.external for r in results) else ""
+    fig.suptitle(f"kokoro-opt: speed vs quality (dashed: the Pareto front{peers})")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -226,14 +227,21 @@ def ops_png(op_times: dict[str, float], path: Path, title: str) -> Path | None:
 
 
 def mel_png(reference: np.ndarray, test: np.ndarray, sample_rate: int, path: Path, title: str) -> Path:
-    from kokoro_opt.evaluate.metrics import log_mel
+    from kokoro_opt.evaluate.metrics import MEL_HOP, log_mel
 
     plt = _pyplot()
+    mels = [10 / math.log(10) * log_mel(audio, sample_rate) for audio in (reference, test)]  # natural log -> dB
+    top = max(float(m.max()) for m in mels)
     fig, axes = plt.subplots(2, 1, figsize=(8, 5), sharex=False)
-    for ax, audio, name in zip(axes, (reference, test), ("fp32 reference", "this artifact"), strict=True):
-        ax.imshow(log_mel(audio, sample_rate), origin="lower", aspect="auto", cmap="magma")
+    for ax, mel, name in zip(axes, mels, ("fp32 reference", "this artifact"), strict=True):
+        seconds = mel.shape[1] * MEL_HOP / sample_rate
+        # one colour scale for both panels, so that a colour is the same level in each
+        shown = ax.imshow(
+            mel, origin="lower", aspect="auto", cmap="magma", vmin=top - 80, vmax=top, extent=(0, seconds, 0, mel.shape[0])
+        )
         ax.set_ylabel(f"{name}\nmel bin")
-    axes[-1].set_xlabel("frame")
+        fig.colorbar(shown, ax=ax, label="dB")
+    axes[-1].set_xlabel("seconds")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

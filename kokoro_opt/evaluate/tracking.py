@@ -36,7 +36,8 @@ from kokoro_opt.evaluate.tracking_store import (
 
 KEY_TAG = "eval_key"
 OWNER_TAG = "kokoro_opt_owner"  # boot id and process of the run's logger (`_abandoned`)
-_PARAM_CHARS = 500  # MLflow caps param values; long lists are truncated, the manifest artifact has them whole
+_PARAM_CHARS = 6000  # MLflow's cap on a param value; a longer one is cut, and says so (manifest.json has it whole)
+NOTES_TAG = "mlflow.note.content"  # the run's description in MLflow's UI: the evaluation's notes
 
 
 def recipe_family(name: str) -> str:
@@ -111,6 +112,7 @@ def _result_from_run(run: Any, client: Any) -> EvalResult:
         metrics={k: v for k, v in metrics.items() if not k.startswith(("op_seconds.", "op_share."))},
         op_times=dict(sorted(ops.items(), key=lambda kv: -kv[1])),
         machine=machine_from_tags(tags),
+        notes=[line for line in tags.get(NOTES_TAG, "").splitlines() if line],  # said again when found logged
     )
 
 
@@ -120,7 +122,8 @@ def _flat(prefix: str, value: Any, out: dict[str, str]) -> None:
             _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
     else:
         text = value if isinstance(value, str) else json.dumps(value, default=str)
-        out[prefix] = text[:_PARAM_CHARS]
+        cut = " ... (cut: manifest.json has it whole)"
+        out[prefix] = text if len(text) <= _PARAM_CHARS else text[: _PARAM_CHARS - len(cut)] + cut
 
 
 def _params(runner: Any, settings: dict[str, Any], threads: int, machine: dict[str, Any]) -> dict[str, str]:
@@ -146,15 +149,20 @@ def _params(runner: Any, settings: dict[str, Any], threads: int, machine: dict[s
 
 
 def _git_commit() -> str | None:
-    """The commit of the kokoro-opt checkout that measured (not of the folder it was started from)."""
+    """The commit of the kokoro-opt checkout that measured (not of the folder it was started from), "+changes" when
+    its tracked files differ from it: the numbers are then of code no commit holds."""
     from kokoro_opt.paths import PROJECT_ROOT
 
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, check=False, cwd=PROJECT_ROOT)
+
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False,
-                              cwd=PROJECT_ROOT)  # fmt: skip
+        head, changed = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     except OSError:
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if changed.returncode == 0 and changed.stdout.strip() else "")
 
 
 # The columns a person compares artifacts by (a compare run logs these per artifact); an evaluation
@@ -226,12 +234,14 @@ def log_evaluation(
         "corpus_sha256": str(settings.get("corpus_sha256", "")),
         **machine_tags(machine),
     }
+    if result.notes:
+        tags[NOTES_TAG] = "\n".join(result.notes)
     if commit := _git_commit():
         tags["git_commit"] = commit
     started, ended = result.span_ms or (None, None)  # the run spans the measuring, not only the logging
-    run = client.create_run(
-        experiment, start_time=started, tags=tags, run_name=f"{result.label}-{result.artifact_id[:8]}-{key[:6]}"
-    )
+    # a peer's id is its name and a hash of its weights ("pytorch-eager-a7dbb1c2"): its label says the name
+    short = result.artifact_id.rpartition("-")[2] if result.external else result.artifact_id
+    run = client.create_run(experiment, start_time=started, tags=tags, run_name=f"{result.label}-{short[:8]}-{key[:6]}")
     run_id = str(run.info.run_id)
     try:
         params = _params(runner, settings, int(settings.get("threads", 0)), machine)
@@ -286,7 +296,8 @@ def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings
         run_id = str(existing[0].info.run_id)
     else:
         tags = {KEY_TAG: key, KIND_TAG: "comparison", "artifacts": ",".join(ids)[:_PARAM_CHARS], **machine_tags(machine)}
-        name = "compare-" + "-".join(sorted({r.label.replace(" ", "_") for r in results}))[:200]
+        # its key's head tells apart comparisons of the same artifacts under other settings, as evaluations' names do
+        name = "compare-" + "-".join(sorted({r.label.replace(" ", "_") for r in results}))[:200] + f"-{key[:6]}"
         experiment = experiment_id(client, uri, EXPERIMENT_PREFIX + "compare")
         run_id = str(client.create_run(experiment, tags=tags, run_name=name).info.run_id)
         params: dict[str, str] = {}

@@ -18,6 +18,7 @@ from kokoro_opt.paths import sqlite_file
 STORE = Path("experiments")
 KIND_TAG = "kokoro_opt_kind"
 EXPERIMENT_PREFIX = "kokoro-opt-"
+log = logging.getLogger("kokoro_opt.tracking")
 
 
 def resolve_tracking_uri(uri: str | None = None) -> str:
@@ -163,8 +164,8 @@ EXPERIMENT_TAGS = {
     "mlflow.note.content": (
         "kokoro-opt: one run per evaluated artifact, comparison or tuning trial.\n\n"
         "Headline metrics: speedup_vs_reference (x fp32, measured side by side in one session: compare by this), "
-        "rtf_p50 and ttfa_p50 (seconds; lower is better), pesq_mean / pesq_min (PESQ-WB vs fp32, higher is better; "
-        "phrase_pesq_mean on the short-phrase slice), "
+        "rtf_p50 (compute seconds per second of audio) and ttfa_p50 (seconds), lower is better; "
+        "pesq_mean / pesq_min (PESQ-WB vs fp32, higher is better; phrase_pesq_mean on the short-phrase slice), "
         "mcd_mean (dB, lower is better), wer_delta (lower is better), size_mb, peak_rss_mb. "
         "Per-op profile: profile/ops.json; precision map and plots are files of each run."
     ),
@@ -174,6 +175,9 @@ EXPERIMENT_TAGS = {
 def experiment_id(client: Any, uri: str, name: str) -> str:
     found = client.get_experiment_by_name(name)
     if found is not None:
+        if found.lifecycle_stage == "deleted":  # deleted in the UI: its name stays taken until `mlflow gc`
+            client.restore_experiment(found.experiment_id)
+            log.warning("MLflow experiment %s had been deleted: restored to log into it (mlflow gc removes it for good)", name)
         for key, value in EXPERIMENT_TAGS.items():
             if found.tags.get(key) != value:  # an experiment made by an earlier kokoro-opt
                 client.set_experiment_tag(found.experiment_id, key, value)
