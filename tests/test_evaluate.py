@@ -288,12 +288,25 @@ def test_compare_cli_prints_one_table_as_json_and_logs_it(
     here = fingerprint()
     assert json.loads(done.stdout)["machine"] == here and rows["tiny"]["machine"]["id"] == here["id"]
     client = MlflowClient(store)
-    [run] = client.search_runs([client.get_experiment_by_name("kokoro-opt-compare").experiment_id])
+    experiment = client.get_experiment_by_name("kokoro-opt-compare").experiment_id
+
+    def session() -> tuple[Any, dict[str, Any]]:
+        runs = client.search_runs([experiment])
+        [parent] = [r for r in runs if r.data.tags.get("kokoro_opt_kind") == "comparison"]
+        return parent, {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+
+    run, children = session()
     assert {"compare.json", "compare.csv", "machine.json"} <= set(tracking.artifact_files(store, run.info.run_id))
     table = Path(client.download_artifacts(run.info.run_id, "compare.csv", str(tmp_path))).read_text().splitlines()
     assert table[0].split(",")[:3] == ["artifact", "speedup_vs_reference", "rtf_p50"] and len(table) == 3
     assert table[1].startswith(("tiny,1,", "kokoro-onnx-int8,")) and {r.split(",")[0] for r in table[1:]} == set(rows)
-    assert run.data.metrics["kokoro-onnx-int8.rtf_p50"] > 0 and run.data.tags["machine.id"] == here["id"]
+    # one child run per artifact, its metrics under their own names: MLflow's compare views plot them side by side
+    assert set(children) == set(rows) and children["kokoro-onnx-int8"].data.metrics["rtf_p50"] > 0
+    assert children["tiny"].data.metrics["speedup_vs_reference"] == 1.0 and run.data.tags["machine.id"] == here["id"]
+    again = CliRunner().invoke(app, args)  # the same comparison again replaces the session, children and all
+    assert again.exit_code == 0, again.output
+    rerun, children = session()
+    assert rerun.info.run_id != run.info.run_id and set(children) == set(rows)
 
     # the tables: the machine line above them, whole although stdout is no terminal (rich assumes 80 columns)
     unlogged = [*args[: args.index("--peer")], *args[args.index("--sentences") : args.index("--tracking-uri")]]

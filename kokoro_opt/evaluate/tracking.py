@@ -282,8 +282,10 @@ def log_evaluation(
 
 
 def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings: dict[str, Any], plot: Path | None) -> str:
-    """A compare session as one run in `kokoro-opt-compare`, keyed by (artifact set, settings):
-    comparing the same set again logs into the same run (latest values win)."""
+    """A compare session as a run in `kokoro-opt-compare` (its settings, table and plot) with one child run per
+    artifact holding that artifact's headline metrics under their plain names, so that MLflow's compare views plot
+    the artifacts of one session against each other. Keyed by (artifact set, settings): comparing the same set
+    again replaces the earlier session's runs once the new ones are whole."""
     from kokoro_opt.machine import fingerprint
 
     uri = resolve_tracking_uri(tracking_uri)
@@ -291,34 +293,51 @@ def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings
     machine = next((r.machine for r in results if r.machine), None) or fingerprint()
     ids = sorted(r.artifact_id for r in results)
     key = evaluation_key("+".join(ids), settings)
-    existing = _runs_with_key(client, key)
-    if existing:
-        run_id = str(existing[0].info.run_id)
-    else:
-        tags = {KEY_TAG: key, KIND_TAG: "comparison", "artifacts": ",".join(ids)[:_PARAM_CHARS], **machine_tags(machine)}
-        # its key's head tells apart comparisons of the same artifacts under other settings, as evaluations' names do
-        name = "compare-" + "-".join(sorted({r.label.replace(" ", "_") for r in results}))[:200] + f"-{key[:6]}"
-        experiment = experiment_id(client, uri, EXPERIMENT_PREFIX + "compare")
-        run_id = str(client.create_run(experiment, tags=tags, run_name=name).info.run_id)
+    tags = {KEY_TAG: key, KIND_TAG: "comparison", OWNER_TAG: _owner(), "artifacts": ",".join(ids)[:_PARAM_CHARS],
+            **machine_tags(machine)}  # fmt: skip
+    if commit := _git_commit():
+        tags["git_commit"] = commit
+    # its key's head tells apart comparisons of the same artifacts under other settings, as evaluations' names do
+    name = "compare-" + "-".join(sorted({r.label.replace(" ", "_") for r in results}))[:200] + f"-{key[:6]}"
+    experiment = experiment_id(client, uri, EXPERIMENT_PREFIX + "compare")
+    spans = [r.span_ms for r in results if r.span_ms]
+    run_id = str(client.create_run(experiment, start_time=min(s[0] for s in spans) if spans else None, tags=tags,
+                                   run_name=name).info.run_id)  # fmt: skip
+    labels = [r.label for r in results]
+    # two builds of one recipe share a label: their id keeps them apart
+    names = [f"{r.label}-{r.artifact_id[:8]}" if labels.count(r.label) > 1 else r.label for r in results]
+    try:
         params: dict[str, str] = {}
         _flat("eval", settings, params)
         _log_batch(client, run_id, {}, params)
-    labels = [r.label for r in results]
-    # two builds of one recipe share a label: their id keeps their metrics apart
-    names = [f"{r.label}-{r.artifact_id[:8]}" if labels.count(r.label) > 1 else r.label for r in results]
-    names = [n.replace(" ", "_") for n in names]  # "fp32 export": searchable without backticks
-    metrics = {f"{label}.{name}": r.metric(name) for r, label in zip(results, names, strict=True) for name in HEADLINE_METRICS}
-    _log_batch(client, run_id, {k: v for k, v in metrics.items() if math.isfinite(v)}, {})
-    with tempfile.TemporaryDirectory(prefix="kokoro-opt-mlflow-") as tmp:
-        (Path(tmp) / "compare.json").write_text(results_json(results, {"settings": settings}), encoding="utf-8")
-        rows = ["artifact," + ",".join(HEADLINE_METRICS)]  # the side-by-side table, one artifact a row
-        rows += [f"{n}," + ",".join(f"{r.metric(m):.6g}" for m in HEADLINE_METRICS) for r, n in zip(results, names, strict=True)]
-        (Path(tmp) / "compare.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-        (Path(tmp) / "machine.json").write_text(json.dumps(machine, indent=2, sort_keys=True), encoding="utf-8")
-        client.log_artifacts(run_id, tmp)
-    if plot is not None and plot.is_file():
-        client.log_artifact(run_id, str(plot))
-    client.set_terminated(run_id)
+        for r, label in zip(results, names, strict=True):
+            child = client.create_run(experiment, run_name=label, tags={
+                "mlflow.parentRunId": run_id, KIND_TAG: "comparison-artifact", "artifact_id": r.artifact_id,
+                "artifact_name": r.label, "external": str(r.external).lower(), "is_reference": str(r.is_reference).lower(),
+                **machine_tags(machine)})  # fmt: skip
+            metrics = {m: r.metric(m) for m in HEADLINE_METRICS}
+            _log_batch(client, child.info.run_id, {k: v for k, v in metrics.items() if math.isfinite(v)}, {})
+            client.set_terminated(child.info.run_id)
+        with tempfile.TemporaryDirectory(prefix="kokoro-opt-mlflow-") as tmp:
+            (Path(tmp) / "compare.json").write_text(results_json(results, {"settings": settings}), encoding="utf-8")
+            rows = ["artifact," + ",".join(HEADLINE_METRICS)]  # the side-by-side table, one artifact a row
+            rows += [
+                f"{n}," + ",".join(f"{r.metric(m):.6g}" for m in HEADLINE_METRICS) for r, n in zip(results, names, strict=True)
+            ]
+            (Path(tmp) / "compare.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+            (Path(tmp) / "machine.json").write_text(json.dumps(machine, indent=2, sort_keys=True), encoding="utf-8")
+            client.log_artifacts(run_id, tmp)
+        if plot is not None and plot.is_file():
+            client.log_artifact(run_id, str(plot))
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, end_time=max(s[1] for s in spans) if spans else None)
+    for old in _runs_with_key(client, key):  # an earlier session of the same comparison, with its children
+        if old.info.run_id != run_id and (old.info.status == "FINISHED" or _abandoned(old)):
+            for child in client.search_runs([old.info.experiment_id], f"tags.`mlflow.parentRunId` = '{old.info.run_id}'"):
+                client.delete_run(child.info.run_id)
+            client.delete_run(old.info.run_id)
     for r in results:
         r.run_id = run_id
     return run_id
