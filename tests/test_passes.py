@@ -306,3 +306,21 @@ def test_selector_cuts_the_inputs_of_a_fallen_block_when_that_scores_better() ->
     drop |= {"big@99.9": 0.9, "big@99": 0.8}  # cutting hurts: the branches are tried with plain ranges
     chosen, _, history = select_blocks(["a", "big"], score, cfg, log=lambda _: None, parts=parts, clip_percentiles=[99, 99.9])
     assert chosen == ["a"] and [h.get("part") for h in history][-2:] == ["big/branch.0", "big/branch.1"]
+
+
+def test_ort_s_temporary_files_go_with_the_stage_s_folder(tmp_path: Path) -> None:
+    """quantize_static copies the model it calibrates into the system's temporary folder; a killed build left that
+    copy there (330 MB for the real model). Within a quantizer's input, temporary files go beside the target."""
+    import tempfile
+
+    from kokoro_opt.passes.qdq import private_input
+
+    source, target = tmp_path / "source.onnx", tmp_path / "stage" / "model.onnx"
+    source.write_bytes(b"model")
+    target.parent.mkdir()
+    before = tempfile.gettempdir()
+    with private_input(source, target) as model_input:
+        assert Path(tempfile.gettempdir()) == model_input.parent and model_input.parent.parent == target.parent
+        with tempfile.TemporaryDirectory(prefix="ort.quant.") as made:
+            assert Path(made).parent == model_input.parent
+    assert tempfile.gettempdir() == before and list(target.parent.iterdir()) == []

@@ -140,7 +140,7 @@ def quantizable_nodes(model_path: Path, op_types: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def private_input(source: Path, target: Path) -> Iterator[Path]:
-    """`source` linked into a scratch folder beside `target`, for ORT's quantizers.
+    """`source` linked into a scratch folder beside `target`, for ORT's quantizers (and their temporary files).
 
     They write `<model>-inferred.onnx` beside their input and delete it after loading. Beside a
     cached stage's model, two builds reading that stage at once race on the one file (and the cache
@@ -151,7 +151,13 @@ def private_input(source: Path, target: Path) -> Iterator[Path]:
             os.link(source, private)
         except OSError:  # another filesystem
             shutil.copyfile(source, private)
-        yield private
+        # ORT's quantize_static copies the model it calibrates (as large as the model) into the system's temporary
+        # folder, where a killed build left it for good: here it goes with the stage's temporary folder instead
+        previous, tempfile.tempdir = tempfile.tempdir, scratch
+        try:
+            yield private
+        finally:
+            tempfile.tempdir = previous
 
 
 def quantize_static_qdq(
