@@ -115,9 +115,11 @@ def _terminated_as_interrupted() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _stop(procs: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+def _stop(procs: list[subprocess.Popen[bytes]], grace: float = 30.0) -> None:
     """Interrupt the workers as Ctrl-C does, so each marks its running trial failed at once (terminated, it stays
-    RUNNING until its heartbeat goes stale); those still running after `grace` seconds are terminated."""
+    RUNNING until its heartbeat goes stale); those still running after `grace` seconds are terminated. A worker
+    stops within a second or two; the grace is for one whose last write waits on a busy disk (both workers of a
+    run on a loaded machine were once terminated after 10 s with their trials still RUNNING)."""
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
