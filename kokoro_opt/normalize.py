@@ -232,7 +232,10 @@ def _ampm(m: re.Match[str]) -> str:
 
 
 def _time(m: re.Match[str]) -> str:
-    h, mins, secs = int(m.group("h")), m.group("m") or None, m.groupdict().get("s")
+    found = m.groupdict()
+    if found.get("h24"):  # "24:00", the end of a day
+        return "twenty-four hundred" + _ampm(m)
+    h, mins, secs = int(m.group("h")), m.group("m") or None, found.get("s")
     words = cardinal(h)
     if mins is None or mins == "00":
         words += "" if m.group("ap") or mins is None else (" o'clock" if h <= 12 else " hundred")
@@ -269,6 +272,13 @@ def _unit(m: re.Match[str]) -> str:
     amount, unit = m.group("amt"), m.group("unit")
     one, many = _UNITS[unit]
     return f"{'minus ' if m.group('neg') else ''}{number(amount)} {one if amount == '1' else many}"
+
+
+def _said(m: re.Match[str], words: str) -> str:
+    """`words` in place of a symbol, apart from the words beside it but not from the punctuation after it."""
+    before = m.string[m.start() - 1] if m.start() else " "
+    after = m.string[m.end()] if m.end() < len(m.string) else " "
+    return (" " if not before.isspace() else "") + words + (" " if after.isalnum() or ord(after) > 0x2000 else "")
 
 
 def _comparison(m: re.Match[str]) -> str:
@@ -348,7 +358,7 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}})\b)?"), _month_day),
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),
     (re.compile(rf"\b(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d):(?P<s>[0-5]\d)(?![:\d]){_AMPM}?"), _time),
-    (re.compile(rf"\b(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d)(?!:?\d){_AMPM}?"), _time),
+    (re.compile(rf"\b(?:(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d)|(?P<h24>24):(?P<m24>00))(?!:?\d){_AMPM}?"), _time),
     (re.compile(rf"\b(?P<h>1[0-2]|[1-9])(?P<m>){_AMPM}"), _time),
     (re.compile(rf"{_SIGN}(?P<sym>[$£€])\s?(?P<amt>{_NUM})(?:\s(?P<scale>{_SCALE})\b|(?P<letter>bn|mn|[kKMBT])\b)?"), _money),
     (re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?(?P<sym2>[£€])(?P<scale>)"), _money),
@@ -357,6 +367,10 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
         lambda m: ("minus " if m.group("neg") else "") + number(m.group("amt")) + " percent",
     ),
     (re.compile(r"%"), " percent"),
+    (re.compile("[\u2713\u2714\u2705]\ufe0f?"), lambda m: _said(m, "check mark")),  # espeak names only some
+    (re.compile("[\u2717\u2718\u274c]\ufe0f?"), lambda m: _said(m, "cross mark")),
+    (re.compile("\u2605"), lambda m: _said(m, "star")),
+    (re.compile("\u2606"), lambda m: _said(m, "empty star")),
     (re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?(?P<unit>{_UNIT_RE})(?![\w/])"), _unit),
     (re.compile(r"\b(1[1-9]|20)(\d0)s\b"), lambda m: _plural(year(int(m.group(1) + m.group(2))))),
     (re.compile(r"'(\d0)s\b"), lambda m: _plural(cardinal(int(m.group(1))))),

@@ -105,7 +105,7 @@ def _other_language(lang: str) -> Any:
 # espeak drops what it is given here, unsaid: a word's letters past ~150, and single-letter words repeated more
 # than three times ("x x x x" is said "x x x"). A long word is read in pieces, repeated letters as a list.
 _LONG_WORD = re.compile(r"\w{61,}")
-_REPEATED_LETTER = re.compile(r"\b(\w)(?:\s+\1\b){3,}")
+_REPEATED_LETTER = re.compile(r"(?i)\b(\w)(?:\s+\1\b){3,}")  # "x X x X": the same letter to espeak
 
 
 def _nothing_dropped(text: str) -> str:
