@@ -1,5 +1,5 @@
 """English text normalisation: turn numbers, money, dates, times, units and abbreviations into
-words, and unicode punctuation into the symbols Kokoro knows, so espeak-ng reads them right.
+words (the characters cleaned first, `characters.clean_unicode`), so espeak-ng reads them right.
 
 Deterministic and offline. The rules are heuristics for running prose, not a full TN grammar.
 """
@@ -7,10 +7,11 @@ Deterministic and offline. The rules are heuristics for running prose, not a ful
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Callable
 
 from num2words import num2words
+
+from kokoro_opt.characters import clean_unicode
 
 MONTHS = (
     "January",
@@ -38,17 +39,6 @@ NEVER_END = frozenset({"dr", "mr", "mrs", "ms", "prof", "st", "mt", "vs", "e.g",
 NOT_END_BEFORE_NUMBER = frozenset({"no", "approx", *(k for k in _MONTH_NUM if len(k) <= 4)})
 
 _DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-
-# Curly single quotes/primes -> apostrophe ("don’t" must stay one word), guillemets -> the curly quotes in
-# Kokoro's vocab, hyphen look-alikes -> "-", exotic spaces -> " ", invisible characters dropped.
-_UNICODE = str.maketrans(
-    "\u2018\u2019\u201a\u2032\u00b4`\u00ab\u00bb\u201e\u2033\u2010\u2011\u2012\u2212\u2015\u00a0\u2007\u2009\u200a\u202f\t",
-    "''''''\u201c\u201d\u201c\"----\u2014      ",
-    "\u200b\ufeff\u00ad",
-)
-
-# C0, DEL and C1 but line ends: a blank line ends a heading (text.py)
-_CONTROLS = {c: " " for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in "\n\r"}
 
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"  # 1,234.5 | 1234.5 | 12
 # A number followed by a suffix starts where a digit run starts: without it, a long run of digits is
@@ -300,49 +290,6 @@ def _plain_number(m: re.Match[str]) -> str:
     return (" " if before.isalpha() else "") + words + (" " if after.isalpha() else "")
 
 
-def _compatible(c: str) -> bool:
-    """Full-width ASCII (typed with CJK input methods) and circled or parenthesized numbers and letters: read as
-    the plain characters they stand for (NFKC), which espeak would otherwise name letter by letter or drop."""
-    code = ord(c)
-    return 0xFF01 <= code <= 0xFF5E or 0x2460 <= code <= 0x24FF or 0x3251 <= code <= 0x32BF
-
-
-def _emoji_apart(text: str) -> str:
-    """A space between two symbols in a row ("😂😂", "✅✅"): espeak reads a run of them as one word and keeps
-    only the first word of each name ("facefaceface"). Skin tones, variation selectors and a flag's second
-    letter stay with their symbol; symbols joined by a zero-width joiner are one."""
-    out: list[str] = []
-    symbol = half_flag = False  # the last character (skin tones and selectors aside) was a symbol; an odd letter
-    for c in text:
-        code = ord(c)
-        if 0x1F3FB <= code <= 0x1F3FF or c in "\ufe0e\ufe0f":
-            out.append(c)
-            continue
-        letter = 0x1F1E6 <= code <= 0x1F1FF  # regional indicators: two make a flag
-        is_symbol = unicodedata.category(c) == "So"
-        if symbol and is_symbol and not (letter and half_flag):
-            out.append(" ")
-        half_flag = letter and not half_flag
-        symbol = is_symbol
-        out.append(c)
-    return "".join(out)
-
-
-def clean_unicode(text: str) -> str:
-    """Unicode quotes, dashes and spaces -> the few symbols Kokoro's vocab has; control characters -> spaces
-    (espeak reads NUL as the end of the text: "hello\x00world" would say "hello")."""
-    text = unicodedata.normalize("NFC", text.translate(_CONTROLS)).translate(_UNICODE)
-    if any(map(_compatible, text)):
-        text = "".join(unicodedata.normalize("NFKC", c) if _compatible(c) else c for c in text)
-    text = _emoji_apart(text)
-    text = re.sub(r"(?<=\d)\s*\u2013\s*(?=\d)", " to ", text)  # 1990–1995
-    text = re.sub(r"(?<=\d)\s+-\s+(?=\d)", " minus ", text)  # 5 - 3 = 2; "5 -- 3" stays a pause
-    text = text.replace("\u2013", "\u2014")
-    text = re.sub(r"\s+-{1,2}\s+|--", " \u2014 ", text)
-    text = re.sub(r"\.{3,}|(?:\.\s){2,}\.", "\u2026", text)
-    return re.sub(r"\s+", " ", text).strip()
-
-
 _FRACTIONS = {"1/2": "one half", "1/3": "one third", "2/3": "two thirds", "1/4": "one quarter", "3/4": "three quarters",
               "24/7": "twenty-four seven"}  # fmt: skip
 _AMPM = r"(?:\s?(?P<ap>[AaPp])\.?\s?[Mm]\b(?P<dot>\.)?)"
@@ -394,13 +341,6 @@ def read_together(text: str) -> list[tuple[int, int]]:
     """Spans of `text` that a rule reads as one across a space ("(555) 123-4567", "25 December 2023",
     "3:30 pm", "$3 million"): text cut inside one would be read part by part, as other words."""
     return [m.span() for pattern, _ in _RULES for m in pattern.finditer(text) if any(c.isspace() for c in m.group(0))]
-
-
-def latin_share(text: str) -> float:
-    """The share of the text's letters that are Latin (1.0 without letters): Kokoro-82M here speaks English, and
-    espeak reads another script by its letters' names ("Japanese letter")."""
-    letters = [c for c in text if c.isalpha()]
-    return sum(unicodedata.name(c, "").startswith("LATIN") for c in letters) / len(letters) if letters else 1.0
 
 
 def normalize_text(text: str) -> str:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from kokoro_opt.characters import clean_unicode
 from kokoro_opt.errors import UserError
-from kokoro_opt.normalize import MONTHS, NEVER_END, NOT_END_BEFORE_NUMBER, clean_unicode, normalize_text, read_together
+from kokoro_opt.normalize import MONTHS, NEVER_END, NOT_END_BEFORE_NUMBER, normalize_text, read_together
 
 __all__ = [
     "CONTEXT_TOKENS",

@@ -130,7 +130,7 @@ def test_normalize_text(text: str, expected: str) -> None:
 
 def test_text_in_another_script_is_told_apart() -> None:
     """`say` notes it: espeak would read it by its letters' names."""
-    from kokoro_opt.normalize import latin_share
+    from kokoro_opt.characters import latin_share
 
     assert latin_share("ありがとう") == latin_share("Привет мир") == 0.0
     assert latin_share("A naïve café, 5 km 😀") == latin_share("...") == 1.0

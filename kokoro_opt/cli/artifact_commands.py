@@ -153,7 +153,7 @@ def say(
     from rich.progress import Progress
 
     from kokoro_opt.audio import wav_bytes, wav_target, write_wav
-    from kokoro_opt.normalize import latin_share
+    from kokoro_opt.characters import latin_share
     from kokoro_opt.runtime import synthesize
     from kokoro_opt.select import resolve_artifact
 
