@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kokoro_opt.artifacts import MODEL_FILES, Artifact, link_or_copy, remove_stale_temporaries, versions
 from kokoro_opt.contract import Pass, check_order, declared_outputs
@@ -52,6 +52,7 @@ from kokoro_opt.passes import PASSES
 from kokoro_opt.paths import user_cache
 from kokoro_opt.recipe import Recipe
 from kokoro_opt.store import Store
+from kokoro_opt.tables import make_progress
 from kokoro_opt.weights.sources import ResolvedWeights, resolve_weights
 
 RUNTIME_FILES = ("voices.npz", "kokoro.json")  # every artifact's: what speaking needs besides the model
@@ -214,7 +215,7 @@ def build(
     decided: dict[str, tuple[Path, tuple[str, ...]]] = {}  # slot -> (stage output, its decision files)
     applied_from: list[Path] = []  # the locks whose decisions were applied
     steps = ["weights", "export", *(stage.kind for stage in recipe.stages), "package"]
-    with Progress(
+    with make_progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),

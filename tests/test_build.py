@@ -510,3 +510,29 @@ def test_the_validation_voice_is_checked_before_the_export_and_only_when_it_vali
     unvalidated = ExportConfig.model_validate({"validate": False, "validation": {"voice": "nobody"}})
     assert "validation" not in export.run_export(weights, unvalidated, tmp_path)
     assert (tmp_path / "model.onnx").is_file()
+
+
+def test_plain_output_reads_well_to_a_screen_reader(tiny_artifact, tmp_path: Path, monkeypatch) -> None:
+    """KOKORO_OPT_PLAIN=1: no box-drawing characters (read out one by one) and no live bar (every redraw read out
+    again); each step on a line of its own."""
+    import io
+    import re
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from kokoro_opt.tables import PLAIN_ENV, print_table
+
+    drawing = re.compile("[\u2500-\u259f\u2800-\u28ff]")  # box drawing, blocks, the spinner's braille
+    env = {**os.environ, PLAIN_ENV: "1"}
+    done = run_cli("build", str(ROOT / "recipes" / "tiny.yaml"), "--artifacts", str(tmp_path / "a"), "--no-evaluate", env=env)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert "tiny: export" in said and "tiny: done" in said and not drawing.search(said), said
+    for plain in ("1", ""):
+        table = Table("artifact", "speed-up")
+        table.add_row("int8-mixed", "3.10x")
+        out = io.StringIO()
+        monkeypatch.setenv(PLAIN_ENV, plain)
+        print_table(Console(file=out, width=80), table)
+        assert "int8-mixed" in out.getvalue() and bool(drawing.search(out.getvalue())) == (not plain)

@@ -150,12 +150,11 @@ def say(
     tracking_uri: TrackingUri = None,
 ) -> None:
     """Speak text with an artifact and write a 24 kHz WAV."""
-    from rich.progress import Progress
-
     from kokoro_opt.audio import wav_bytes, wav_target, write_wav
     from kokoro_opt.characters import latin_share
     from kokoro_opt.runtime import synthesize
     from kokoro_opt.select import resolve_artifact
+    from kokoro_opt.tables import make_progress
 
     to_stdout = output == Path(STDIO)
     if not to_stdout:
@@ -167,7 +166,7 @@ def say(
                   "scripts by their letters' names", highlight=False)  # fmt: skip
     chosen = resolve_artifact(artifact, artifacts, tracking_uri).artifact
     err.print(f"speaking with {chosen.name} {chosen.id} ({chosen.path})", highlight=False)
-    with Progress(console=err, transient=True) as progress:
+    with make_progress(console=err, transient=True) as progress:
         task = progress.add_task("speaking", total=None)
         result = synthesize(
             chosen,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
@@ -30,6 +30,7 @@ from kokoro_opt.evaluate.runners import Runner
 from kokoro_opt.evaluate.scoring import Session, result_of
 from kokoro_opt.machine import fingerprint
 from kokoro_opt.recipe import EvaluateConfig
+from kokoro_opt.tables import make_progress
 
 __all__ = ["Runner", "compare_artifacts", "evaluate_artifacts", "measure", "print_results"]
 
@@ -41,7 +42,7 @@ METRICS_VERSION = "2"  # bump when a metric's definition changes: old evaluation
 
 @contextmanager
 def _progress(console: Console | None, total: int) -> Iterator[Callable[[str], None]]:
-    with Progress(
+    with make_progress(
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),

@@ -125,10 +125,10 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
     """`decisions`: the predictor locked for this recipe (locks.py; decisions["files"] names the file), applied
     instead of fitted: measuring what it is fitted on is most of the stage's time."""
     import onnx
-    from rich.progress import Progress
 
     from kokoro_opt.passes.windows_split import window_graphs
     from kokoro_opt.runtime.synth import Synthesizer
+    from kokoro_opt.tables import make_progress
 
     started = time.perf_counter()
     shutil.copy2(source.model_file, out / "model.onnx")
@@ -156,7 +156,7 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
         predictor = StatsPredictor.load(locked)
     else:
         probe = MomentsProbe(synth, model)
-        with Progress(transient=True) as progress:
+        with make_progress(transient=True) as progress:
             total = len(pieces) * len(synth.packs)
             task = progress.add_task(f"norm statistics ({len(pieces)} utterances x {len(synth.packs)} voices)", total=total)
             predictor = fit_predictor(decoder, probe, pieces, lambda: progress.advance(task))

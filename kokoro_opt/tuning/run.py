@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from kokoro_opt.errors import UserError
 from kokoro_opt.machine import fingerprint
 from kokoro_opt.paths import sqlite_file
-from kokoro_opt.tables import print_table
+from kokoro_opt.tables import make_progress, print_table
 from kokoro_opt.tuning.config import load_tune_recipe
 from kokoro_opt.tuning.measure import Comparison, SessionCache, compare_with_defaults
 from kokoro_opt.tuning.records import StudyRecords, best_effort, save_plots, study_key
@@ -65,7 +65,7 @@ def _describe(trial: Any) -> str:
 
 
 def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("tuning"), BarColumn(), TextColumn("{task.completed}/{task.total} trials"),
+    return make_progress(TextColumn("tuning"), BarColumn(), TextColumn("{task.completed}/{task.total} trials"),
                     TextColumn("{task.description}"), TimeElapsedColumn(), console=console)  # fmt: skip
 
 
