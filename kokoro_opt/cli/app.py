@@ -13,11 +13,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.tables import plain
 
 app = typer.Typer(
     help="Turn Kokoro-82M into the fastest artifact that still sounds like the original, measure it, serve it.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # plain output (a screen reader, a braille display): --help as Click writes it, without Rich's boxed panels
+    **({"rich_markup_mode": None} if plain() else {}),
 )
 # soft_wrap: a message is one line however narrow the terminal (or 80 columns in a log), so a suggested command
 # or a path copies whole; tables still fit the width
