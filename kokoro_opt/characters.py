@@ -54,7 +54,8 @@ def clean_unicode(text: str) -> str:
         text = "".join(unicodedata.normalize("NFKC", c) if _compatible(c) else c for c in text)
     text = _emoji_apart(text)
     text = re.sub(r"(?<=\d)\s*\u2013\s*(?=\d)", " to ", text)  # 1990–1995
-    text = re.sub(r"(?<=\d)\s+-\s+(?=\d)", " minus ", text)  # 5 - 3 = 2; "5 -- 3" stays a pause
+    # a blank line (a heading's end) is a stop where nothing ends the line: pieces hold several sentences
+    text = re.sub(r"(?<=[^\s.!?;:…,])[ \t]*(?:\r?\n[ \t]*){2,}|(?<=[^\s.!?;:…,])[ \t]*\u2029", ". ", text)
     text = text.replace("\u2013", "\u2014")
     text = re.sub(r"\s+-{1,2}\s+|--", " \u2014 ", text)
     text = re.sub(r"\.{3,}|(?:\.\s){2,}\.", "\u2026", text)

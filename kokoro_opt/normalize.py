@@ -272,10 +272,15 @@ def _said(m: re.Match[str], words: str) -> str:
 
 
 def _comparison(m: re.Match[str]) -> str:
-    if m.group(1):  # a tag, as it was
-        return m.group(1)
-    said = "less than" if m.group(2) == "<" else "greater than"
-    return f" {said}{' or equal to' if m.group(3) else ''} "
+    sign, equal = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    return f" {'less than' if sign == '<' else 'greater than'}{' or equal to' if equal else ''} "
+
+
+def _range(m: re.Match[str]) -> str:
+    """ "5-10", "1990-1995", "10-15%" as "to", as an en dash between numbers is (characters.clean_unicode); a second
+    number not above the first is no range ("747-400", "3-2", "2023-12")."""
+    low, high = m.group(1), m.group(2)
+    return f"{low} to {high}" if float(high) > float(low) else m.group(0)
 
 
 def _plain_number(m: re.Match[str]) -> str:
@@ -294,13 +299,21 @@ _FRACTIONS = {"1/2": "one half", "1/3": "one third", "2/3": "two thirds", "1/4":
               "24/7": "twenty-four seven"}  # fmt: skip
 _AMPM = r"(?:\s?(?P<ap>[AaPp])\.?\s?[Mm]\b(?P<dot>\.)?)"
 _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
+    # a dot inside a word before a lowercase one, as in addresses and file names, is said ("example.com", "john.doe",
+    # "report.pdf"); before a capital it is a missing space ("it.Really", "Mr.Smith")
+    (re.compile(r"(?<=[A-Za-z]{2})\.(?=[a-z]{2})"), " dot "),
+    # comparisons, spaced ("x < 5", "y >= 3") or before a number ("x<5"); a markup tag ("<b>", "</b>", "<br>") is not
+    (re.compile(r"(?<=\w)\s+(<|>)(=?)\s+(?=[\w-])|(?<=\w)(<|>)(=?)(?=-?\d)"), _comparison),
     (re.compile(r"(?<![\w.])\.(\d)"), r"0.\1"),  # ".5" -> "0.5" -> "zero point five"; "$.50" -> "$0.50"
     (re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b"), _iso_date),
     (re.compile(r"(?<![\d/])(\d{1,2})/(\d{1,2})/(\d{4})\b"), _slash_date),
     (re.compile(r"(?<![\w+.-])(?:\+?(1)[-. ])?(?:\((\d{3})\)\s?|(\d{3})([-. ]))(\d{3})(?(4)\4|-)(\d{4})\b"), _phone),
-    (re.compile(r"(?<![\w+.-])(\d{3})-(\d{4})(?![\w-])"), _phone),  # 555-1234
-    # "5-10", "1990-1995", "10-15%": a range, as an en dash between numbers is (clean_unicode)
-    (re.compile(r"(?<![\w.,-])(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)(?![\w-]|\.\d)"), r"\1 to \2"),
+    # "Call 555-1234": seven digits are a phone number after a word that says so, else a range or an id
+    (
+        re.compile(r"(?i)\b(call|phone|tel|telephone|fax|dial|ext|mobile|cell)(\.?:?\s+)(\d{3})-(\d{4})\b"),
+        lambda m: m.group(1) + m.group(2) + ", ".join(" ".join(_DIGITS[int(d)] for d in g) for g in m.group(3, 4)),
+    ),
+    (re.compile(r"(?<![\w.,-])(\d{1,4}(?:\.\d+)?)-(\d{1,4}(?:\.\d+)?)(?![\w-]|\.\d)"), _range),
     (re.compile(r"(?<![\w/])(1/2|1/3|2/3|1/4|3/4|24/7)(?![\w/])"), lambda m: _FRACTIONS[m.group(1)]),
     (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}})\b)?"), _month_day),
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),
@@ -327,13 +340,6 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(r"\b\d+(?:\.\d+){2,}\b"), lambda m: " point ".join(number(p) for p in m.group(0).split("."))),
     (re.compile(rf"(?:(?<![\w-])(-))?({_NUM})(?!\d)"), _plain_number),
     (re.compile(r"\s*&\s*"), " and "),
-    # comparisons between words or numbers; a markup tag ("<b>", "</b>") and an arrow ("->") are not
-    (re.compile(r"(</?[A-Za-z][^<>]*>)|(?<=[\w\s])\s*(<|>)(=?)\s*(?=[\w\s])"), _comparison),
-    # a capital A inside a sentence, before a lowercase word or a stop, is the letter ("Press A to continue", "plan A."),
-    # which espeak reads as the article; before a capitalized word it is a title's article ("Read A Tale Of ...")
-    (re.compile(r"(?<=[a-z] )A(?=\s+[a-z]|[.,;:!?)]|\s*$)"), "Eh"),
-    # a dot inside a word, as in addresses and file names, is said: "example.com", "john.doe", "report.pdf"
-    (re.compile(r"(?<=[A-Za-z]{2})\.(?=[A-Za-z]{2})"), " dot "),
 )
 
 
@@ -343,9 +349,15 @@ def read_together(text: str) -> list[tuple[int, int]]:
     return [m.span() for pattern, _ in _RULES for m in pattern.finditer(text) if any(c.isspace() for c in m.group(0))]
 
 
+# A capital A inside a sentence, before a lowercase word or a stop, is the letter ("Press A to continue", "plan A."),
+# which espeak reads as the article; before a capitalized word it is a title's article ("Read A Tale Of ..."). Read
+# before the characters are cleaned: a line break before it (a heading's end, a verse) is not a sentence's inside.
+_LETTER_A = re.compile(r"(?<=[a-z][ \t])A(?=[ \t]+[a-z]|[.,;:!?)]|[ \t]*$)")
+
+
 def normalize_text(text: str) -> str:
     """English text -> text with numbers, money, dates, times, units and abbreviations spelled out."""
-    text = clean_unicode(text)
+    text = clean_unicode(_LETTER_A.sub("Eh", text))
     for pattern, word, can_end in _ABBREVIATIONS:
         text = _abbrev(pattern, word, can_end, text)
     text = re.sub(r"\bSt\.", _saint_or_street, text)

@@ -528,7 +528,7 @@ def test_plain_output_reads_well_to_a_screen_reader(tiny_artifact, tmp_path: Pat
     done = run_cli("build", str(ROOT / "recipes" / "tiny.yaml"), "--artifacts", str(tmp_path / "a"), "--no-evaluate", env=env)
     assert done.returncode == 0, done.stderr
     said = done.stdout + done.stderr
-    assert "tiny: export" in said and "tiny: done" in said and not drawing.search(said), said
+    assert "tiny: weights (0 of " in said and "tiny: done (" in said and not drawing.search(said), said
     helped = run_cli("say", "--help", env=env)  # Click's plain help, not Rich's boxed panels
     assert helped.returncode == 0 and "--voice" in helped.stdout and not drawing.search(helped.stdout), helped.stdout
     for plain in ("1", ""):

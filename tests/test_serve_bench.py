@@ -31,7 +31,7 @@ def test_bench_starts_a_server_and_reports(tiny_artifact) -> None:
     assert single["ttfa_p50"] <= single["total_p50"] and single["audio_s"] > 0.5
     assert crowd["ok"] == 2 and crowd["rejected_429"] == crowd["errors"] == 0
     text = out.getvalue()
-    assert tiny_artifact.id in text and "TTFA50" in text and "ratio" in text
+    assert tiny_artifact.id in text and "TTFA p50" in text and "ratio" in text
     assert json.dumps(bench.to_json(scenarios))  # serializable for --json
     # the server's memory, read from its /metrics after each scenario
     assert 50 < single["rss_mb"] <= single["peak_rss_mb"] < 4000 and "RSS MB" in text

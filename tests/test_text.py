@@ -69,7 +69,14 @@ def _words(text: str) -> list[str]:
             "It is minus three degrees Celsius, minus five dollars and minus five euros at minus forty kilometers",
         ),
         ("COVID-19 and 5-10 km", "COVID-nineteen and five to ten kilometers"),
-        ("pages 5-10, 1990-1995, 5 - 3", "pages five to ten, nineteen ninety to nineteen ninety-five, five minus three"),
+        (
+            "pages 5-10, 1990-1995, 100-1000 mg",
+            "pages five to ten, nineteen ninety to nineteen ninety-five, one hundred to one thousand milligrams",
+        ),
+        (
+            "the 747-400, in 2023-12, 3-2, 9 - 5",
+            "the seven hundred forty-seven-four hundred, in twenty twenty-three-twelve, three-two, nine \u2014 five",
+        ),
         (
             "Due 12/25/2023, paid 25/12/2023",
             "Due December twenty-fifth, twenty twenty-three, paid the twenty-fifth of December, twenty twenty-three",
@@ -91,13 +98,19 @@ def _words(text: str) -> list[str]:
             "Call five five five, one two three, four five six seven or five five five, one two three, four five six seven.",
         ),
         ("1/2 cup, 3/4 full, open 24/7", "one half cup, three quarters full, open twenty-four seven"),
-        ("555-1234 or 555 123 4567", "five five five, one two three four or five five five, one two three, four five six seven"),
-        ("x < 5, y >= 3, <b>bold</b>", "x less than five, y greater than or equal to three, <b>bold</b>"),
+        (
+            "Call 555-1234 or 555 123 4567",
+            "Call five five five, one two three four or five five five, one two three, four five six seven",
+        ),
+        ("x < 5, y >= 3, x<5", "x less than five, y greater than or equal to three, x less than five"),
+        ("Click <b>here</b>, use <br> or <div class=x>", "Click <b>here</b>, use <br> or <div class=x>"),
         (
             "Done \u2713, failed \u2717, \u2605\u2605\u2606 at 24:00",
             "Done check mark, failed cross mark, star star empty star at twenty-four hundred",
         ),
         ("Mail john.doe@example.com, see report.pdf; U.S.", "Mail john dot doe@example dot com, see report dot pdf; U.S."),
+        ("I like it.Really, Mr.Smith", "I like it.Really, Mr.Smith"),  # a missing space, not an address
+        ("Chapter one\r\n\r\nIt was late.\n\nThe end", "Chapter one. It was late. The end"),  # a heading is a stop
         ("\uff28\uff45\uff4c\uff4c\uff4f \u2462 Settings", "Hello three Settings"),
         (
             "\U0001f602\U0001f602 \U0001f44d\U0001f3fd\U0001f44d \U0001f1fa\U0001f1f8\U0001f1ec\U0001f1e7 \u2764\ufe0f\u2764",
@@ -182,6 +195,7 @@ def test_a_capital_a_inside_a_sentence_is_the_letter() -> None:
     for text in ("Press A to continue.", "Plan A or plan B.", "Option A"):
         assert "ˈA" in phonemize(text), text
     assert phonemize("A dog and a cat.").startswith("ə ")
+    assert "ˈA" not in phonemize("Chapter one\n\nA cat sat.") and "ˈA" not in phonemize("Roses are red\nA violet is blue")
     assert phonemize("Read A Tale Of Two Cities").split()[1] == "ə"  # a title's article
 
 

@@ -19,8 +19,11 @@ app = typer.Typer(
     help="Turn Kokoro-82M into the fastest artifact that still sounds like the original, measure it, serve it.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    # plain output (a screen reader, a braille display): --help as Click writes it, without Rich's boxed panels
-    **({"rich_markup_mode": None} if plain() else {}),
+    # plain output (a screen reader, a braille display): --help as Click writes it, without Rich's boxed panels,
+    # and as wide as its lines are (Click cuts a command's summary at 80 columns)
+    **(
+        {"rich_markup_mode": None, "context_settings": {"max_content_width": 10_000, "terminal_width": 10_000}} if plain() else {}
+    ),
 )
 # soft_wrap: a message is one line however narrow the terminal (or 80 columns in a log), so a suggested command
 # or a path copies whole; tables still fit the width

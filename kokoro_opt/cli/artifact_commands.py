@@ -157,6 +157,8 @@ def say(
     from kokoro_opt.tables import make_progress
 
     to_stdout = output == Path(STDIO)
+    if to_stdout and sys.stdout.isatty():  # 50 KB of binary a second of audio, read out, and escapes the terminal obeys
+        raise UserError("-o - writes the WAV to standard output, and that is a terminal", "pipe it: -o - | aplay")
     if not to_stdout:
         wav_target(output)  # before the model loads and speaks
     if text == STDIO:

@@ -209,7 +209,7 @@ class Engine:
         if windows:
             self.window_cost.calibrate(min(windows.items()), max(windows.items()))
         log.info(
-            "warmed up in %.1f s; a job%s costs %.0f ms + %.1f ms per token",
+            "ready: warmed up in %.1f s; a job%s costs %.0f ms + %.1f ms per token",
             time.perf_counter() - started,
             "'s front" if self.windows else "",
             1000 * self.cost.fixed,

@@ -25,6 +25,7 @@ from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.connections import ABORT, is_loopback
 from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.service import Service
+from kokoro_opt.tables import plain
 
 log = logging.getLogger("kokoro_opt.serve")
 
@@ -141,7 +142,9 @@ def listening_socket(host: str, port: int) -> socket.socket:
 def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.0.1", port: int = 8880) -> None:
     """Serve until SIGTERM or Ctrl-C (then drain, see `DrainingServer`); the artifact loads and warms up
     while /health already answers."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # plain output (a screen reader, a braille display): no timestamp ahead of every line, and no line per request
+    quiet = plain()
+    logging.basicConfig(level=logging.INFO, format=("" if quiet else "%(asctime)s ") + "%(levelname)s %(name)s: %(message)s")
     sock = listening_socket(host, port)
     if not is_loopback(sock.getsockname()[0]) and not config.api_key:
         log.warning("listening on %s without an API key: anyone who can reach it can use it (set --api-key)", host)
@@ -158,7 +161,7 @@ def serve_forever(selection: Selection, config: ServeConfig, host: str = "127.0.
         raise UserError(f"--allowed-host changes nothing on {host}: any Host is answered there", "drop --allowed-host")
     # after the drain nothing should be left: what still runs (past the drain timeout) is cut after 1 s
     settings = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=1,
-                              http=guarded_http(config))  # fmt: skip
+                              http=guarded_http(config), access_log=not quiet, use_colors=False if quiet else None)  # fmt: skip
     DrainingServer(settings, app.state.serve).run(sockets=[sock])
     if (error := app.state.serve.engine.error) is not None:  # the artifact did not load: the process ends with it
         raise error if isinstance(error, UserError) else UserError(f"loading the artifact failed: {error!r}")
