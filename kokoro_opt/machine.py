@@ -93,22 +93,33 @@ def machine_id(fp: dict[str, Any]) -> str:
 CPU_TOPOLOGY = Path("/sys/devices/system/cpu")
 
 
+def usable_cpus() -> int:
+    """The logical CPUs (hardware threads) this process may run on: its CPU affinity (`taskset`, a container's cpuset),
+    within its cgroup's CPU quota (`docker --cpus`, a Kubernetes limit) where one is set."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cpus, _quota() or cpus)
+
+
 def usable_cores() -> int:
-    """The physical cores this process may run on: those of its CPU affinity (`taskset`, a container's cpuset),
-    within its cgroup's CPU quota (`docker --cpus`, a Kubernetes limit) where one is set. Physical, as ONNX
-    Runtime's own default counts them: a core's second hardware thread adds little to its GEMMs and convolutions,
-    and a pool that counts it has twice the threads contending for each core."""
+    """The physical cores among `usable_cpus`, within the same quota. Physical, as ONNX Runtime's own default counts
+    them: a core's second hardware thread adds little to its GEMMs and convolutions, and a pool that counts it has
+    twice the threads contending for each core."""
     if hasattr(os, "sched_getaffinity"):
         cores = physical_cores(os.sched_getaffinity(0), CPU_TOPOLOGY)
     else:  # macOS, Windows: no affinity to read
         import psutil
 
         cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return min(cores, _quota() or cores)
+
+
+def _quota() -> int | None:
+    """The CPUs the cgroup's quota allows, rounded up; None without one ("max 100000")."""
     try:
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        return max(1, min(cores, -(-int(quota) // int(period))))  # "max 100000": no quota (ValueError)
+        return max(1, -(-int(quota) // int(period)))
     except (OSError, ValueError):
-        return cores
+        return None
 
 
 def physical_cores(cpus: Iterable[int], topology: Path) -> int:
@@ -136,6 +147,7 @@ def _fingerprint() -> dict[str, Any]:
         "isa": [f for f in ISA_FLAGS if f in flags],
         "cores": os.cpu_count(),
         "usable_cores": usable_cores(),
+        "usable_cpus": usable_cpus(),
         "os": system,
         "os_release": platform.release(),
         "arch": platform.machine(),
@@ -154,7 +166,8 @@ def cpu_features() -> str:
 
 
 def fingerprint() -> dict[str, Any]:
-    """This machine: cpu, isa, cores (logical), usable_cores (the physical cores this process may run on), os, os_release,
+    """This machine: cpu, isa, cores (logical), usable_cores and usable_cpus (the physical cores and the hardware threads
+    this process may run on), os, os_release,
     arch, python, versions (of the libraries that shape the numbers) and id. Read once per process."""
     return copy.deepcopy(_fingerprint())
 
@@ -166,8 +179,11 @@ def same_machine(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def describe(fp: dict[str, Any]) -> str:
     """One line for the top of a results table."""
-    cores, usable = fp.get("cores"), fp.get("usable_cores")
-    shown = f"{usable} of {cores} cores" if usable and cores and usable != cores else f"{cores or usable or '?'} cores"
+    cores, usable, cpus = fp.get("cores"), fp.get("usable_cores"), fp.get("usable_cpus")
+    limited = bool(cores and (cpus or usable or cores) < cores)  # an affinity or a quota leaves the process fewer
+    shown = f"{usable} of {cores} cores" if limited else f"{usable or cores or '?'} cores"
+    if cpus and usable and cpus > usable:  # a core's second hardware thread (SMT), not a core
+        shown += f" ({cpus} hardware threads)"
     versions = fp.get("versions", {})
     libraries = ", ".join(f"{k} {versions[k]}" for k in ID_PACKAGES if k in versions)
     parts = [

@@ -61,6 +61,10 @@ def test_describe_is_one_line_with_cores_arch_isa_and_id() -> None:
     assert line.startswith("machine: AMD EPYC") and "\n" not in line
     for part in ("x86_64", "2 of 8 cores", "avx2 avx512_vnni", "Linux 6.1", "onnxruntime 1.20.0", "torch 2.5.0", "(id abc123)"):
         assert part in line, part
+    laptop = {**fp, "cores": 8, "usable_cores": 4, "usable_cpus": 8}  # 4 cores, 8 hardware threads: not "4 of 8"
+    assert "4 cores (8 hardware threads)" in describe(laptop) and " of 8" not in describe(laptop)
+    pinned = {**fp, "cores": 64, "usable_cores": 2, "usable_cpus": 4}  # a container's 4 CPUs of 64, 2 cores
+    assert "2 of 64 cores (4 hardware threads)" in describe(pinned)
     here = describe(fingerprint())
     assert f"{fingerprint()['usable_cores']} " in here and platform.machine() in here and fingerprint()["id"] in here
 

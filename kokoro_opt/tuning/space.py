@@ -15,7 +15,7 @@ from typing import Any
 
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
-from kokoro_opt.machine import usable_cores
+from kokoro_opt.machine import usable_cpus
 from kokoro_opt.runtime.session import SessionSettings
 from kokoro_opt.store import Store
 from kokoro_opt.tuning.config import QualityConfig, SpaceConfig, TuneRecipe
@@ -222,15 +222,15 @@ def resolve_space(recipe: TuneRecipe, root: Path, tracking_uri: str | None, say:
     providers = available_providers(recipe.space, note)
     if not providers:
         raise UserError("none of space.providers is available here", f"add {CPU} to the tuning recipe")
-    cores = usable_cores()
-    intra = [n for n in recipe.space.intra_op_num_threads if n <= cores]
-    if not intra:  # every one would oversubscribe the cores: nothing worth measuring
+    cpus = usable_cpus()  # hardware threads: tune measures whether a core's second one pays
+    intra = [n for n in recipe.space.intra_op_num_threads if n <= cpus]
+    if not intra:  # every one would oversubscribe the CPUs: nothing worth measuring
         raise UserError(
-            f"every space.intra_op_num_threads choice is above this machine's {cores} cores",
-            f"add {cores} (or 0, ONNX Runtime's default) to the tuning recipe",
+            f"every space.intra_op_num_threads choice is above this machine's {cpus} CPUs",
+            f"add {cpus} (or 0, ONNX Runtime's default) to the tuning recipe",
         )
     if len(intra) < len(recipe.space.intra_op_num_threads):
-        note(f"intra_op_num_threads above this machine's {cores} cores dropped")
+        note(f"intra_op_num_threads above this machine's {cpus} CPUs dropped")
     first = first_chunk_sizes(recipe, candidates, root, note)
     space = recipe.space.model_copy(update={"providers": providers, "intra_op_num_threads": intra, "first_chunk_tokens": first})
     return ResolvedSpace(candidates, space, recipe.quality.metric, recipe.quality.use == "objective", skipped)
