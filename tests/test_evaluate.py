@@ -307,6 +307,7 @@ def test_compare_cli_prints_one_table_as_json_and_logs_it(
     assert again.exit_code == 0, again.output
     rerun, children = session()
     assert rerun.info.run_id != run.info.run_id and set(children) == set(rows)
+    assert len(client.search_runs([experiment])) == 1 + len(rows)  # the earlier session's parent and children gone
 
     # the tables: the machine line above them, whole although stdout is no terminal (rich assumes 80 columns)
     unlogged = [*args[: args.index("--peer")], *args[args.index("--sentences") : args.index("--tracking-uri")]]
@@ -578,9 +579,12 @@ def test_an_experiment_deleted_in_the_ui_is_restored_to_log_into(tmp_path: Path)
     client = tracking.open_client(store)
     name = tracking.EXPERIMENT_PREFIX + "test"
     first = tracking.experiment_id(client, store, name)
+    run = client.create_run(first, tags={tracking.KEY_TAG: "k"})
+    client.set_terminated(run.info.run_id)
     client.delete_experiment(first)
     assert tracking.experiment_id(client, store, name) == first
     assert client.get_experiment(first).lifecycle_stage == "active"
+    assert client.search_runs([first]) == [] and tracking.find_evaluation(store, "k") is None  # its runs stay deleted
     client.create_run(first)  # as an evaluation's run
 
 

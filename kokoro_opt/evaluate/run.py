@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.contract import code_key
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.asr import asr_installed
 from kokoro_opt.evaluate.corpus import Corpus, load_corpus
@@ -233,6 +234,8 @@ def evaluation_settings(config: EvaluateConfig, corpus: Corpus, reference_id: st
         **config.model_dump(mode="json", exclude={"enabled"}),
         "corpus_sha256": corpus.sha256,
         "metrics_version": METRICS_VERSION,
+        # the text front-end's code: a rule that reads the corpus otherwise makes other utterances of the same texts
+        "text_frontend": code_key("kokoro_opt.text"),
         "reference_id": reference_id,
         "machine": f"{machine['cpu']} x{machine['cores']}",
         "machine_id": machine["id"],

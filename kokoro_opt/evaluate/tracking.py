@@ -73,16 +73,18 @@ def find_evaluation(tracking_uri: str | None, key: str, needs: str | None = None
 
 
 def _owner() -> str:
-    """Who logs a run: this boot of this machine (a random id the kernel draws at boot, no host name) and process."""
+    """Who logs a run: this boot of this machine (a random id the kernel draws at boot, no host name), the process-id
+    namespace (containers on one host share its boot but not its process ids) and the process."""
     with contextlib.suppress(OSError):
-        return f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip()}:{os.getpid()}"
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}:{os.getpid()}"
     return ""
 
 
 def _abandoned(run: Any) -> bool:
     """Whether an unfinished run will never finish: it failed or was killed, or the process logging it on this
-    machine, since this boot, is gone. A run another process may still be logging is left alone: two builds of
-    one recipe evaluate it at once, and deleting the other's run failed it."""
+    machine, since this boot and in this process-id namespace, is gone. A run another process may still be logging
+    is left alone: two builds of one recipe evaluate it at once, and deleting the other's run failed it."""
     if run.info.status in ("FAILED", "KILLED"):
         return True
     boot, _, pid = run.data.tags.get(OWNER_TAG, "").rpartition(":")

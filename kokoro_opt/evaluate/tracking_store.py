@@ -177,7 +177,10 @@ def experiment_id(client: Any, uri: str, name: str) -> str:
     if found is not None:
         if found.lifecycle_stage == "deleted":  # deleted in the UI: its name stays taken until `mlflow gc`
             client.restore_experiment(found.experiment_id)
-            log.warning("MLflow experiment %s had been deleted: restored to log into it (mlflow gc removes it for good)", name)
+            # restoring brings its runs back too: they were deleted with it (and some before it), so they go again
+            for run in client.search_runs([found.experiment_id], max_results=50_000):
+                client.delete_run(run.info.run_id)
+            log.warning("MLflow experiment %s had been deleted: restored, empty, to log into it", name)
         for key, value in EXPERIMENT_TAGS.items():
             if found.tags.get(key) != value:  # an experiment made by an earlier kokoro-opt
                 client.set_experiment_tag(found.experiment_id, key, value)
