@@ -29,6 +29,13 @@ class SessionSettings:
     provider_options: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     enable_profiling: bool = False
 
+    def describe(self) -> str:
+        """These settings in words, for a log a person reads."""
+        count = self.resolved().intra_op_num_threads
+        threads = f"{count} thread{'s' * (count > 1)}" if count else "a thread per core"
+        return (f"ONNX Runtime, {threads} a session, {self.execution_mode} execution, {self.graph_optimization_level} "
+                f"graph optimizations, {', '.join(self.providers)}")  # fmt: skip
+
     def resolved(self) -> SessionSettings:
         """These settings with the threads a session really gets (KOKORO_OPT_THREADS where none are named)."""
         return replace(self, intra_op_num_threads=self.intra_op_num_threads or default_threads())

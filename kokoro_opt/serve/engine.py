@@ -163,14 +163,14 @@ class Engine:
 
     def _load(self) -> None:
         sel = self.selection
-        log.info("serving artifact %s (%s) at %s: %s", sel.artifact.id, sel.artifact.name, sel.artifact.path, sel.reason)
-        started = time.perf_counter()
+        started = time.perf_counter()  # what is served and why: `serve` said it before this thread began
         settings = self.config.session_settings(sel)  # threads split among the workers (windowed only)
         if self.config.windowed:  # windowed jobs never run the whole graph: never load it
             self.attach(Synthesizer(sel.artifact, settings, load=False))
         else:
             self.attach(open_synthesizer(sel.artifact, settings))
-        log.info("loaded in %.1f s (session settings: %s)", time.perf_counter() - started, settings)
+        took = time.perf_counter() - started
+        log.info("loaded %s %s in %.1f s: %s", sel.artifact.name, sel.artifact.id, took, settings.describe())
         if self.config.warmup:
             self._warm_up()
 
