@@ -31,7 +31,6 @@ def build(
     Measured decisions come from the lock beside the recipe (recipes/<name>.lock.json) where it fits, else are written there."""
     from kokoro_opt.build import build as run_build
     from kokoro_opt.build import chain_of
-    from kokoro_opt.errors import UserError
     from kokoro_opt.locks import lock_path
     from kokoro_opt.recipe import load_recipe
 

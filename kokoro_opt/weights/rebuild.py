@@ -24,6 +24,7 @@ import torch
 from onnx import numpy_helper
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.hashing import file_sha256
 from kokoro_opt.onnx_graph import GraphIndex
 
 log = logging.getLogger(__name__)
@@ -59,14 +60,6 @@ def int8_part_files() -> list[Path]:
     return parts
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def assemble_int8_onnx(dest: Path) -> Path:
     """Concatenate the parts into ``dest`` (atomically) and verify size and sha256."""
     from kokoro_opt.artifacts import LOCKS, exclusive
@@ -74,7 +67,7 @@ def assemble_int8_onnx(dest: Path) -> Path:
     dest = Path(dest)
     (dest.parent / LOCKS).mkdir(parents=True, exist_ok=True)
     with exclusive(dest.parent / LOCKS / dest.name):  # a build and an evaluation of the peer may assemble it at once
-        if dest.is_file() and dest.stat().st_size == INT8_ONNX_BYTES and _sha256(dest) == INT8_ONNX_SHA256:
+        if dest.is_file() and dest.stat().st_size == INT8_ONNX_BYTES and file_sha256(dest) == INT8_ONNX_SHA256:
             return dest
         for stale in dest.parent.glob(f".{dest.name}.*.tmp"):  # a killed assembly's, up to 92 MB each
             stale.unlink(missing_ok=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.hashing import file_sha256
 from kokoro_opt.machine import cpu_features
 from kokoro_opt.paths import user_cache
 
@@ -56,14 +57,10 @@ def _build(cc: str, flags: tuple[str, ...], target: Path) -> subprocess.Complete
         result = subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
         if result.returncode == 0:
             digest = Path(scratch) / "sha256"
-            digest.write_text(_sha256(built))
+            digest.write_text(file_sha256(built))
             os.replace(digest, _digest_of(target))  # the digest first: a library without its own is built again
             os.replace(built, target)  # atomic: another process may be building the same library
     return result
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _digest_of(library: Path) -> Path:
@@ -74,7 +71,7 @@ def _intact(library: Path) -> bool:
     """Whether a cached library is the one built: a truncated file loads, and crashes the process at its first
     call (SIGBUS), which no exception handler sees."""
     try:
-        return library.is_file() and _digest_of(library).read_text().strip() == _sha256(library)
+        return library.is_file() and _digest_of(library).read_text().strip() == file_sha256(library)
     except OSError:
         return False
 
