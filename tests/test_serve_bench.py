@@ -74,6 +74,14 @@ def test_bench_refuses_what_it_would_not_use_before_it_measures(args: list[str],
     assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
 
 
+@pytest.mark.parametrize("args", [["--clients", "1,8"], ["--text", "Hi."], ["--no-phrases"], ["--max-queue", "8"]])
+def test_a_capacity_probe_refuses_what_it_would_pass_over(args: list[str]) -> None:
+    """The probe picks its counts and measures the paragraph serve's default queue limit is for: before a server starts."""
+    result = CliRunner().invoke(app, ["bench-serve", "--capacity", *args])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "--capacity picks its own client counts and text" in said and f"drop {args[0]}" in said
+
+
 def test_a_bench_whose_requests_failed_exits_with_an_error(url: str, tmp_path) -> None:
     samples = tmp_path / "runs" / "bench.json"
     args = ["--url", url, "--clients", "1", "--requests", "1", "--no-full", "--no-phrases", "--json", str(samples)]

@@ -309,6 +309,8 @@ def test_playback_lag() -> None:
     audio, gap, lag = playback(late, bps)
     assert (audio, gap) == (2.0, 2.5) and lag == pytest.approx(1.5)
     assert playback([(0.0, 44 + int(bps))], bps, skip=44)[0] == 1.0
+    # a WAV header sent alone starts no playback: the clock starts with the first audio
+    assert playback([(0.0, 44), (0.3, int(bps)), (1.2, int(bps))], bps, skip=44) == (2.0, pytest.approx(0.9), 0.0)
 
 
 def test_bench_refuses_compressed_formats() -> None:
@@ -368,13 +370,13 @@ def test_a_capacity_probe_narrows_down_between_its_steps(carries: int, probed: l
 
 
 def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, tmp_path: Path, monkeypatch) -> None:
-    """bench-serve --capacity records, per machine, artifact, mode, workers and their threads; serve takes it as its
-    default queue limit."""
+    """bench-serve --capacity records, per machine and its cores, artifact, mode, workers, their threads and the
+    scheduling; serve takes it as its default queue limit where all of those are its own."""
     from kokoro_opt.artifacts import link_or_copy, open_artifact
     from kokoro_opt.runtime.session import THREADS_ENV
     from kokoro_opt.select import Selection
     from kokoro_opt.serve import ServeConfig
-    from kokoro_opt.serve.capacity import DEFAULT_QUEUE, measured_capacity, record_capacity
+    from kokoro_opt.serve.capacity import CAPACITY_FILE, DEFAULT_QUEUE, measured_capacity, record_capacity
 
     monkeypatch.delenv(THREADS_ENV, raising=False)  # a server whose sessions take every core (threads 0)
     root = tmp_path / "artifacts"
@@ -382,16 +384,17 @@ def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, t
     selection = Selection(open_artifact(root / "tiny" / tiny_artifact.id))
     assert ServeConfig.for_selection(selection).max_queue == DEFAULT_QUEUE  # nothing measured yet
     unmeasured = ServeConfig.for_selection(selection).admission(selection, False)
-    assert "nothing was measured for this artifact in whole mode" in unmeasured
-    record_capacity(root, tiny_artifact.id, "windowed", 1, 9)  # another mode: not this one's
+    assert "nothing was measured for this artifact in whole mode" in unmeasured and str(root / CAPACITY_FILE) in unmeasured
+    cut = ServeConfig.for_selection(selection).scheduling
+    record_capacity(root, tiny_artifact.id, "windowed", 1, 9, scheduling=cut)  # another mode: not this one's
     assert ServeConfig.for_selection(selection).max_queue == DEFAULT_QUEUE
-    record_capacity(root, tiny_artifact.id, "whole", 1, 3)
-    record_capacity(root, tiny_artifact.id, "whole", 1, 7)  # measured again: replaces it
-    assert measured_capacity(root, tiny_artifact.id, "whole", 1).streams == 7
-    record_capacity(root, tiny_artifact.id, "whole", 2, 11)  # two workers: a count of its own
-    record_capacity(root, tiny_artifact.id, "whole", 1, 5, threads=1)  # sessions of one thread: one of its own too
-    assert measured_capacity(root, tiny_artifact.id, "whole", 1).streams == 7
-    assert measured_capacity(root, tiny_artifact.id, "whole", 1, threads=1).streams == 5
+    record_capacity(root, tiny_artifact.id, "whole", 1, 3, scheduling=cut)
+    record_capacity(root, tiny_artifact.id, "whole", 1, 7, scheduling=cut)  # measured again: replaces it
+    assert measured_capacity(root, tiny_artifact.id, "whole", 1, scheduling=cut).streams == 7
+    record_capacity(root, tiny_artifact.id, "whole", 2, 11, scheduling=cut)  # two workers: a count of its own
+    record_capacity(root, tiny_artifact.id, "whole", 1, 5, threads=1, scheduling=cut)  # one-thread sessions: its own too
+    assert measured_capacity(root, tiny_artifact.id, "whole", 1, scheduling=cut).streams == 7
+    assert measured_capacity(root, tiny_artifact.id, "whole", 1, threads=1, scheduling=cut).streams == 5
     monkeypatch.setenv(THREADS_ENV, "1")
     assert ServeConfig.for_selection(selection).max_queue == 5
     assert "(whole, 1 worker of 1 thread;" in ServeConfig.for_selection(selection).admission(selection, False)
@@ -400,8 +403,25 @@ def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, t
     assert "this machine sustains 7 simultaneous" in ServeConfig.for_selection(selection).admission(selection, False)
     assert ServeConfig.for_selection(selection, max_queue=2).max_queue == 2  # asked for: kept
     assert ServeConfig.for_selection(selection, max_queue=2).admission(selection, True).endswith("(--max-queue)")
+    # chunks of another size cut a stream's work otherwise: what the machine carried with them is not this server's
+    assert ServeConfig.for_selection(selection, first_chunk_tokens=20).max_queue == DEFAULT_QUEUE
     # edge capping is its own mode: what plain whole jobs sustain is not its count
-    assert measured_capacity(root, tiny_artifact.id, ServeConfig(cap_edges=True).mode_name, 1) is None
+    assert measured_capacity(root, tiny_artifact.id, ServeConfig(cap_edges=True).mode_name, 1, scheduling=cut) is None
+
+
+def test_a_capacity_measured_on_other_cores_is_not_this_ones(tmp_path: Path) -> None:
+    """The same CPU model with fewer usable cores (an affinity, a container's quota) carries fewer streams."""
+    import json
+
+    from kokoro_opt.machine import fingerprint
+    from kokoro_opt.serve.capacity import CAPACITY_FILE, measured_capacity, record_capacity
+
+    record_capacity(tmp_path, "a", "whole", 1, 6)
+    assert measured_capacity(tmp_path, "a", "whole", 1).streams == 6
+    record = json.loads((tmp_path / CAPACITY_FILE).read_text())
+    record["measurements"][0]["machine"]["usable_cpus"] = fingerprint()["usable_cpus"] + 2
+    (tmp_path / CAPACITY_FILE).write_text(json.dumps(record))
+    assert measured_capacity(tmp_path, "a", "whole", 1) is None
 
 
 @pytest.mark.parametrize(

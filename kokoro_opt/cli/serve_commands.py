@@ -103,20 +103,25 @@ def bench_serve(
         str | None, typer.Option(help="the artifact a started server serves (default best): " + ARTIFACT_HELP)
     ] = None,
     artifacts: ArtifactsRoot = Path("artifacts"),
-    clients: Annotated[str, typer.Option(help="concurrent streaming clients per scenario, comma separated")] = "1,4",
+    clients: Annotated[
+        str | None, typer.Option(help="streaming clients started together per scenario, comma separated (default 1,4)")
+    ] = None,
     requests: Annotated[int, typer.Option(min=1, help="requests per client")] = 3,
     text: Annotated[str | None, typer.Option(help="text to speak (default: a 4-sentence paragraph)")] = None,
     voice: Annotated[str, typer.Option(help="voice")] = "alloy",
     response_format: Annotated[str, typer.Option("--format", help="pcm or wav")] = "pcm",
-    full: Annotated[bool, typer.Option(help="also measure non-streaming full responses (the TTFA baseline)")] = True,
+    full: Annotated[
+        bool | None, typer.Option(help="also measure non-streaming full responses, the TTFA baseline (default: on)")
+    ] = None,
     max_queue: Annotated[
         int | None, typer.Option(help="queue limit of a started server (default: the largest --clients count)")
     ] = None,
     api_key: Annotated[str | None, typer.Option(envvar="KOKORO_OPT_API_KEY", help="bearer token")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="also write every sample as JSON")] = None,
     phrases: Annotated[
-        bool, typer.Option(help="also time short phrases alone ('button', 'checkbox checked', ...): the screen-reader case")
-    ] = True,
+        bool | None,
+        typer.Option(help="also time short phrases alone ('button', 'checkbox checked', ...): screen readers (default: on)"),
+    ] = None,
     cap_edges: Annotated[bool, typer.Option(help="start the server with --cap-edges")] = False,
     windowed: Annotated[
         bool | None, typer.Option("--windowed/--no-windowed", help="start the server so (default: as serve decides)")
@@ -140,11 +145,13 @@ def bench_serve(
     if capacity and url is not None:  # a running server admits its own --max-queue, and may run on another machine
         raise UserError("--capacity measures this machine with a server it starts (admitting every count it tries)",
                         "drop --url")  # fmt: skip
+    if capacity:  # the probe picks its counts and measures the default paragraph alone: serve's queue limit is for it
+        bench.capacity_conflicts(clients=clients, text=text, full=full, phrases=phrases, max_queue=max_queue)
     if url is None:  # the server's own rules, checked before one is started for nothing
         from kokoro_opt.serve import ServeConfig
 
         ServeConfig(windowed=windowed is not False, workers=workers)  # the artifact decides the rest when it starts
-    counts = bench.client_counts(clients)
+    counts = bench.client_counts(clients if clients is not None else "1,4")
     bench.check_format(response_format)  # before a server is started for it
     if text is not None and not text.strip():
         raise UserError("--text is empty", "give words to speak, or omit --text for the default paragraph")
@@ -155,6 +162,7 @@ def bench_serve(
     flags += [f"--artifact {artifact}"] * (artifact is not None and url is not None)
     queue = max_queue if max_queue is not None else max(counts)
     args = bench.serve_args(url, artifact or "best", artifacts, queue, flags, capacity)
+    store_root = bench.probed_store(artifact or "best", artifacts, tracking_uri) if capacity else artifacts
     scenarios, served = bench.run(
         url,
         args,
@@ -163,10 +171,10 @@ def bench_serve(
         text or bench.PARAGRAPH,
         voice,
         response_format,
-        full,
+        full is not False,
         api_key,
         console,
-        phrases=bench.PHRASES if phrases and not capacity else (),
+        phrases=bench.PHRASES if phrases is not False and not capacity else (),
         probe=capacity,
     )
     if json_out:
@@ -176,5 +184,5 @@ def bench_serve(
     if failed := bench.failures(scenarios, probe=capacity):  # not a measurement of the server's speed, nor a capacity
         raise UserError(failed, "the errors are under the table")
     if capacity:
-        kept, where = bench.keep_probe_result(scenarios, served, artifacts)
+        kept, where = bench.keep_probe_result(scenarios, served, store_root)
         console.print(f"this machine sustains {kept.describe()}; `serve` admits that many by default ({where})")

@@ -1,14 +1,15 @@
 """How many simultaneous real-time streams a machine sustains, and the queue limit `serve` takes from it.
 
-`bench-serve --capacity` streams the paragraph to 1, 2, 4, 6, ... clients started together up to the first count
+`bench-serve --capacity` streams the paragraph to 1, 2, 4, 6, ... clients, each round started together, up to the first count
 the server does not sustain, then to each count between the last one sustained and that one (6 sustained and 8
 not: 7). A count is sustained with every request admitted and complete, no listener's playback
-catching up with its bytes (0 underruns) and the last listener's first audio within 0.5 s (TTFA p95), or
+catching up with its bytes (0 underruns) and first audio within 0.5 s (TTFA p95 over the simultaneous starts), or
 within twice one listener's alone on a machine where one listener alone waits longer (never over 1.5 s).
 A count that misses once is run again and counts if that run sustains it: one slow minute (four streams
 0.07 s short, then three runs with none) otherwise set every later `serve` on a machine that carries 6 to
 admit 2. The largest count
-sustained is recorded per machine, artifact and serving mode in `<artifacts>/capacity.json`, and `serve`
+sustained is recorded per machine (and its usable cores), artifact, serving mode, workers, threads and scheduling
+(`ServeConfig.scheduling`) in the artifact store's `capacity.json`, and `serve`
 admits that many requests by default on that machine (more get 429 with Retry-After): a queue sized by a guess
 either turns listeners away the machine could serve or admits ones it cannot.
 """
@@ -25,7 +26,7 @@ from kokoro_opt.artifacts import write_json_atomic
 
 CAPACITY_FILE = "capacity.json"
 COUNTS = (1, 2, 4, 6, 8, 10, 12, 16)
-TTFA_P95_LIMIT = 0.5  # seconds: the last of the simultaneous listeners hears something within this
+TTFA_P95_LIMIT = 0.5  # seconds: first audio of the simultaneous listeners, p95 over the rounds
 # ... or within this many times one listener's first audio alone, where that is already longer: whole decoding
 # of a 40-token first job takes ~0.65 s on a 2-core Intel Xeon, so a fixed 0.5 s would measure that machine's
 # single-listener latency (capacity 0) instead of what more listeners cost
@@ -88,10 +89,13 @@ class Capacity:
     measured: str
     ttfa_limit: float = TTFA_P95_LIMIT
     threads: int = 0  # each worker's session threads (ServeConfig.session_threads); 0: ONNX Runtime's, every core
+    scheduling: str = ""  # ServeConfig.scheduling: the chunks and windows the count was measured with
 
     def describe(self) -> str:
+        at_least = "at least " * (self.streams == max(COUNTS))  # the probe tries no more
         return (
-            f"{self.streams} simultaneous real-time stream{'' if self.streams == 1 else 's'} ({self.mode}, {self.workers} worker"
+            f"{at_least}{self.streams} simultaneous real-time stream{'' if self.streams == 1 else 's'} "
+            f"({self.mode}, {self.workers} worker"
             f"{'s' if self.workers > 1 else ''}{_threads_text(self.threads)}; first audio within {self.ttfa_limit:.2f} s), "
             f"measured by bench-serve --capacity on {self.measured[:10]}"
         )
@@ -102,35 +106,48 @@ def _threads_text(threads: int) -> str:
 
 
 def record_capacity(
-    root: Path, artifact_id: str, mode: str, workers: int, streams: int, ttfa_limit: float = TTFA_P95_LIMIT, threads: int = 0
+    root: Path,
+    artifact_id: str,
+    mode: str,
+    workers: int,
+    streams: int,
+    ttfa_limit: float = TTFA_P95_LIMIT,
+    threads: int = 0,
+    scheduling: str = "",
 ) -> Capacity:
-    """Keep the measurement for this machine, replacing an earlier one of the same artifact, mode, workers and threads."""
+    """Keep the measurement for this machine, replacing an earlier one of the same artifact, mode, workers, threads
+    and scheduling."""
     from kokoro_opt.machine import fingerprint
 
     measured = datetime.now(UTC).isoformat(timespec="seconds")
-    found = Capacity(artifact_id, mode, workers, streams, fingerprint(), measured, round(ttfa_limit, 3), threads)
+    found = Capacity(artifact_id, mode, workers, streams, fingerprint(), measured, round(ttfa_limit, 3), threads, scheduling)
     kept = [c for c in _read(root) if _key(c) != _key(found)]
     root.mkdir(parents=True, exist_ok=True)
     write_json_atomic(root / CAPACITY_FILE, {"measurements": [asdict(c) for c in [*kept, found]]})
     return found
 
 
-def measured_capacity(root: Path, artifact_id: str, mode: str, workers: int, threads: int = 0) -> Capacity | None:
-    """This machine's measurement for the artifact and mode, served with as many workers of as many threads, if any."""
+def measured_capacity(
+    root: Path, artifact_id: str, mode: str, workers: int, threads: int = 0, scheduling: str = ""
+) -> Capacity | None:
+    """This machine's measurement for the artifact and mode, served with as many workers of as many threads and the
+    same scheduling, on as many cores (an affinity or a quota changes what one machine carries), if any."""
     from kokoro_opt.machine import fingerprint, same_machine
 
     here = fingerprint()
+    cores = ("usable_cores", "usable_cpus")
     matches = [
         c
         for c in _read(root)
-        if (c.artifact_id, c.mode, c.workers, c.threads) == (artifact_id, mode, workers, threads)
+        if (c.artifact_id, c.mode, c.workers, c.threads, c.scheduling) == (artifact_id, mode, workers, threads, scheduling)
         and same_machine(c.machine, here)
+        and all(c.machine.get(k) == here.get(k) for k in cores)
     ]
     return matches[-1] if matches else None
 
 
-def _key(c: Capacity) -> tuple[str, str, int, int, Any]:
-    return c.artifact_id, c.mode, c.workers, c.threads, c.machine.get("id")
+def _key(c: Capacity) -> tuple[Any, ...]:
+    return c.artifact_id, c.mode, c.workers, c.threads, c.scheduling, c.machine.get("id")
 
 
 def _read(root: Path) -> list[Capacity]:
@@ -154,6 +171,6 @@ def _record(entry: Any) -> Capacity | None:
         return None
     texts = all(isinstance(v, str) for v in (c.artifact_id, c.mode, c.measured)) and isinstance(c.machine, dict)
     counts = type(c.workers) is int and type(c.streams) is int and 0 <= c.streams <= max(COUNTS)
-    counts = counts and type(c.threads) is int and c.threads >= 0
+    counts = counts and type(c.threads) is int and c.threads >= 0 and isinstance(c.scheduling, str)
     limit = type(c.ttfa_limit) in (int, float) and 0 < c.ttfa_limit <= TTFA_P95_CEILING
     return c if texts and counts and limit else None

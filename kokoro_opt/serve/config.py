@@ -7,9 +7,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.hashing import content_key
 from kokoro_opt.runtime.session import SessionSettings, shared_by
 from kokoro_opt.select import Selection
-from kokoro_opt.serve.capacity import DEFAULT_QUEUE, Capacity, measured_capacity
+from kokoro_opt.serve.capacity import CAPACITY_FILE, DEFAULT_QUEUE, Capacity, measured_capacity
 from kokoro_opt.store import store_of
 from kokoro_opt.text import CONTEXT_TOKENS
 
@@ -96,6 +97,14 @@ class ServeConfig:
         return min(self.piece_tokens or 2 * self.first_chunk_tokens, self.chunk_tokens)
 
     @property
+    def scheduling(self) -> str:
+        """A key of what decides how a stream's work is cut and ordered: a capacity measured under other chunks or
+        windows is not this server's."""
+        return content_key(
+            self.first_chunk_tokens, self.chunk_tokens, self.pieces, self.first_window_steps, self.crossfade_ms, self.trim_silence
+        )
+
+    @property
     def mode_name(self) -> str:
         """The serving mode as capacity records and /v1/models name it: each mode sustains its own count."""
         return "windowed" if self.windowed else "whole-capped" if self.cap_edges else "whole"
@@ -137,7 +146,8 @@ class ServeConfig:
     def measured_capacity(self, selection: Selection) -> Capacity | None:
         """This machine's `bench-serve --capacity` record for the selected artifact in this mode, if any."""
         art = selection.artifact
-        return measured_capacity(store_of(art).root, art.id, self.mode_name, self.workers, self.session_threads(selection))
+        threads = self.session_threads(selection)
+        return measured_capacity(store_of(art).root, art.id, self.mode_name, self.workers, threads, self.scheduling)
 
     def session_settings(self, selection: Selection) -> SessionSettings:
         """What the engine's sessions run with: the selection's settings, their threads split among the workers."""
@@ -153,10 +163,11 @@ class ServeConfig:
         if asked:
             return line + " (--max-queue)"
         if (measured := self.measured_capacity(selection)) is not None:
-            return f"{line}: this machine sustains {measured.describe()}"
+            return f"{line}: this machine sustains {measured.describe()} ({store_of(selection.artifact).root / CAPACITY_FILE})"
         return (
             f"{line}: the default, as nothing was measured for this artifact in {self.mode_name} mode on this machine "
-            "(bench-serve --capacity measures it, and serve then admits that many)"
+            f"with these workers, threads and chunks ({store_of(selection.artifact).root / CAPACITY_FILE}; "
+            "bench-serve --capacity measures it, and serve then admits that many)"
         )
 
 

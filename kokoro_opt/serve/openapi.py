@@ -53,6 +53,7 @@ class ModelEntry(BaseModel):
     mode: Literal["windowed", "whole", "whole-capped"] | None = None  # how the served artifact is decoded (ServeConfig.mode_name)
     workers: int | None = None
     threads: int | None = None  # each worker's session threads; 0: ONNX Runtime's default, every core
+    scheduling: str | None = None  # a key of the served chunks and windows (ServeConfig.scheduling): capacity records name it
     root: str | None = None  # an OpenAI model name: the artifact it stands for
 
 

@@ -38,19 +38,30 @@ class Sample:
 
 
 def playback(arrivals: list[tuple[float, int]], bytes_per_second: float, skip: int = 0) -> tuple[float, float, float]:
-    """(audio seconds, largest gap between pieces, worst lag behind real-time playback from the first byte)."""
-    if not arrivals:
+    """(audio seconds, largest gap between pieces, worst lag behind real-time playback from the first audio byte:
+    a piece that is all header, `skip` bytes, starts nothing)."""
+    heard = _audio_arrivals(arrivals, skip)
+    if not heard:
         return 0.0, 0.0, 0.0
-    t0 = arrivals[0][0]
-    received = -skip
+    received = sum(n for _, n in arrivals[: len(arrivals) - len(heard)]) - skip  # header bytes still to come: <= 0
+    t0 = previous = heard[0][0]
     lag = gap = 0.0
-    previous = t0
-    for t, n in arrivals:
+    for t, n in heard:
         lag = max(lag, (t - t0) - max(received, 0) / bytes_per_second)  # before this piece arrives
         gap = max(gap, t - previous)
         previous = t
         received += n
     return max(received, 0) / bytes_per_second, gap, max(lag, 0.0)
+
+
+def _audio_arrivals(arrivals: list[tuple[float, int]], skip: int) -> list[tuple[float, int]]:
+    """The pieces from the first one that carries audio (past `skip` header bytes) on."""
+    received = 0
+    for i, (_, n) in enumerate(arrivals):
+        received += n
+        if received > skip:
+            return arrivals[i:]
+    return []
 
 
 async def timed_request(client: httpx.AsyncClient, payload: dict[str, Any], sample_rate: int) -> Sample:
@@ -70,11 +81,11 @@ async def timed_request(client: httpx.AsyncClient, payload: dict[str, Any], samp
                 arrivals.append((time.perf_counter(), len(piece)))
     except httpx.HTTPError as exc:
         return Sample(0, error=f"{type(exc).__name__}: {exc}")
-    if not arrivals:
-        return Sample(200, error="empty body")
     skip = _WAV_HEADER if payload["response_format"] == "wav" else 0
+    if not (heard := _audio_arrivals(arrivals, skip)):
+        return Sample(200, error="no audio in the body")
     audio_s, gap, lag = playback(arrivals, 2.0 * sample_rate, skip)
-    return Sample(200, arrivals[0][0] - started, arrivals[-1][0] - started, audio_s, gap, lag)
+    return Sample(200, heard[0][0] - started, arrivals[-1][0] - started, audio_s, gap, lag)
 
 
 @dataclass
@@ -86,6 +97,7 @@ class Scenario:
     text: str = ""  # set for a short-phrase scenario
     rss_mb: float = float("nan")  # the server's resident memory after the scenario, and its peak so far
     peak_rss_mb: float = float("nan")
+    client_delay: float = 0.0  # seconds: how late this client's own event loop woke up at worst (a busy machine)
 
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.samples if s.ok]
@@ -115,6 +127,7 @@ class Scenario:
             "text": self.text,
             "rss_mb": self.rss_mb,
             "peak_rss_mb": self.peak_rss_mb,
+            "client_delay": self.client_delay,
         }
 
 
@@ -122,7 +135,9 @@ async def run_scenario(
     url: str, mode: str, clients: int, requests: int, payload: dict[str, Any], sample_rate: int, api_key: str | None
 ) -> Scenario:
     """`mode` "stream" or "full" measures synthesis (`Cache-Control: no-cache`: never the server's audio
-    cache); "repeat" streams what was just asked, as a client repeating a phrase would."""
+    cache); "repeat" streams what was just asked, as a client repeating a phrase would. Each of the `requests`
+    rounds starts every client's request together, as listeners pressing play at once, over connections opened
+    before the first."""
     scenario = Scenario(mode, clients)
     body = {**payload, "stream": mode != "full"}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -130,16 +145,31 @@ async def run_scenario(
         headers["Cache-Control"] = "no-cache"
     limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=clients + 1)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0), limits=limits, headers=headers) as client:
+        await asyncio.gather(*(client.get("/ready") for _ in range(clients)))  # a connection each: none opens in a round
+        together = asyncio.Barrier(clients)
 
         async def one_client() -> None:
             for _ in range(requests):
+                await together.wait()
                 scenario.samples.append(await timed_request(client, body, sample_rate))
 
+        watch = asyncio.create_task(_watch_delay(scenario))
         started = time.perf_counter()
-        await asyncio.gather(*(one_client() for _ in range(clients)))
+        try:
+            await asyncio.gather(*(one_client() for _ in range(clients)))
+        finally:
+            watch.cancel()
         scenario.wall = time.perf_counter() - started
         scenario.rss_mb, scenario.peak_rss_mb = await _server_rss(client)
     return scenario
+
+
+async def _watch_delay(scenario: Scenario, tick: float = 0.005) -> None:
+    """Keep the worst lateness of this process's event loop: every time it reads is late by as much."""
+    while True:
+        began = time.perf_counter()
+        await asyncio.sleep(tick)
+        scenario.client_delay = max(scenario.client_delay, time.perf_counter() - began - tick)
 
 
 async def _server_rss(client: httpx.AsyncClient) -> tuple[float, float]:

@@ -116,5 +116,6 @@ class Service:
         created = int(art.path.stat().st_mtime)
         base = {"object": "model", "created": created, "owned_by": "kokoro-opt"}
         served = {"id": art.id, **base, "name": art.name, "reason": self.selection.reason, "mode": self.config.mode_name,
-                  "workers": self.config.workers, "threads": self.config.session_threads(self.selection)}  # fmt: skip
+                  "workers": self.config.workers, "threads": self.config.session_threads(self.selection),
+                  "scheduling": self.config.scheduling}  # fmt: skip
         return [served, *({"id": m, **base, "root": art.id} for m in OPENAI_MODELS)]
