@@ -248,9 +248,11 @@ class Artifact:
         return self.capabilities.windowed and self.kokoro.get("windows", {}).get(WINDOWED_BY_DEFAULT) is True
 
     def damage(self) -> str | None:
-        """What changed or damaged the folder since its manifest was written; None: intact, or a manifest of an older
-        version, without file hashes, that has nothing to check against."""
-        return folder_damage(self.path, self.manifest) if self.manifest.files else None
+        """What changed or damaged the folder since its manifest was written; None: intact. A manifest without file
+        hashes (an older kokoro-opt's, or emptied by hand) vouches for nothing: the folder is not trusted either."""
+        if not self.manifest.files:
+            return "its manifest lists no file hashes (an older kokoro-opt made it)"
+        return folder_damage(self.path, self.manifest)
 
     def check_intact(self, hint: str = REBUILD) -> None:
         """Refuse a folder changed or damaged since its manifest was written (not measured, served or pushed as

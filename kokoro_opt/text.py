@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 CONTEXT_TOKENS = 510  # Kokoro's 512 positions minus the two 0 pad tokens
+JOB_TOKENS = 200  # the largest job the server merges pieces into, and a whole file's chunk: a few sentences
 MIN_FIRST_WORDS = 3  # a first chunk may end at a comma only after this many words (not at a lone "Well,")
 
 
@@ -362,14 +363,16 @@ def _check(vocab: dict[str, int], **limits: int) -> None:
 def chunk_text(
     text: str,
     vocab: dict[str, int],
-    first_chunk_tokens: int = 40,
-    chunk_tokens: int = 200,
+    first_chunk_tokens: int | None = 40,
+    chunk_tokens: int = JOB_TOKENS,
     max_tokens: int = CONTEXT_TOKENS,
 ) -> list[Chunk]:
     """Split text for synthesis: a small first chunk (fast time-to-first-audio; only a first word longer than
-    `first_chunk_tokens` makes it bigger), then whole sentences packed up to `chunk_tokens`; over-long sentences
-    split at clauses, then words. No chunk exceeds `max_tokens` and no text is dropped."""
-    _check(vocab, first_chunk_tokens=first_chunk_tokens, chunk_tokens=chunk_tokens, max_tokens=max_tokens)
+    `first_chunk_tokens` makes it bigger; None: none, as for a whole file), then whole sentences packed up to
+    `chunk_tokens`; over-long sentences split at clauses, then words. No chunk exceeds `max_tokens` and no text
+    is dropped."""
+    first_limit = {} if first_chunk_tokens is None else {"first_chunk_tokens": first_chunk_tokens}
+    _check(vocab, chunk_tokens=chunk_tokens, max_tokens=max_tokens, **first_limit)
     if not isinstance(text, str):
         raise UserError(f"text must be a string, got {type(text).__name__}", "pass the text to speak as str")
     sentences = _sentence_spans(text, 0, len(text))
@@ -380,7 +383,7 @@ def chunk_text(
     rest = sentences
     # The first sentence with a word (a leading "..." alone is no useful first audio) gives the small first chunk.
     k = next((i for i, (a, b) in enumerate(sentences) if any(ch.isalnum() for ch in text[a:b])), None)
-    if k is not None:
+    if k is not None and first_chunk_tokens is not None:
         head = (sentences[0][0], sentences[k][1])
         limits = min(first_chunk_tokens, max_tokens), min(chunk_tokens, max_tokens)
         if (first := chunker.first(head, *limits)) is not None:

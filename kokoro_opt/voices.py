@@ -9,6 +9,7 @@ import numpy as np
 from kokoro_opt.errors import UserError
 
 SAMPLE_RATE = 24_000
+DEFAULT_VOICE = "alloy"  # an OpenAI name: every artifact has it (openai_voice_map), whatever its voices
 
 # OpenAI voices -> the five Kokoro voices real artifacts carry, matched on the voice's gender (Kokoro's
 # names say it: jf_ = Japanese female, jm_ = male); jm_kumo is the only male voice, so it takes every male one.

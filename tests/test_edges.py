@@ -11,11 +11,11 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.passes.speech_gate import gate_failures
 from kokoro_opt.recipe import EdgesStage
 from kokoro_opt.runtime.edges import EDGE_INPUT, FRAME_SAMPLES, KEEP_ALL, edge_keep, final_silence_tokens, removed_frames
+from kokoro_opt.runtime.join import PAUSES, Joiner
 from kokoro_opt.runtime.synth import Synthesizer
 from kokoro_opt.select import resolve_artifact
 from kokoro_opt.serve import ServeConfig
 from kokoro_opt.serve.engine import Engine
-from kokoro_opt.serve.join import PAUSES, Joiner
 from kokoro_opt.voices import style_for
 from tests.test_passes import TOKENS, build_with
 

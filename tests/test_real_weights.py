@@ -78,6 +78,22 @@ def test_fp32_speaks(fp32) -> None:
     assert np.percentile(energy_db, 90) - np.percentile(energy_db, 10) > 20
 
 
+def test_a_file_pauses_at_its_seams_as_a_speaker_would(fp32) -> None:
+    """Each of Kokoro's utterances ends in ~0.6 s of silence and starts after ~0.25 s: joined as they are, every
+    seam between a long text's chunks would pause ~0.9 s. Trimmed, a seam after a sentence pauses ~0.42 s."""
+    synth = Synthesizer(fp32.artifact)
+    text = " ".join(["The rain fell softly on the quiet town, and everyone in it slept until morning."] * 14)
+    parts = [p.audio for p in synth.stream(text, voice="jm_kumo")]
+    audio = np.concatenate(parts)
+    frames = audio[: len(audio) // 240 * 240].reshape(-1, 240)  # 10 ms
+    quiet = np.sqrt(np.mean(frames**2, axis=1)) < np.abs(audio).max() * 10 ** (-60 / 20)
+    assert len(parts) > 1
+    for seam in np.cumsum([len(p) for p in parts[:-1]]) // 240:
+        before = next(i for i in range(seam, -1, -1) if not quiet[i])
+        after = next(i for i in range(seam, len(quiet)) if not quiet[i])
+        assert 0.3 < (after - before - 1) * 0.01 < 0.6, f"a seam pauses {(after - before - 1) * 10} ms"
+
+
 def test_edge_inputs_never_give_nan_or_silence(fp32) -> None:
     synth = Synthesizer(fp32.artifact)
     long_text = " ".join(["The quick brown fox jumps over the lazy dog."] * 12)

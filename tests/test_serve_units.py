@@ -18,11 +18,11 @@ import pytest
 import soundfile as sf
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.runtime.join import END_KEEP, LEAD_KEEP, PAUSES, Joiner, boundary, edge_silence
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.encoders import make_encoder, supported_formats
 from kokoro_opt.serve.engine import Engine, frames_bound
-from kokoro_opt.serve.join import END_KEEP, LEAD_KEEP, PAUSES, Joiner, boundary, edge_silence
 from kokoro_opt.serve.openai_compat import voice_entries
 from kokoro_opt.serve.plan import CostModel, make_pieces, queue_seconds, take_job, window_steps
 from kokoro_opt.serve.scenario import playback

@@ -44,6 +44,43 @@ def test_long_text_is_split_not_truncated(tiny_artifact) -> None:
     assert result.seconds > 10 * one.seconds
 
 
+def test_a_file_is_spoken_in_whole_sentences_and_streamed_as_it_is_made(tiny_artifact) -> None:
+    """No small first chunk for a file: a sentence within the model's context is one utterance (a cut would put
+    Kokoro's end-of-utterance silence and intonation mid-sentence); `stream` yields what `synthesize` joins."""
+    synth = Synthesizer(tiny_artifact)
+    sentence = "When the sunlight strikes raindrops in the air, they act as a prism and form a rainbow of colours."
+    counted: list[tuple[int, int]] = []
+    whole = synth.synthesize(sentence + " It is lovely.", on_chunk=lambda done, total: counted.append((done, total)))
+    assert counted == [(1, 1)]  # two sentences, ~100 tokens: one chunk
+    parts = list(synth.stream(sentence + " It is lovely."))
+    assert len(parts) == 1 and np.array_equal(parts[0].audio, whole.audio)
+    long_text = sentence + " " + " ".join(["The rain fell softly on the quiet town, and everyone slept."] * 12)
+    parts = list(synth.stream(long_text))
+    assert len(parts) > 1 and np.array_equal(np.concatenate([p.audio for p in parts]), synth.synthesize(long_text).audio)
+    with pytest.raises(UserError, match="nothing to say"):  # checked when asked, not at the first part
+        synth.stream("  ")
+    with pytest.raises(UserError, match="voice must be a name or a blend"):
+        synth.stream("Hello.", voice=None)  # type: ignore[arg-type]
+
+
+def test_the_library_refuses_a_folder_changed_since_it_was_built(tiny_artifact, tmp_path) -> None:
+    """As `say` and `serve` do: a kokoro.json edited to four times the gain spoke at a quarter of the volume."""
+    import json
+    import shutil
+
+    changed = tmp_path / "tiny" / tiny_artifact.id
+    shutil.copytree(tiny_artifact.path, changed)
+    meta = json.loads((changed / "kokoro.json").read_text())
+    (changed / "kokoro.json").write_text(json.dumps({**meta, "audio_gain": 4 * meta.get("audio_gain", 1.0)}))
+    with pytest.raises(UserError, match=r"kokoro\.json does not match its manifest"):
+        synthesize(changed, "Hello.")
+    manifest = json.loads((changed / "manifest.json").read_text())
+    shutil.copy(tiny_artifact.path / "kokoro.json", changed / "kokoro.json")
+    (changed / "manifest.json").write_text(json.dumps({**manifest, "files": {}}))  # nothing left to check against
+    with pytest.raises(UserError, match="its manifest lists no file hashes"):
+        synthesize(changed, "Hello.")
+
+
 def test_synthesize_checks_its_input(tiny_artifact) -> None:
     with pytest.raises(UserError, match="speed"):
         synthesize(tiny_artifact, "Hello.", voice="tiny_0", speed=10)

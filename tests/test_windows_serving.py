@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.serve.join import PAUSES, Joiner
+from kokoro_opt.runtime.join import PAUSES, Joiner
 from tests import test_fuse, test_windows
 
 pytestmark = pytest.mark.slow  # servers and several builds: not in make test-fast

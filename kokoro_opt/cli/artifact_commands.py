@@ -93,7 +93,6 @@ def fetch(
 ) -> None:
     """Fetch a pushed artifact into the store, verifying every file against its manifest."""
     from kokoro_opt.artifacts import remove_stale_temporaries
-    from kokoro_opt.errors import UserError
     from kokoro_opt.remote import fetch_artifact
     from kokoro_opt.select import artifact_by_id, export_missing
 
@@ -101,11 +100,6 @@ def fetch(
     found = artifact_by_id(artifact_id, artifacts, tracking_uri, say=say_line)  # verified, fetched again if damaged
     if export_missing(artifacts, found):  # a fetch killed before its fp32 export arrived: completed now, if pushed
         fetch_artifact(found.id, artifacts, tracking_uri, say_line)
-    if not found.manifest.files:  # nothing to check it against
-        raise UserError(
-            f"{found.path}: its manifest lists no file hashes (an older kokoro-opt made it)",
-            "build it again with this version, or move it away and fetch it again",
-        )
     console.print(f"{found.name} {found.id}: {found.path} (every file matches its manifest)", highlight=False)
 
 

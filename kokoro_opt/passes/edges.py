@@ -3,7 +3,7 @@
 The graph gets an `edge_keep` input (kokoro_opt/passes/edge_input.py) whose default changes nothing: evaluations and
 `compare` see the artifact's own audio. The server feeds the stage's frame counts, so a job decodes
 `lead_frames` of the leading pad instead of 12-18 and `trail_frames` of the final punctuation and pad.
-The joiner trims that silence anyway (serve/join.py) and pads a seam's pause with zeros.
+The joiner trims that silence anyway (runtime/join.py) and pads a seam's pause with zeros.
 
 Cutting is not free: the decoder's convolutions see zeros where they saw silence, which reaches ~14
 frames into the speech. The gate compares the capped speech with the uncapped speech of the same model

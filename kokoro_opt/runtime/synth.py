@@ -7,7 +7,7 @@ candidate graph or capped edges, through the session."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -20,8 +20,9 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.runtime.edges import EDGE_INPUT, edge_keep
 from kokoro_opt.runtime.feeds import model_feeds
+from kokoro_opt.runtime.join import CROSSFADE_MS, PAUSES, Joiner, boundary
 from kokoro_opt.runtime.session import SessionSettings, make_session
-from kokoro_opt.voices import SAMPLE_RATE, blend_voice, style_for
+from kokoro_opt.voices import DEFAULT_VOICE, SAMPLE_RATE, blend_voice, style_for
 
 
 @dataclass
@@ -54,32 +55,58 @@ class Speaker:
     def run_tokens(self, token_ids: list[int], voice: str | np.ndarray, speed: float = 1.0) -> SynthesisResult:
         raise NotImplementedError
 
+    def stream(
+        self,
+        text: str | None = None,
+        *,
+        phonemes: str | None = None,
+        voice: str = DEFAULT_VOICE,
+        speed: float = 1.0,
+        on_chunk: Callable[[int, int], None] | None = None,
+    ) -> Iterator[SynthesisResult]:
+        """The audio as it is made, a chunk at a time: whole sentences packed up to the model's 510-token context, as
+        Kokoro's own pipeline does (only a longer sentence is split, at clauses, then words), each seam's silence
+        cut to the pause its punctuation calls for and crossfaded (runtime/join.py), as the server joins jobs.
+        `on_chunk(done, total)` after each chunk. The input is checked before the first chunk is asked for."""
+        from kokoro_opt.text import CONTEXT_TOKENS, chunk_phonemes, chunk_text
+
+        if (text is None) == (phonemes is None):
+            raise UserError("give exactly one of text or phonemes")
+        if not (isinstance(speed, int | float) and 0.25 <= speed <= 4.0):
+            raise UserError(f"speed {speed!r} is out of range", "use a speed between 0.25 and 4.0")
+        if not isinstance(voice, str):
+            raise UserError(f"voice must be a name or a blend, not {type(voice).__name__}", "e.g. voice='alloy'")
+        pack = blend_voice(voice, self.packs)
+        if text is not None:  # no small first chunk: nothing is heard before a whole chunk is made
+            chunks = chunk_text(text, self.vocab, first_chunk_tokens=None, chunk_tokens=CONTEXT_TOKENS)
+        else:
+            chunks = chunk_phonemes(phonemes or "", self.vocab, CONTEXT_TOKENS)
+        if not chunks:
+            raise UserError("nothing to say: the text is empty or has no pronounceable characters", "pass some words")
+
+        def spoken() -> Iterator[SynthesisResult]:
+            joiner = Joiner(self.sample_rate, CROSSFADE_MS)
+            for done, chunk in enumerate(chunks, 1):
+                result = self.run_tokens(chunk.token_ids, pack, speed)
+                pause = PAUSES[boundary(chunk.token_ids, self.symbols)] / speed
+                yield SynthesisResult(joiner.push(result.audio, done == len(chunks), pause), self.sample_rate, result.durations)
+                if on_chunk is not None:
+                    on_chunk(done, len(chunks))
+
+        return spoken()
+
     def synthesize(
         self,
         text: str | None = None,
         *,
         phonemes: str | None = None,
-        voice: str = "jf_alpha",
+        voice: str = DEFAULT_VOICE,
         speed: float = 1.0,
         on_chunk: Callable[[int, int], None] | None = None,
     ) -> SynthesisResult:
-        """Whole input, split at sentence/clause boundaries under the 510-token context, joined; `on_chunk(done,
-        total)` after each chunk (a long text takes a while)."""
-        from kokoro_opt.text import chunk_phonemes, chunk_text
-
-        if (text is None) == (phonemes is None):
-            raise UserError("give exactly one of text or phonemes")
-        if not 0.25 <= speed <= 4.0:
-            raise UserError(f"speed {speed} is out of range", "use a speed between 0.25 and 4.0")
-        pack = blend_voice(voice, self.packs)
-        chunks = chunk_text(text, self.vocab) if text is not None else chunk_phonemes(phonemes or "", self.vocab)
-        if not chunks:
-            raise UserError("nothing to say: the text is empty or has no pronounceable characters", "pass some words")
-        parts = []
-        for chunk in chunks:
-            parts.append(self.run_tokens(chunk.token_ids, pack, speed))
-            if on_chunk is not None:
-                on_chunk(len(parts), len(chunks))
+        """The whole input's audio: `stream`'s parts joined. Its durations are each chunk's, in order (the seams'
+        silences are trimmed from the audio, not from them)."""
+        parts = list(self.stream(text, phonemes=phonemes, voice=voice, speed=speed, on_chunk=on_chunk))
         return SynthesisResult(
             np.concatenate([p.audio for p in parts]),
             self.sample_rate,

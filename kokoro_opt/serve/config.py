@@ -8,11 +8,12 @@ from typing import Any
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.hashing import content_key
+from kokoro_opt.runtime.join import CROSSFADE_MS
 from kokoro_opt.runtime.session import SessionSettings, shared_by
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.capacity import CAPACITY_FILE, DEFAULT_QUEUE, Capacity, measured_capacity
 from kokoro_opt.store import store_of
-from kokoro_opt.text import CONTEXT_TOKENS
+from kokoro_opt.text import CONTEXT_TOKENS, JOB_TOKENS
 
 MAX_WORKERS = 2  # what was measured (docs/serving.md)
 MAX_CROSSFADE_MS = 200.0  # a seam's crossfade: longer ones blur the words on each side
@@ -25,9 +26,9 @@ _SECONDS_AND_SIZES = ("crossfade_ms", "request_timeout", "body_timeout", "drain_
 @dataclass(frozen=True)
 class ServeConfig:
     first_chunk_tokens: int = 40  # the first job: small, so first audio comes fast
-    chunk_tokens: int = 200  # the largest later job (merged pieces), at most 510
+    chunk_tokens: int = JOB_TOKENS  # the largest later job (merged pieces), at most 510
     piece_tokens: int | None = None  # sentences are packed into pieces up to this; None = 2 x first_chunk_tokens
-    crossfade_ms: float = 10.0
+    crossfade_ms: float = CROSSFADE_MS
     trim_silence: bool = True  # cut Kokoro's ~0.9 s of silence at each seam to a natural pause (join.py)
     cap_edges: bool = False  # the decoder skips most of that silence (an artifact with the edges stage)
     windowed: bool = False  # front once per job, generator in windows (for_selection: on where the artifact can)

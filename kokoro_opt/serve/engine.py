@@ -36,12 +36,12 @@ import numpy as np
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime import open_synthesizer
+from kokoro_opt.runtime.join import PAUSES, Joiner, boundary
 from kokoro_opt.runtime.synth import Speaker, Synthesizer
 from kokoro_opt.runtime.windowed import WindowedDecoder, WindowedJob
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.config import ServeConfig, edges_missing, windows_missing
 from kokoro_opt.serve.encoders import Encoder
-from kokoro_opt.serve.join import PAUSES, Joiner, boundary
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.modes import SAFETY, WholeJobs, WindowedJobs
 from kokoro_opt.serve.plan import CostModel, make_pieces, take_job

@@ -10,8 +10,9 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kokoro_opt.voices import DEFAULT_VOICE
+
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")
-DEFAULT_VOICE = "alloy"
 
 
 _LANGUAGES = {"a": "American English", "b": "British English", "j": "Japanese", "z": "Mandarin", "e": "Spanish",

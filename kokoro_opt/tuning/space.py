@@ -16,8 +16,10 @@ from typing import Any
 from kokoro_opt.artifacts import Artifact
 from kokoro_opt.errors import UserError
 from kokoro_opt.machine import usable_cpus
+from kokoro_opt.runtime.join import CROSSFADE_MS
 from kokoro_opt.runtime.session import SessionSettings
 from kokoro_opt.store import Store
+from kokoro_opt.text import JOB_TOKENS
 from kokoro_opt.tuning.config import QualityConfig, SpaceConfig, TuneRecipe
 from kokoro_opt.voices import unknown_voice
 
@@ -78,8 +80,8 @@ class TrialSettings:
     artifact_id: str
     session: SessionSettings
     first_chunk_tokens: int = 40
-    chunk_tokens: int = 200
-    crossfade_ms: float = 10.0
+    chunk_tokens: int = JOB_TOKENS
+    crossfade_ms: float = CROSSFADE_MS
     first_window_steps: int | None = None  # a windowed artifact's; None: the artifact's own
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+CROSSFADE_MS = 10.0  # the seams' raised-cosine crossfade
 LEAD_KEEP = 0.03  # seconds kept before the first audible frame of a job
 END_KEEP = 0.3  # seconds kept after the last audible frame of the whole stream
 PAUSES = {"sentence": 0.42, "clause": 0.12, "word": 0.0}  # silence kept after a job, by how its text ends
