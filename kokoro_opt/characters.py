@@ -7,12 +7,16 @@ import re
 import unicodedata
 
 # Curly single quotes/primes -> apostrophe ("don’t" must stay one word), guillemets -> the curly quotes in
-# Kokoro's vocab, hyphen look-alikes -> "-", exotic spaces -> " ", invisible characters dropped.
-_UNICODE = str.maketrans(
-    "\u2018\u2019\u201a\u2032\u00b4`\u00ab\u00bb\u201e\u2033\u2010\u2011\u2012\u2212\u2015\u00a0\u2007\u2009\u200a\u202f\t",
-    "''''''\u201c\u201d\u201c\"----\u2014      ",
-    "\u200b\ufeff\u00ad",
-)
+# Kokoro's vocab, hyphen look-alikes -> "-", the minus sign -> its word (it is never a hyphen), exotic spaces -> " ",
+# invisible characters dropped: variation selectors too, with which espeak kept one word of a name ("❤️": "red").
+_UNICODE = {
+    **str.maketrans(
+        "\u2018\u2019\u201a\u2032\u00b4`\u00ab\u00bb\u201e\u2033\u2010\u2011\u2012\u2015\u00a0\u2007\u2009\u200a\u202f\t",
+        "''''''\u201c\u201d\u201c\"---\u2014      ",
+        "\u200b\ufeff\u00ad\ufe0e\ufe0f",
+    ),
+    0x2212: " minus ",
+}
 
 # C0, DEL and C1 but line ends: a blank line ends a heading (text.py)
 _CONTROLS = {c: " " for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in "\n\r"}
@@ -27,14 +31,15 @@ def _compatible(c: str) -> bool:
 
 def _emoji_apart(text: str) -> str:
     """A space between two symbols in a row ("😂😂", "✅✅"): espeak reads a run of them as one word and keeps
-    only the first word of each name ("facefaceface"). Skin tones, variation selectors and a flag's second
-    letter stay with their symbol; symbols joined by a zero-width joiner are one."""
+    only the first word of each name ("facefaceface"), and so it did with a skin tone ("👍🏽": "thumbs medium"),
+    which is named apart ("thumbs up medium skin tone"). A flag's second letter stays with its first; symbols
+    joined by a zero-width joiner are one."""
     out: list[str] = []
-    symbol = half_flag = False  # the last character (skin tones and selectors aside) was a symbol; an odd letter
+    symbol = half_flag = False  # the last character (skin tones aside) was a symbol; an odd letter
     for c in text:
         code = ord(c)
-        if 0x1F3FB <= code <= 0x1F3FF or c in "\ufe0e\ufe0f":
-            out.append(c)
+        if 0x1F3FB <= code <= 0x1F3FF:
+            out.append(" " + c)
             continue
         letter = 0x1F1E6 <= code <= 0x1F1FF  # regional indicators: two make a flag
         is_symbol = unicodedata.category(c) == "So"
@@ -56,7 +61,8 @@ def clean_unicode(text: str) -> str:
     text = re.sub(r"(?<=\d)\s*\u2013\s*(?=\d)", " to ", text)  # 1990–1995
     # a blank line (a heading's end) is a stop where nothing ends the line: pieces hold several sentences
     text = re.sub(r"(?<=[^\s.!?;:…,])[ \t]*(?:\r?\n[ \t]*){2,}|(?<=[^\s.!?;:…,])[ \t]*\u2029", ". ", text)
-    text = text.replace("\u2013", "\u2014")
+    text = re.sub(r"\s+", " ", text.replace("\u2013", "\u2014"))  # one space: a run of them made the next rule quadratic
+    text = re.sub(r"(?<=[\w)]) - (?=[\w(.]+ ?=(?!=))", " minus ", text)  # "5 - 3 = 2": an equation's, not a pause
     text = re.sub(r"\s+-{1,2}\s+|--", " \u2014 ", text)
     text = re.sub(r"\.{3,}|(?:\.\s){2,}\.", "\u2026", text)
     return re.sub(r"\s+", " ", text).strip()

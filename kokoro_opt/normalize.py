@@ -48,10 +48,16 @@ _CURRENCY = {
     "$": ("dollar", "dollars", "cent", "cents"),
     "£": ("pound", "pounds", "penny", "pence"),
     "€": ("euro", "euros", "cent", "cents"),
+    "¥": ("yen", "yen", "sen", "sen"),
+    "₹": ("rupee", "rupees", "paisa", "paise"),
+    "₩": ("won", "won", "jeon", "jeon"),
 }
+_SYMBOLS = "".join(_CURRENCY)
+_AFTER_SYMBOLS = _SYMBOLS.replace("$", "")  # "5€", "100¥"; "5$" is rare enough to be something else
 _SCALE = r"thousand|million|billion|trillion"
 _SCALE_LETTERS = {"k": "thousand", "K": "thousand", "M": "million", "mn": "million", "B": "billion", "bn": "billion",
                   "T": "trillion"}  # fmt: skip
+_LETTERS = r"bn|mn|[kKMBT]"
 _SIGN = r"(?:(?<![\w-])(?P<neg>-))?"  # a minus that is no hyphen ("-5", not "COVID-19")
 _UNITS = {
     "km/h": ("kilometer per hour", "kilometers per hour"),
@@ -70,6 +76,30 @@ _UNITS = {
     "MB": ("megabyte", "megabytes"),
     "TB": ("terabyte", "terabytes"),
     "GHz": ("gigahertz", "gigahertz"),
+    "MHz": ("megahertz", "megahertz"),
+    "kHz": ("kilohertz", "kilohertz"),
+    "Hz": ("hertz", "hertz"),
+    "GB/s": ("gigabyte per second", "gigabytes per second"),
+    "MB/s": ("megabyte per second", "megabytes per second"),
+    "Gbps": ("gigabit per second", "gigabits per second"),
+    "Mbps": ("megabit per second", "megabits per second"),
+    "kbps": ("kilobit per second", "kilobits per second"),
+    "kB": ("kilobyte", "kilobytes"),
+    "KB": ("kilobyte", "kilobytes"),
+    "mL": ("milliliter", "milliliters"),
+    "ms": ("millisecond", "milliseconds"),
+    "µs": ("microsecond", "microseconds"),
+    "μs": ("microsecond", "microseconds"),
+    "ns": ("nanosecond", "nanoseconds"),
+    "secs": ("second", "seconds"),
+    "sec": ("second", "seconds"),
+    "mins": ("minute", "minutes"),
+    "min": ("minute", "minutes"),
+    "hrs": ("hour", "hours"),
+    "hr": ("hour", "hours"),
+    "fps": ("frame per second", "frames per second"),
+    "ft": ("foot", "feet"),
+    "oz": ("ounce", "ounces"),
     "°C": ("degree Celsius", "degrees Celsius"),
     "°F": ("degree Fahrenheit", "degrees Fahrenheit"),
     "°": ("degree", "degrees"),
@@ -216,8 +246,8 @@ def _day_month(m: re.Match[str]) -> str:
 def _ampm(m: re.Match[str]) -> str:
     if not m.group("ap"):
         return ""
-    # espeak says "AM"/"PM" as letters; "a.m." would be read with a pause at the dot.
-    suffix = " " + m.group("ap").upper() + "M"
+    # letters: espeak read "AM" as the word "am" ("A-M" it spells), "a.m." with a pause at the dot; "PM" it spells
+    suffix = " A-M" if m.group("ap") in "Aa" else " PM"
     return suffix + ("." if m.group("dot") and _keeps_period(m) else "")
 
 
@@ -238,6 +268,13 @@ def _time(m: re.Match[str]) -> str:
     return words + _ampm(m)
 
 
+def _apart(m: re.Match[str], words: str) -> str:
+    """`words` in place of the match, apart from letters glued to it ("mp3" -> "mp three", "CA$10", "v1.2.3")."""
+    before = m.string[m.start() - 1] if m.start() else " "
+    after = m.string[m.end()] if m.end() < len(m.string) else " "
+    return (" " if before.isalpha() else "") + words + (" " if after.isalpha() else "")
+
+
 def _money(m: re.Match[str]) -> str:
     groups = m.groupdict()
     sym, amount = groups.get("sym") or groups["sym2"], groups["amt"]
@@ -246,16 +283,16 @@ def _money(m: re.Match[str]) -> str:
     sign = "minus " if groups["neg"] else ""
     whole_s, _, frac = amount.replace(",", "").partition(".")
     if scale:  # "$3.5 million", "$3.5M" -> "three point five million dollars"
-        return f"{sign}{number(amount)} {scale} {many}"
+        return _apart(m, f"{sign}{number(amount)} {scale} {many}")
     if len(frac) > 2:  # "$1.999": no cents, a decimal
-        return f"{sign}{number(amount)} {many}"
+        return _apart(m, f"{sign}{number(amount)} {many}")
     cents = int((frac + "0")[:2]) if frac else 0
     parts = []
     if whole_s.strip("0") or not cents:
         parts.append(f"{_whole(whole_s)} {one if whole_s.lstrip('0') == '1' else many}")
     if cents:
         parts.append(f"{cardinal(cents)} {sub_one if cents == 1 else sub_many}")
-    return sign + " ".join(parts)
+    return _apart(m, sign + " ".join(parts))
 
 
 def _unit(m: re.Match[str]) -> str:
@@ -283,28 +320,60 @@ def _range(m: re.Match[str]) -> str:
     return f"{low} to {high}" if float(high) > float(low) else m.group(0)
 
 
+# A 4-digit number before a plural noun counts ("1234 items", "2048 files"), unless a word before it says it is a
+# year ("in 1999 prices rose"): screen readers announce counts; prose's years mostly come after such a word.
+_COUNTED = re.compile(r"\s+(?!(?:does|goes|makes|marks|means|remains|says|seems|sees|gets)\b)[a-z]{2,}[^ius\W]s\b")
+_YEAR_CUE = re.compile(r"(?i)\b(?:in|since|by|until|till|from|during|before|after|circa|year|early|late|mid|of|the)\s+$")
+
+
+def _is_year(m: re.Match[str], digits: str) -> bool:
+    if not re.fullmatch(r"1[1-9]\d\d|20\d\d", digits):
+        return False
+    return not _COUNTED.match(m.string, m.end()) or _YEAR_CUE.search(m.string, max(0, m.start() - 12), m.start()) is not None
+
+
 def _plain_number(m: re.Match[str]) -> str:
     sign, digits = m.group(1), m.group(2)
-    if not sign and re.fullmatch(r"1[1-9]\d\d|20\d\d", digits):
-        words = year(int(digits))  # a bare 4-digit number in prose is most often a year
-    else:
-        words = ("minus " if sign else "") + number(digits)
-    # Keep digits glued to letters apart ("mp3" -> "mp three").
-    before = m.string[m.start() - 1] if m.start() else " "
-    after = m.string[m.end()] if m.end() < len(m.string) else " "
-    return (" " if before.isalpha() else "") + words + (" " if after.isalpha() else "")
+    if not sign and _is_year(m, digits):  # a bare 4-digit number in prose is most often a year
+        return _apart(m, year(int(digits)))
+    return _apart(m, ("minus " if sign else "") + number(digits))
 
 
+def _power(m: re.Match[str]) -> str:
+    """ "1e-5", "3x10^8", "2^10" and superscripts: the exponent said, not dropped ("1e-5" was "one e five")."""
+    minus = "minus " if (m.group("neg") or m.group("neg2")) == "-" else ""
+    if m.group("mantissa"):
+        return f"{m.group('mantissa')} times ten to the power of {minus}{m.group('exp')}"
+    exponent = str(_SUPERSCRIPTS.index(m.group("sup"))) if m.group("sup") else m.group("exp2")
+    return (
+        f" to the power of {minus}{exponent}"
+        if minus
+        else {"2": " squared", "3": " cubed"}.get(exponent, f" to the power of {exponent}")
+    )
+
+
+_SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 _FRACTIONS = {"1/2": "one half", "1/3": "one third", "2/3": "two thirds", "1/4": "one quarter", "3/4": "three quarters",
               "24/7": "twenty-four seven"}  # fmt: skip
 _AMPM = r"(?:\s?(?P<ap>[AaPp])\.?\s?[Mm]\b(?P<dot>\.)?)"
+_CLOCK = r"\d{1,2}(?::\d{2})?\s?[AaPp]\.?[Mm]\b\.?|\d{1,2}:\d{2}\b"  # a time: with a colon, or am/pm
 _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     # a dot inside a word before a lowercase one, as in addresses and file names, is said ("example.com", "john.doe",
     # "report.pdf"); before a capital it is a missing space ("it.Really", "Mr.Smith")
     (re.compile(r"(?<=[A-Za-z]{2})\.(?=[a-z]{2})"), " dot "),
+    # code and logic, read rather than dropped ("a || b" was "a b") or read as their opposite ("x != y": "x equals y")
+    (re.compile(r"(?<=[\w)\]])\s*!==?\s*(?=[\w(\[\"'-])"), " not equals "),
+    (re.compile(r"(?<=[\w)\]])\s*&&\s*(?=[\w(\[\"'!-])"), " and "),
+    (re.compile(r"(?<=[\w)\]])\s*\|\|\s*(?=[\w(\[\"'!-])"), " or "),
+    (re.compile(r"(?<=[\w)\]])\s*[-=]>\s*(?=[\w(\[\"'])"), " arrow "),
     # comparisons, spaced ("x < 5", "y >= 3") or before a number ("x<5"); a markup tag ("<b>", "</b>", "<br>") is not
     (re.compile(r"(?<=\w)\s+(<|>)(=?)\s+(?=[\w-])|(?<=\w)(<|>)(=?)(?=-?\d)"), _comparison),
     (re.compile(r"(?<![\w.])\.(\d)"), r"0.\1"),  # ".5" -> "0.5" -> "zero point five"; "$.50" -> "$0.50"
+    # an ISO 8601 timestamp: its date, then its time ("2024-01-15T14:30:00Z")
+    (
+        re.compile(r"\b(\d{4}-\d{2}-\d{2})T(\d{1,2}:\d{2}(?::\d{2})?)(?:\.\d+)?(Z\b)?"),
+        lambda m: f"{m.group(1)} {m.group(2)}" + (" UTC" if m.group(3) else ""),
+    ),
     (re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b"), _iso_date),
     (re.compile(r"(?<![\d/])(\d{1,2})/(\d{1,2})/(\d{4})\b"), _slash_date),
     (re.compile(r"(?<![\w+.-])(?:\+?(1)[-. ])?(?:\((\d{3})\)\s?|(\d{3})([-. ]))(\d{3})(?(4)\4|-)(\d{4})\b"), _phone),
@@ -317,11 +386,13 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(r"(?<![\w/])(1/2|1/3|2/3|1/4|3/4|24/7)(?![\w/])"), lambda m: _FRACTIONS[m.group(1)]),
     (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}})\b)?"), _month_day),
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),
+    # a range of times: "9am-5pm", "10:00 - 11:30" (a dash between two times: "to")
+    (re.compile(rf"(?<![\d:])({_CLOCK})\s*(?:-|\u2014)\s*(?={_CLOCK})"), r"\1 to "),
     (re.compile(rf"\b(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d):(?P<s>[0-5]\d)(?![:\d]){_AMPM}?"), _time),
     (re.compile(rf"\b(?:(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d)|(?P<h24>24):(?P<m24>00))(?!:?\d){_AMPM}?"), _time),
     (re.compile(rf"\b(?P<h>1[0-2]|[1-9])(?P<m>){_AMPM}"), _time),
-    (re.compile(rf"{_SIGN}(?P<sym>[$£€])\s?(?P<amt>{_NUM})(?:\s(?P<scale>{_SCALE})\b|(?P<letter>bn|mn|[kKMBT])\b)?"), _money),
-    (re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?(?P<sym2>[£€])(?P<scale>)"), _money),
+    (re.compile(rf"{_SIGN}(?P<sym>[{_SYMBOLS}])\s?(?P<amt>{_NUM})(?:\s(?P<scale>{_SCALE})\b|(?P<letter>{_LETTERS})\b)?"), _money),
+    (re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?(?P<sym2>[{_AFTER_SYMBOLS}])(?P<scale>)"), _money),
     (
         re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?%"),
         lambda m: ("minus " if m.group("neg") else "") + number(m.group("amt")) + " percent",
@@ -336,8 +407,18 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(r"'(\d0)s\b"), lambda m: _plural(cardinal(int(m.group(1))))),
     (re.compile(r"(?i)\b(\d+)(st|nd|rd|th)\b"), lambda m: _ordinal_of(m.group(1))),
     (re.compile(r"#(?=\d)"), "number "),
-    # versions and addresses: "2.0.1" -> "two point zero point one"
-    (re.compile(r"\b\d+(?:\.\d+){2,}\b"), lambda m: " point ".join(number(p) for p in m.group(0).split("."))),
+    # versions and addresses: "2.0.1" -> "two point zero point one", "v1.2.3" -> "v one point two point three"
+    (re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?![\d.])"), lambda m: _apart(m, " point ".join(map(number, m.group(0).split("."))))),
+    # powers: "1e-5", "3x10^8" and "3×10^8", "2^10", "x²"; a multiplier ("5x faster") and a size ("1920x1080")
+    (
+        re.compile(
+            rf"(?<![\w.])(?P<mantissa>{_NUM})(?:[eE]|\s?[x×]\s?10\^)(?P<neg>[+-]?)(?P<exp>\d+)\b"
+            rf"|(?<=[\w)])\s*\^\s*(?P<neg2>-?)(?P<exp2>\d+)|(?<=[\w)])(?P<sup>[{_SUPERSCRIPTS}])"
+        ),
+        _power,
+    ),
+    (re.compile(rf"(?<![\w.])({_NUM})x(?=[\s.,;:!?)]|$)"), r"\1 times"),
+    (re.compile(r"(?<![\w.])(\d+)\s?[x×]\s?(\d+)(?![\w.])"), r"\1 by \2"),
     (re.compile(rf"(?:(?<![\w-])(-))?({_NUM})(?!\d)"), _plain_number),
     (re.compile(r"\s*&\s*"), " and "),
 )
