@@ -361,6 +361,14 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     # a dot inside a word before a lowercase one, as in addresses and file names, is said ("example.com", "john.doe",
     # "report.pdf"); before a capital it is a missing space ("it.Really", "Mr.Smith")
     (re.compile(r"(?<=[A-Za-z]{2})\.(?=[a-z]{2})"), " dot "),
+    # a one-letter extension ("main.c", "stdio.h") and a dotfile ("~/.bashrc", ".env"): said too
+    (re.compile(r"(?<=[a-z]{2})\.(?=[a-z](?![\w.]))|(?<=[\s/~(])\.(?=[a-z]{2})|^\.(?=[a-z]{2})"), " dot "),
+    # an IPv4 address, digit by digit ("one nine two dot one six eight dot one dot one")
+    (
+        re.compile(r"(?<![\d.])(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)(?![\d.])"),
+        lambda m: " dot ".join(" ".join(_DIGITS[int(d)] for d in part) for part in m.group(0).split(".")),
+    ),
+    (re.compile(r"\b([CF])#(?!\w)"), r"\1 sharp"),  # C#, F#
     # code and logic, read rather than dropped ("a || b" was "a b") or read as their opposite ("x != y": "x equals y")
     (re.compile(r"(?<=[\w)\]])\s*!==?\s*(?=[\w(\[\"'-])"), " not equals "),
     (re.compile(r"(?<=[\w)\]])\s*&&\s*(?=[\w(\[\"'!-])"), " and "),
@@ -386,6 +394,8 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(r"(?<![\w/])(1/2|1/3|2/3|1/4|3/4|24/7)(?![\w/])"), lambda m: _FRACTIONS[m.group(1)]),
     (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}})\b)?"), _month_day),
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),
+    # a ratio: "16:9", "4:3" (one digit after the colon: no time)
+    (re.compile(r"(?<![\d:])(\d{1,2}):(\d)(?![\d:])"), r"\1 to \2"),
     # a range of times: "9am-5pm", "10:00 - 11:30" (a dash between two times: "to")
     (re.compile(rf"(?<![\d:])({_CLOCK})\s*(?:-|\u2014)\s*(?={_CLOCK})"), r"\1 to "),
     (re.compile(rf"\b(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d):(?P<s>[0-5]\d)(?![:\d]){_AMPM}?"), _time),

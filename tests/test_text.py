@@ -147,6 +147,11 @@ def _words(text: str) -> list[str]:
             "x squared, x squared",
         ),
         ("\u00a5100, \u20b9500 and 20\u20ac", "one hundred yen, five hundred rupees and twenty euros"),
+        (
+            "ping 192.168.1.1; edit ~/.bashrc, main.c and .env in C# on a 16:9 screen",
+            "ping one nine two dot one six eight dot one dot one; edit ~/ dot bashrc, main dot c and dot env in C sharp on a "
+            "sixteen to nine screen",
+        ),
         ("100 ms, 60 fps, 3 GB/s", "one hundred milliseconds, sixty frames per second, three gigabytes per second"),
         ("5x faster at 1920x1080", "five times faster at nineteen twenty by one thousand eighty"),
         (
