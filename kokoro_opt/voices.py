@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import string
 
 import numpy as np
 
@@ -93,9 +94,32 @@ def unknown_voice(spec: str, names: list[str]) -> str | None:
     return next((name for name, _ in parse_blend(spec) if name not in names and aliases.get(name) not in names), None)
 
 
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def ascii_lower(text: str) -> str:
+    """Names in any case, as the OpenAPI document's `[aA]` classes read them: ASCII letters only. str.lower would
+    also make the Kelvin sign (U+212A) a `k`, a name the document refuses."""
+    return text.translate(_ASCII_LOWER)
+
+
 def blend_voice(spec: str, packs: dict[str, np.ndarray], aliases: dict[str, str] | None = None) -> np.ndarray:
-    """The (510, 1, 256) pack for a voice name or blend; unknown names list the known ones. OpenAI's voice
-    names (alloy, ...) stand for the voices `aliases` maps them to, by default `openai_voice_map`'s."""
+    """The (510, 1, 256) pack for a voice name or blend, in any case ("Alloy", "JF_ALPHA": names are lower case);
+    unknown names list the known ones. OpenAI's voice names (alloy, ...) stand for the voices `aliases` maps them
+    to, by default `openai_voice_map`'s."""
+    try:
+        return _blend(spec, packs, aliases)
+    except UserError:
+        if ascii_lower(spec) == spec:
+            raise
+        try:
+            return _blend(ascii_lower(spec), packs, aliases)
+        except UserError:
+            pass
+        raise  # the name as given is the one to report
+
+
+def _blend(spec: str, packs: dict[str, np.ndarray], aliases: dict[str, str] | None) -> np.ndarray:
     mixed = None
     for name, weight in parse_blend(spec):
         if name not in packs:  # the map only for a name the packs lack: blend_voice runs for every utterance

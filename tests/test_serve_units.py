@@ -474,8 +474,9 @@ def test_capacity_records_of_other_versions_are_read(tmp_path: Path) -> None:
 
 def test_names_in_any_case_are_ascii_letters_in_any_case() -> None:
     """The OpenAPI document writes a name in any case as `[kK]` classes: what the server reads must be the same."""
-    from kokoro_opt.serve.openai_compat import SpeechRequest, ascii_lower
+    from kokoro_opt.serve.openai_compat import SpeechRequest
     from kokoro_opt.serve.openapi import speech_body
+    from kokoro_opt.voices import ascii_lower
 
     assert ascii_lower("JM_KUMO") == "jm_kumo" and ascii_lower("jm_\u212aumo") == "jm_\u212aumo"  # not the Kelvin sign
     schema = speech_body(["tiny_0"], ServeConfig())["requestBody"]["content"]["application/json"]["schema"]

@@ -24,6 +24,7 @@ def test_parse_blend_normalises_weights() -> None:
 def test_blend_is_the_weighted_mean_and_unknown_voices_list_the_known() -> None:
     packs = {"a": np.ones((510, 1, 256), np.float32), "b": np.zeros((510, 1, 256), np.float32)}
     assert np.allclose(blend_voice("a(3)+b(1)", packs), 0.75)
+    assert np.allclose(blend_voice("A(3)+B(1)", packs), 0.75)  # in any case, as the server reads names
     with pytest.raises(UserError, match=r"unknown voice 'c'.*a, b"):
         blend_voice("a+c", packs)
 

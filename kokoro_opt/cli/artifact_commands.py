@@ -145,7 +145,7 @@ def say(
     """Speak text with an artifact and write a 24 kHz WAV."""
     from kokoro_opt.audio import wav_bytes, wav_target, write_wav
     from kokoro_opt.characters import latin_share
-    from kokoro_opt.runtime import synthesize
+    from kokoro_opt.runtime import open_synthesizer
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.tables import make_progress
 
@@ -159,12 +159,13 @@ def say(
     if latin_share(text) < 0.5:
         err.print("note: most of this text is not in the Latin script; the model speaks English, and reads other "
                   "scripts by their letters' names", highlight=False)  # fmt: skip
-    chosen = resolve_artifact(artifact, artifacts, tracking_uri).artifact
+    selection = resolve_artifact(artifact, artifacts, tracking_uri)  # with the session settings tuned for it here
+    chosen = selection.artifact
     err.print(f"speaking with {chosen.name} {chosen.id} ({chosen.path})", highlight=False)
+    speaker = open_synthesizer(chosen, selection.settings)
     with make_progress(console=err, transient=True) as progress:
         task = progress.add_task("speaking", total=None)
-        result = synthesize(
-            chosen,
+        result = speaker.synthesize(
             text,
             voice=voice,
             speed=speed,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
-import string
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kokoro_opt.voices import DEFAULT_VOICE
+from kokoro_opt.voices import DEFAULT_VOICE, ascii_lower
 
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "kokoro")
 
@@ -31,15 +30,6 @@ def voice_entries(voices: list[str], aliases: dict[str, str]) -> list[dict[str, 
         entries.append({"id": v, "name": name})
     entries += [{"id": a, "name": f"{a.title()} (OpenAI name for {target})"} for a, target in aliases.items()]
     return entries
-
-
-_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
-
-
-def ascii_lower(text: str) -> str:
-    """Names in any case, as the OpenAPI document's `[aA]` classes read them: ASCII letters only. str.lower would
-    also make the Kelvin sign (U+212A) a `k`, a name the document refuses."""
-    return text.translate(_ASCII_LOWER)
 
 
 # White space as ECMAScript's regular expressions (the OpenAPI document's) and Python's agree on it; `\s` differs

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -16,7 +15,7 @@ from kokoro_opt.serve.cache import AudioCache, CacheKey
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.metrics import Metrics
-from kokoro_opt.serve.openai_compat import OPENAI_MODELS, ApiError, SpeechRequest, ascii_lower
+from kokoro_opt.serve.openai_compat import OPENAI_MODELS, ApiError, SpeechRequest
 from kokoro_opt.voices import blend_voice, openai_voice_map
 
 log = logging.getLogger("kokoro_opt.serve")
@@ -106,9 +105,6 @@ class Service:
         try:
             return blend_voice(spec, packs, self.aliases)
         except UserError as exc:
-            if ascii_lower(spec) != spec:  # "Alloy", "JF_ALPHA": names are lower case
-                with contextlib.suppress(UserError):
-                    return blend_voice(ascii_lower(spec), packs, self.aliases)
             raise ApiError(400, exc.message + (f"; {exc.hint}" if exc.hint else ""), param="voice") from None
 
     def model_entries(self) -> list[dict[str, Any]]:
