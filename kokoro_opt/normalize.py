@@ -353,6 +353,7 @@ def _power(m: re.Match[str]) -> str:
 
 
 _SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
+_MIXED = {"1/2": "a half", "1/3": "a third", "2/3": "two thirds", "1/4": "a quarter", "3/4": "three quarters"}
 _FRACTIONS = {"1/2": "one half", "1/3": "one third", "2/3": "two thirds", "1/4": "one quarter", "3/4": "three quarters",
               "24/7": "twenty-four seven"}  # fmt: skip
 _AMPM = r"(?:\s?(?P<ap>[AaPp])\.?\s?[Mm]\b(?P<dot>\.)?)"
@@ -391,6 +392,8 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
         lambda m: m.group(1) + m.group(2) + ", ".join(" ".join(_DIGITS[int(d)] for d in g) for g in m.group(3, 4)),
     ),
     (re.compile(r"(?<![\w.,-])(\d{1,4}(?:\.\d+)?)-(\d{1,4}(?:\.\d+)?)(?![\w-]|\.\d)"), _range),
+    # a mixed number: "2 1/2 cups" -> "2 and a half cups"
+    (re.compile(r"(?<![\w/.])(\d+) (1/2|1/3|2/3|1/4|3/4)(?![\w/])"), lambda m: f"{m.group(1)} and {_MIXED[m.group(2)]}"),
     (re.compile(r"(?<![\w/])(1/2|1/3|2/3|1/4|3/4|24/7)(?![\w/])"), lambda m: _FRACTIONS[m.group(1)]),
     (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}})\b)?"), _month_day),
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),

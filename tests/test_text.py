@@ -98,6 +98,7 @@ def _words(text: str) -> list[str]:
             "Call five five five, one two three, four five six seven or five five five, one two three, four five six seven.",
         ),
         ("1/2 cup, 3/4 full, open 24/7", "one half cup, three quarters full, open twenty-four seven"),
+        ("2 1/2 cups and 1 3/4 miles", "two and a half cups and one and three quarters miles"),
         (
             "Call 555-1234 or 555 123 4567",
             "Call five five five, one two three four or five five five, one two three, four five six seven",
