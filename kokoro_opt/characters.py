@@ -15,7 +15,7 @@ _UNICODE = {
         "''''''\u201c\u201d\u201c\"---\u2014      ",
         "\u200b\ufeff\u00ad\ufe0e\ufe0f",
     ),
-    0x2212: " minus ",
+    0x2212: " minus ",  # between digits a range's dash: clean_unicode puts "-" there first
 }
 
 # C0, DEL and C1 but line ends: a blank line ends a heading (text.py)
@@ -51,9 +51,13 @@ def _emoji_apart(text: str) -> str:
     return "".join(out)
 
 
+_EQUATION_MINUS = re.compile(r"(?:(?<=[\d)])|(?<![A-Za-z][A-Za-z])(?<=[A-Za-z])) - (?=(?:\d+(?:\.\d+)?|[A-Za-z]\b|\() ?=(?!=))")
+
+
 def clean_unicode(text: str) -> str:
     """Unicode quotes, dashes and spaces -> the few symbols Kokoro's vocab has; control characters -> spaces
     (espeak reads NUL as the end of the text: "hello\x00world" would say "hello")."""
+    text = re.sub(r"(?<=\d)\u2212(?=\d)", "-", text)  # "10−20", from a PDF: a range's dash; `_range` reads it
     text = unicodedata.normalize("NFC", text.translate(_CONTROLS)).translate(_UNICODE)
     if any(map(_compatible, text)):
         text = "".join(unicodedata.normalize("NFKC", c) if _compatible(c) else c for c in text)
@@ -62,7 +66,8 @@ def clean_unicode(text: str) -> str:
     # a blank line (a heading's end) is a stop where nothing ends the line: pieces hold several sentences
     text = re.sub(r"(?<=[^\s.!?;:…,])[ \t]*(?:\r?\n[ \t]*){2,}|(?<=[^\s.!?;:…,])[ \t]*\u2029", ". ", text)
     text = re.sub(r"\s+", " ", text.replace("\u2013", "\u2014"))  # one space: a run of them made the next rule quadratic
-    text = re.sub(r"(?<=[\w)]) - (?=[\w(.]+ ?=(?!=))", " minus ", text)  # "5 - 3 = 2": an equation's, not a pause
+    # "5 - 3 = 2", "x - 1 = y": an equation's minus between numbers or one-letter names, not a pause
+    text = _EQUATION_MINUS.sub(" minus ", text)
     text = re.sub(r"\s+-{1,2}\s+|--", " \u2014 ", text)
     text = re.sub(r"\.{3,}|(?:\.\s){2,}\.", "\u2026", text)
     return re.sub(r"\s+", " ", text).strip()

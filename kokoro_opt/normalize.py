@@ -61,6 +61,12 @@ _LETTERS = r"bn|mn|[kKMBT]"
 _SIGN = r"(?:(?<![\w-])(?P<neg>-))?"  # a minus that is no hyphen ("-5", not "COVID-19")
 _UNITS = {
     "km/h": ("kilometer per hour", "kilometers per hour"),
+    "km²": ("square kilometer", "square kilometers"),
+    "cm²": ("square centimeter", "square centimeters"),
+    "m²": ("square meter", "square meters"),
+    "ft²": ("square foot", "square feet"),
+    "cm³": ("cubic centimeter", "cubic centimeters"),
+    "m³": ("cubic meter", "cubic meters"),
     "mph": ("mile per hour", "miles per hour"),
     "kWh": ("kilowatt hour", "kilowatt hours"),
     "kW": ("kilowatt", "kilowatts"),
@@ -320,15 +326,20 @@ def _range(m: re.Match[str]) -> str:
     return f"{low} to {high}" if float(high) > float(low) else m.group(0)
 
 
-# A 4-digit number before a plural noun counts ("1234 items", "2048 files"), unless a word before it says it is a
-# year ("in 1999 prices rose"): screen readers announce counts; prose's years mostly come after such a word.
+# A 4-digit number before 1900 and a plural noun counts ("1234 items", "1500 files"), unless a word before it says it
+# is a year ("in 1850 prices rose"); from 1900 on it is a year ("2020 elections"): news reads those more than counts.
 _COUNTED = re.compile(r"\s+(?!(?:does|goes|makes|marks|means|remains|says|seems|sees|gets)\b)[a-z]{2,}[^ius\W]s\b")
-_YEAR_CUE = re.compile(r"(?i)\b(?:in|since|by|until|till|from|during|before|after|circa|year|early|late|mid|of|the)\s+$")
+_YEAR_CUE = re.compile(
+    r"(?i)\b(?:in|since|by|until|till|from|to|and|or|through|than|with|vs|during|before|after|circa|year|early|late|mid|of|"
+    r"the|fiscal|q[1-4])\s+$"
+)
 
 
 def _is_year(m: re.Match[str], digits: str) -> bool:
     if not re.fullmatch(r"1[1-9]\d\d|20\d\d", digits):
         return False
+    if digits.startswith(("19", "20")):  # 1900-2099: "2020 elections", "1945 millions" are years
+        return True
     return not _COUNTED.match(m.string, m.end()) or _YEAR_CUE.search(m.string, max(0, m.start() - 12), m.start()) is not None
 
 
@@ -337,6 +348,13 @@ def _plain_number(m: re.Match[str]) -> str:
     if not sign and _is_year(m, digits):  # a bare 4-digit number in prose is most often a year
         return _apart(m, year(int(digits)))
     return _apart(m, ("minus " if sign else "") + number(digits))
+
+
+def _dotted_quad(m: re.Match[str]) -> str:
+    """An IPv4 address digit by digit with "dot"; after "version", "release" or "section" four numbers with "point"."""
+    if re.search(r"(?i)\b(?:version|release|section|python)\s+$", m.string[max(0, m.start() - 12) : m.start()]):
+        return " point ".join(map(number, m.group(0).split(".")))
+    return " dot ".join(" ".join(_DIGITS[int(d)] for d in part) for part in m.group(0).split("."))
 
 
 def _power(m: re.Match[str]) -> str:
@@ -363,11 +381,17 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     # "report.pdf"); before a capital it is a missing space ("it.Really", "Mr.Smith")
     (re.compile(r"(?<=[A-Za-z]{2})\.(?=[a-z]{2})"), " dot "),
     # a one-letter extension ("main.c", "stdio.h") and a dotfile ("~/.bashrc", ".env"): said too
-    (re.compile(r"(?<=[a-z]{2})\.(?=[a-z](?![\w.]))|(?<=[\s/~(])\.(?=[a-z]{2})|^\.(?=[a-z]{2})"), " dot "),
+    (
+        re.compile(
+            r"(?<=[a-z]{2})\.(?=[chmors](?![\w.]))|(?<=[/~(])\.(?=[a-z]{2})"
+            r"|(?:^|(?<=\s))\.(?=(?:env|git\w*|bash\w*|zsh\w*|vim\w*|npm\w*|docker\w*|config)\b)"
+        ),
+        " dot ",
+    ),
     # an IPv4 address, digit by digit ("one nine two dot one six eight dot one dot one")
     (
-        re.compile(r"(?<![\d.])(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)(?![\d.])"),
-        lambda m: " dot ".join(" ".join(_DIGITS[int(d)] for d in part) for part in m.group(0).split(".")),
+        re.compile(r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)(?![\d.])"),
+        _dotted_quad,
     ),
     (re.compile(r"\b([CF])#(?!\w)"), r"\1 sharp"),  # C#, F#
     # code and logic, read rather than dropped ("a || b" was "a b") or read as their opposite ("x != y": "x equals y")
@@ -397,8 +421,8 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(r"(?<![\w/])(1/2|1/3|2/3|1/4|3/4|24/7)(?![\w/])"), lambda m: _FRACTIONS[m.group(1)]),
     (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}})\b)?"), _month_day),
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),
-    # a ratio: "16:9", "4:3" (one digit after the colon: no time)
-    (re.compile(r"(?<![\d:])(\d{1,2}):(\d)(?![\d:])"), r"\1 to \2"),
+    # a ratio: "a 16:9 screen", "the 4:3 format", "ratio of 3:1" (one digit after the colon; "Psalm 23:4" is a verse)
+    (re.compile(r"(?:(?<=\ba )|(?<=\ban )|(?<=\bthe )|(?<=\bratio )|(?<=\bof ))(\d{1,2}):(\d)(?![\d:])"), r"\1 to \2"),
     # a range of times: "9am-5pm", "10:00 - 11:30" (a dash between two times: "to")
     (re.compile(rf"(?<![\d:])({_CLOCK})\s*(?:-|\u2014)\s*(?={_CLOCK})"), r"\1 to "),
     (re.compile(rf"\b(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d):(?P<s>[0-5]\d)(?![:\d]){_AMPM}?"), _time),
@@ -425,13 +449,16 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     # powers: "1e-5", "3x10^8" and "3×10^8", "2^10", "x²"; a multiplier ("5x faster") and a size ("1920x1080")
     (
         re.compile(
-            rf"(?<![\w.])(?P<mantissa>{_NUM})(?:[eE]|\s?[x×]\s?10\^)(?P<neg>[+-]?)(?P<exp>\d+)\b"
-            rf"|(?<=[\w)])\s*\^\s*(?P<neg2>-?)(?P<exp2>\d+)|(?<=[\w)])(?P<sup>[{_SUPERSCRIPTS}])"
+            rf"(?<![\w.,])(?P<mantissa>{_NUM})(?:[eE]|\s?[x×]\s?10\^)(?P<neg>[+-]?)(?P<exp>\d+)\b"
+            rf"|(?<=[\w)])\s*\^\s*(?P<neg2>-?)(?P<exp2>\d+)|(?:(?<=[\d)])|(?<![A-Za-z][A-Za-z])(?<=[A-Za-z]))(?P<sup>[{_SUPERSCRIPTS}])"
         ),
         _power,
     ),
-    (re.compile(rf"(?<![\w.])({_NUM})x(?=[\s.,;:!?)]|$)"), r"\1 times"),
-    (re.compile(r"(?<![\w.])(\d+)\s?[x×]\s?(\d+)(?![\w.])"), r"\1 by \2"),
+    (re.compile(rf"(?<![\w.,])({_NUM})x(?=[\s.,;:!?)]|$)"), r"\1 times"),
+    (
+        re.compile(r"(?<![\w.,])(?!0[xX])(\d+)\s?[x×]\s?(\d+)(?![\w.])(\s*=)?"),
+        lambda m: f"{m.group(1)} {'times' if m.group(3) else 'by'} {m.group(2)}{m.group(3) or ''}",
+    ),
     (re.compile(rf"(?:(?<![\w-])(-))?({_NUM})(?!\d)"), _plain_number),
     (re.compile(r"\s*&\s*"), " and "),
 )

@@ -422,6 +422,8 @@ def test_a_capacity_measured_on_other_cores_is_not_this_ones(tmp_path: Path) -> 
     record["measurements"][0]["machine"]["usable_cpus"] = fingerprint()["usable_cpus"] + 2
     (tmp_path / CAPACITY_FILE).write_text(json.dumps(record))
     assert measured_capacity(tmp_path, "a", "whole", 1) is None
+    record_capacity(tmp_path, "a", "whole", 1, 3)  # measured here: kept beside the other cores' record, not over it
+    assert len(json.loads((tmp_path / CAPACITY_FILE).read_text())["measurements"]) == 2
 
 
 @pytest.mark.parametrize(

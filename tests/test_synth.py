@@ -85,6 +85,7 @@ def test_the_library_refuses_a_folder_changed_since_it_was_built(tiny_artifact, 
 def test_synthesize_checks_its_input(tiny_artifact) -> None:
     with pytest.raises(UserError, match="speed"):
         synthesize(tiny_artifact, "Hello.", voice="tiny_0", speed=10)
+    assert synthesize(tiny_artifact, "Hi.", voice="tiny_0", speed=np.float32(1.5)).seconds > 0  # any real number
     for nothing in ("   ", "-", "...", "?!", "(…)"):  # pauses alone would be a breath: not what was asked for
         with pytest.raises(UserError, match="nothing to say"):
             synthesize(tiny_artifact, nothing, voice="tiny_0")

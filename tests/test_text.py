@@ -156,10 +156,14 @@ def _words(text: str) -> list[str]:
         ("100 ms, 60 fps, 3 GB/s", "one hundred milliseconds, sixty frames per second, three gigabytes per second"),
         ("5x faster at 1920x1080", "five times faster at nineteen twenty by one thousand eighty"),
         (
-            "1234 items, 2048 files, in 1999 prices rose, 1999 was good",
-            "one thousand two hundred thirty-four items, two thousand forty-eight files, in nineteen ninety-nine prices "
-            "rose, nineteen ninety-nine was good",
+            "1234 items, 1500 files, in 1850 prices rose, the 2020 elections",
+            "one thousand two hundred thirty-four items, one thousand five hundred files, in eighteen fifty prices rose, "
+            "the twenty twenty elections",
         ),
+        ("pages 10\u221220, 100 km\u00b2, 3 m\u00b3", "pages ten to twenty, one hundred square kilometers, three cubic meters"),
+        ("3 x 4 = 12, x - 1 = y, Options - verbose", "three times four = twelve, x minus one = y, Options \u2014 verbose"),
+        ("Psalm 23:4 on a 16:9 screen", "Psalm twenty-three:four on a sixteen to nine screen"),
+        ("version 2.0.0.1 at 10.0.0.1", "version two point zero point zero point one at one zero dot zero dot zero dot one"),
     ],
 )
 def test_normalize_text(text: str, expected: str) -> None:

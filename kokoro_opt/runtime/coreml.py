@@ -39,6 +39,8 @@ class CoreMLSynthesizer(Speaker):
             str(self.artifact.path / "model.mlpackage"), compute_units=getattr(ct.ComputeUnit, compute_units)
         )
         self.max_frames = decoder_frame_limit(self.decoder.get_spec())
+        # an utterance the decoder takes whole, at ~8 frames a token: a longer one is cut in two without its seam trimmed
+        self.max_chunk_tokens = max(1, min(self.max_frames // 8, self.max_chunk_tokens))
 
     def run_tokens(self, token_ids: list[int], voice: str | np.ndarray, speed: float = 1.0) -> SynthesisResult:
         pack = blend_voice(voice, self.packs) if isinstance(voice, str) else voice

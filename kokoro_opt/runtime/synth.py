@@ -7,6 +7,7 @@ candidate graph or capped edges, through the session."""
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,6 +23,7 @@ from kokoro_opt.runtime.edges import EDGE_INPUT, edge_keep
 from kokoro_opt.runtime.feeds import model_feeds
 from kokoro_opt.runtime.join import CROSSFADE_MS, PAUSES, Joiner, boundary
 from kokoro_opt.runtime.session import SessionSettings, make_session
+from kokoro_opt.text import CONTEXT_TOKENS, chunk_phonemes, chunk_text
 from kokoro_opt.voices import DEFAULT_VOICE, SAMPLE_RATE, blend_voice, style_for
 
 
@@ -42,6 +44,7 @@ class Speaker:
     vocab: dict[str, int]
     packs: dict[str, np.ndarray]
     sample_rate: int
+    max_chunk_tokens: int = CONTEXT_TOKENS  # the most tokens `stream` gives one utterance: the model's context, or less
 
     @property
     def voices(self) -> list[str]:
@@ -68,19 +71,17 @@ class Speaker:
         Kokoro's own pipeline does (only a longer sentence is split, at clauses, then words), each seam's silence
         cut to the pause its punctuation calls for and crossfaded (runtime/join.py), as the server joins jobs.
         `on_chunk(done, total)` after each chunk. The input is checked before the first chunk is asked for."""
-        from kokoro_opt.text import CONTEXT_TOKENS, chunk_phonemes, chunk_text
-
         if (text is None) == (phonemes is None):
             raise UserError("give exactly one of text or phonemes")
-        if not (isinstance(speed, int | float) and 0.25 <= speed <= 4.0):
+        if not (isinstance(speed, numbers.Real) and not isinstance(speed, bool) and 0.25 <= speed <= 4.0):
             raise UserError(f"speed {speed!r} is out of range", "use a speed between 0.25 and 4.0")
         if not isinstance(voice, str):
             raise UserError(f"voice must be a name or a blend, not {type(voice).__name__}", "e.g. voice='alloy'")
         pack = blend_voice(voice, self.packs)
         if text is not None:  # no small first chunk: nothing is heard before a whole chunk is made
-            chunks = chunk_text(text, self.vocab, first_chunk_tokens=None, chunk_tokens=CONTEXT_TOKENS)
+            chunks = chunk_text(text, self.vocab, first_chunk_tokens=None, chunk_tokens=self.max_chunk_tokens)
         else:
-            chunks = chunk_phonemes(phonemes or "", self.vocab, CONTEXT_TOKENS)
+            chunks = chunk_phonemes(phonemes or "", self.vocab, self.max_chunk_tokens)
         if not chunks:
             raise UserError("nothing to say: the text is empty or has no pronounceable characters", "pass some words")
 
@@ -104,8 +105,8 @@ class Speaker:
         speed: float = 1.0,
         on_chunk: Callable[[int, int], None] | None = None,
     ) -> SynthesisResult:
-        """The whole input's audio: `stream`'s parts joined. Its durations are each chunk's, in order (the seams'
-        silences are trimmed from the audio, not from them)."""
+        """The whole input's audio: `stream`'s parts joined. Its durations are each chunk's, in order: the model's
+        frames per token, before the seams' silences were trimmed from the audio (so they do not add up to it)."""
         parts = list(self.stream(text, phonemes=phonemes, voice=voice, speed=speed, on_chunk=on_chunk))
         return SynthesisResult(
             np.concatenate([p.audio for p in parts]),

@@ -147,7 +147,8 @@ def measured_capacity(
 
 
 def _key(c: Capacity) -> tuple[Any, ...]:
-    return c.artifact_id, c.mode, c.workers, c.threads, c.scheduling, c.machine.get("id")
+    cores = c.machine.get("usable_cores"), c.machine.get("usable_cpus")
+    return c.artifact_id, c.mode, c.workers, c.threads, c.scheduling, c.machine.get("id"), cores
 
 
 def _read(root: Path) -> list[Capacity]:

@@ -2,7 +2,7 @@
 
 Per request it records when every piece of the body arrived, which gives time to first audio (TTFA),
 the full-response time, RTF (response time / audio seconds), the largest gap between pieces, and
-*lag*: a player that starts at the first byte and plays in real time needs `t * bytes_per_second`
+*lag*: a player that starts at the first audio byte and plays in real time needs `t * bytes_per_second`
 bytes by time t; lag is the worst shortfall in seconds. Lag above a 20 ms tolerance is an underrun.
 """
 
