@@ -9,9 +9,20 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from num2words import num2words
-
 from kokoro_opt.characters import clean_unicode
+from kokoro_opt.number_words import (
+    CURRENCIES,
+    DIGITS,
+    SCALE_LETTERS,
+    UNITS,
+    cardinal,
+    number,
+    ordinal,
+    ordinal_of,
+    plural,
+    whole,
+    year,
+)
 
 MONTHS = (
     "January",
@@ -38,79 +49,16 @@ NEVER_END = frozenset({"dr", "mr", "mrs", "ms", "prof", "st", "mt", "vs", "e.g",
 # ... and those whose "." does not end one when a number follows ("No. 5", "Jan. 3", "approx. 5 km").
 NOT_END_BEFORE_NUMBER = frozenset({"no", "approx", *(k for k in _MONTH_NUM if len(k) <= 4)})
 
-_DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"  # 1,234.5 | 1234.5 | 12
 # A number followed by a suffix starts where a digit run starts: without it, a long run of digits is
 # tried from each of its digits (4,000 digits took 3 s to normalize).
 _NUM_START = r"(?<![\d,.])"
-_CURRENCY = {
-    "$": ("dollar", "dollars", "cent", "cents"),
-    "£": ("pound", "pounds", "penny", "pence"),
-    "€": ("euro", "euros", "cent", "cents"),
-    "¥": ("yen", "yen", "sen", "sen"),
-    "₹": ("rupee", "rupees", "paisa", "paise"),
-    "₩": ("won", "won", "jeon", "jeon"),
-}
-_SYMBOLS = "".join(_CURRENCY)
+_SYMBOLS = "".join(CURRENCIES)
 _AFTER_SYMBOLS = _SYMBOLS.replace("$", "")  # "5€", "100¥"; "5$" is rare enough to be something else
 _SCALE = r"thousand|million|billion|trillion"
-_SCALE_LETTERS = {"k": "thousand", "K": "thousand", "M": "million", "mn": "million", "B": "billion", "bn": "billion",
-                  "T": "trillion"}  # fmt: skip
 _LETTERS = r"bn|mn|[kKMBT]"
 _SIGN = r"(?:(?<![\w-])(?P<neg>-))?"  # a minus that is no hyphen ("-5", not "COVID-19")
-_UNITS = {
-    "km/h": ("kilometer per hour", "kilometers per hour"),
-    "km²": ("square kilometer", "square kilometers"),
-    "cm²": ("square centimeter", "square centimeters"),
-    "m²": ("square meter", "square meters"),
-    "ft²": ("square foot", "square feet"),
-    "cm³": ("cubic centimeter", "cubic centimeters"),
-    "m³": ("cubic meter", "cubic meters"),
-    "mph": ("mile per hour", "miles per hour"),
-    "kWh": ("kilowatt hour", "kilowatt hours"),
-    "kW": ("kilowatt", "kilowatts"),
-    "km": ("kilometer", "kilometers"),
-    "kg": ("kilogram", "kilograms"),
-    "cm": ("centimeter", "centimeters"),
-    "mm": ("millimeter", "millimeters"),
-    "mg": ("milligram", "milligrams"),
-    "ml": ("milliliter", "milliliters"),
-    "lbs": ("pound", "pounds"),
-    "lb": ("pound", "pounds"),
-    "GB": ("gigabyte", "gigabytes"),
-    "MB": ("megabyte", "megabytes"),
-    "TB": ("terabyte", "terabytes"),
-    "GHz": ("gigahertz", "gigahertz"),
-    "MHz": ("megahertz", "megahertz"),
-    "kHz": ("kilohertz", "kilohertz"),
-    "Hz": ("hertz", "hertz"),
-    "GB/s": ("gigabyte per second", "gigabytes per second"),
-    "MB/s": ("megabyte per second", "megabytes per second"),
-    "Gbps": ("gigabit per second", "gigabits per second"),
-    "Mbps": ("megabit per second", "megabits per second"),
-    "kbps": ("kilobit per second", "kilobits per second"),
-    "kB": ("kilobyte", "kilobytes"),
-    "KB": ("kilobyte", "kilobytes"),
-    "mL": ("milliliter", "milliliters"),
-    "ms": ("millisecond", "milliseconds"),
-    "µs": ("microsecond", "microseconds"),
-    "μs": ("microsecond", "microseconds"),
-    "ns": ("nanosecond", "nanoseconds"),
-    "secs": ("second", "seconds"),
-    "sec": ("second", "seconds"),
-    "mins": ("minute", "minutes"),
-    "min": ("minute", "minutes"),
-    "hrs": ("hour", "hours"),
-    "hr": ("hour", "hours"),
-    "fps": ("frame per second", "frames per second"),
-    "ft": ("foot", "feet"),
-    "oz": ("ounce", "ounces"),
-    "°C": ("degree Celsius", "degrees Celsius"),
-    "°F": ("degree Fahrenheit", "degrees Fahrenheit"),
-    "°": ("degree", "degrees"),
-}
-_UNIT_RE = "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
+_UNIT_RE = "|".join(re.escape(u) for u in sorted(UNITS, key=len, reverse=True))
 
 # Titles never end a sentence, so their "." is dropped; the others keep it when it also ends one.
 _TITLES = {"Dr": "Doctor", "Mr": "Mister", "Mrs": "Missus", "Ms": "Miz", "Prof": "Professor", "Mt": "Mount"}
@@ -125,62 +73,6 @@ _ABBREVIATIONS: tuple[tuple[re.Pattern[str], str, bool], ...] = (
     (re.compile(r"(?i)\betc\."), "et cetera", True),
     (re.compile(r"(?i)\bapprox\."), "approximately", True),
 )
-
-
-def _digits(n: int) -> str:
-    return ("minus " if n < 0 else "") + " ".join(_DIGITS[int(d)] for d in str(abs(n)))
-
-
-def cardinal(n: int) -> str:
-    # Past 10^15 it is an ID or a card number, not a quantity (and num2words eventually overflows).
-    if abs(n) >= 10**15:
-        return _digits(n)
-    # num2words puts commas in big numbers; they would become pauses (and clause splits). Its "and" after
-    # hundreds is British: this reads American English ("one hundred one"), as misaki does.
-    return num2words(n).replace(",", "").replace(" and ", " ")
-
-
-def ordinal(n: int) -> str:
-    return _digits(n) + "th" if n >= 10**15 else num2words(n, to="ordinal").replace(",", "").replace(" and ", " ")
-
-
-# Past 15 digits a number is an ID or a card number, read digit by digit, and never through int(): Python refuses
-# to convert a string of more than 4,300 digits (a ValueError, where untrusted text must not break the request).
-_LONGEST_QUANTITY = 15
-
-
-def _whole(digits: str) -> str:
-    """A run of digits as a quantity ('1234' -> 'one thousand two hundred thirty-four'), or digit by digit."""
-    if len(digits) > _LONGEST_QUANTITY:
-        return " ".join(_DIGITS[int(d)] for d in digits)
-    return cardinal(int(digits or "0"))
-
-
-def _ordinal_of(digits: str) -> str:
-    return _whole(digits) + "th" if len(digits) > _LONGEST_QUANTITY else ordinal(int(digits))
-
-
-def year(n: int) -> str:
-    return num2words(n, to="year").replace(",", "") if 1100 <= n <= 2099 else cardinal(n)
-
-
-def number(s: str) -> str:
-    """Digits (optionally with grouping commas and a decimal part) as words."""
-    s = s.replace(",", "")
-    whole, _, frac = s.partition(".")
-    # "007" is read digit by digit
-    leading_zero = len(whole) > 1 and whole.startswith("0")
-    words = " ".join(_DIGITS[int(d)] for d in whole) if leading_zero else _whole(whole)
-    if frac:
-        words += " point " + " ".join(_DIGITS[int(d)] for d in frac)
-    return words
-
-
-def _plural(words: str) -> str:
-    """'nineteen ninety' -> 'nineteen nineties' (for decades)."""
-    if words.endswith("y"):
-        return words[:-1] + "ies"
-    return words + ("es" if words.endswith("x") else "s")
 
 
 _PERIOD_ENDS = re.compile(r"\s*$|\s+[\"“(]?[A-Z]")
@@ -231,7 +123,7 @@ def _slash_date(m: re.Match[str]) -> str:
 def _phone(m: re.Match[str]) -> str:
     """Digit by digit, a pause between the groups: (555) 123-4567."""
     groups = [g for g in m.groups() if g and g.isdigit()]  # not the separator group
-    return ", ".join(" ".join(_DIGITS[int(d)] for d in group) for group in groups)
+    return ", ".join(" ".join(DIGITS[int(d)] for d in group) for group in groups)
 
 
 def _month_day(m: re.Match[str]) -> str:
@@ -266,7 +158,7 @@ def _time(m: re.Match[str]) -> str:
     if mins is None or mins == "00":
         words += "" if m.group("ap") or mins is None else (" o'clock" if h <= 12 else " hundred")
     elif mins.startswith("0"):
-        words += " oh " + _DIGITS[int(mins[1])]
+        words += " oh " + DIGITS[int(mins[1])]
     else:
         words += " " + cardinal(int(mins))
     if secs and secs != "00":  # 10:30:15 -> "ten thirty and fifteen seconds"
@@ -284,8 +176,8 @@ def _apart(m: re.Match[str], words: str) -> str:
 def _money(m: re.Match[str]) -> str:
     groups = m.groupdict()
     sym, amount = groups.get("sym") or groups["sym2"], groups["amt"]
-    scale = groups["scale"] or _SCALE_LETTERS.get(groups.get("letter") or "")
-    one, many, sub_one, sub_many = _CURRENCY[sym]
+    scale = groups["scale"] or SCALE_LETTERS.get(groups.get("letter") or "")
+    one, many, sub_one, sub_many = CURRENCIES[sym]
     sign = "minus " if groups["neg"] else ""
     whole_s, _, frac = amount.replace(",", "").partition(".")
     if scale:  # "$3.5 million", "$3.5M" -> "three point five million dollars"
@@ -295,7 +187,7 @@ def _money(m: re.Match[str]) -> str:
     cents = int((frac + "0")[:2]) if frac else 0
     parts = []
     if whole_s.strip("0") or not cents:
-        parts.append(f"{_whole(whole_s)} {one if whole_s.lstrip('0') == '1' else many}")
+        parts.append(f"{whole(whole_s)} {one if whole_s.lstrip('0') == '1' else many}")
     if cents:
         parts.append(f"{cardinal(cents)} {sub_one if cents == 1 else sub_many}")
     return _apart(m, sign + " ".join(parts))
@@ -303,7 +195,7 @@ def _money(m: re.Match[str]) -> str:
 
 def _unit(m: re.Match[str]) -> str:
     amount, unit = m.group("amt"), m.group("unit")
-    one, many = _UNITS[unit]
+    one, many = UNITS[unit]
     return f"{'minus ' if m.group('neg') else ''}{number(amount)} {one if amount == '1' else many}"
 
 
@@ -354,7 +246,7 @@ def _dotted_quad(m: re.Match[str]) -> str:
     """An IPv4 address digit by digit with "dot"; after "version", "release" or "section" four numbers with "point"."""
     if re.search(r"(?i)\b(?:version|release|section|python)\s+$", m.string[max(0, m.start() - 12) : m.start()]):
         return " point ".join(map(number, m.group(0).split(".")))
-    return " dot ".join(" ".join(_DIGITS[int(d)] for d in part) for part in m.group(0).split("."))
+    return " dot ".join(" ".join(DIGITS[int(d)] for d in part) for part in m.group(0).split("."))
 
 
 def _power(m: re.Match[str]) -> str:
@@ -413,7 +305,7 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     # "Call 555-1234": seven digits are a phone number after a word that says so, else a range or an id
     (
         re.compile(r"(?i)\b(call|phone|tel|telephone|fax|dial|ext|mobile|cell)(\.?:?\s+)(\d{3})-(\d{4})\b"),
-        lambda m: m.group(1) + m.group(2) + ", ".join(" ".join(_DIGITS[int(d)] for d in g) for g in m.group(3, 4)),
+        lambda m: m.group(1) + m.group(2) + ", ".join(" ".join(DIGITS[int(d)] for d in g) for g in m.group(3, 4)),
     ),
     (re.compile(r"(?<![\w.,-])(\d{1,4}(?:\.\d+)?)-(\d{1,4}(?:\.\d+)?)(?![\w-]|\.\d)"), _range),
     # a mixed number: "2 1/2 cups" -> "2 and a half cups"
@@ -440,9 +332,9 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile("\u2605"), lambda m: _said(m, "star")),
     (re.compile("\u2606"), lambda m: _said(m, "empty star")),
     (re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?(?P<unit>{_UNIT_RE})(?![\w/])"), _unit),
-    (re.compile(r"\b(1[1-9]|20)(\d0)s\b"), lambda m: _plural(year(int(m.group(1) + m.group(2))))),
-    (re.compile(r"'(\d0)s\b"), lambda m: _plural(cardinal(int(m.group(1))))),
-    (re.compile(r"(?i)\b(\d+)(st|nd|rd|th)\b"), lambda m: _ordinal_of(m.group(1))),
+    (re.compile(r"\b(1[1-9]|20)(\d0)s\b"), lambda m: plural(year(int(m.group(1) + m.group(2))))),
+    (re.compile(r"'(\d0)s\b"), lambda m: plural(cardinal(int(m.group(1))))),
+    (re.compile(r"(?i)\b(\d+)(st|nd|rd|th)\b"), lambda m: ordinal_of(m.group(1))),
     (re.compile(r"#(?=\d)"), "number "),
     # versions and addresses: "2.0.1" -> "two point zero point one", "v1.2.3" -> "v one point two point three"
     (re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?![\d.])"), lambda m: _apart(m, " point ".join(map(number, m.group(0).split("."))))),
