@@ -11,8 +11,10 @@ from collections.abc import Callable
 
 from kokoro_opt.characters import clean_unicode
 from kokoro_opt.number_words import (
+    COUNTING_WORDS,
     CURRENCIES,
     DIGITS,
+    REGNAL_NAMES,
     SCALE_LETTERS,
     UNITS,
     cardinal,
@@ -20,6 +22,7 @@ from kokoro_opt.number_words import (
     ordinal,
     ordinal_of,
     plural,
+    roman,
     whole,
     year,
 )
@@ -242,6 +245,21 @@ def _plain_number(m: re.Match[str]) -> str:
     return _apart(m, ("minus " if sign else "") + number(digits))
 
 
+def _roman_after(m: re.Match[str]) -> str:
+    value = roman(m.group(2))
+    if value is None or re.match(r"I\s+[a-z]", m.string[m.start(2) :]):  # "George I think": the pronoun
+        return m.group(0)
+    return f"{m.group(1)} {cardinal(value) if m.group(1) in COUNTING_WORDS.split('|') else 'the ' + ordinal(value)}"
+
+
+def _international_phone(m: re.Match[str]) -> str:
+    """+44 20 7946 0958: "plus four four", then each group digit by digit, a pause between them."""
+    groups = re.findall(r"\d+", m.group(0))
+    if sum(map(len, groups)) < 8:  # "+5 10 20" is arithmetic, not a number to dial
+        return m.group(0)
+    return "plus " + ", ".join(" ".join(DIGITS[int(d)] for d in g) for g in groups)
+
+
 def _dotted_quad(m: re.Match[str]) -> str:
     """An IPv4 address digit by digit with "dot"; after "version", "release" or "section" four numbers with "point"."""
     if re.search(r"(?i)\b(?:version|release|section|python)\s+$", m.string[max(0, m.start() - 12) : m.start()]):
@@ -286,6 +304,8 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
         _dotted_quad,
     ),
     (re.compile(r"\b([CF])#(?!\w)"), r"\1 sharp"),  # C#, F#
+    (re.compile(rf"\b({COUNTING_WORDS}|{REGNAL_NAMES})\s+([IVXL]+)\b"), _roman_after),
+    (re.compile(r"\b(\d)'(\d{1,2})\"(?!\w)"), r"\1 foot \2"),  # a height: 6'2"
     # code and logic, read rather than dropped ("a || b" was "a b") or read as their opposite ("x != y": "x equals y")
     (re.compile(r"(?<=[\w)\]])\s*!==?\s*(?=[\w(\[\"'-])"), " not equals "),
     (re.compile(r"(?<=[\w)\]])\s*&&\s*(?=[\w(\[\"'!-])"), " and "),
@@ -302,6 +322,7 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b"), _iso_date),
     (re.compile(r"(?<![\d/])(\d{1,2})/(\d{1,2})/(\d{4})\b"), _slash_date),
     (re.compile(r"(?<![\w+.-])(?:\+?(1)[-. ])?(?:\((\d{3})\)\s?|(\d{3})([-. ]))(\d{3})(?(4)\4|-)(\d{4})\b"), _phone),
+    (re.compile(r"(?<![\w+])\+\d{1,3}(?:[ .-]\d{1,4}){2,5}(?![\w.-])"), _international_phone),
     # "Call 555-1234": seven digits are a phone number after a word that says so, else a range or an id
     (
         re.compile(r"(?i)\b(call|phone|tel|telephone|fax|dial|ext|mobile|cell)(\.?:?\s+)(\d{3})-(\d{4})\b"),

@@ -123,3 +123,39 @@ def plural(words: str) -> str:
     if words.endswith("y"):
         return words[:-1] + "ies"
     return words + ("es" if words.endswith("x") else "s")
+
+
+# Roman numerals espeak reads "Roman two": after a word that counts ("World War II", "Chapter IV", "Type II") a
+# number, after a monarch's or a pope's name ("Henry VIII", "John Paul II") an ordinal; never alone ("Malcolm X", "I").
+COUNTING_WORDS = (
+    "World War|Chapter|Part|Volume|Book|Act|Scene|Episode|Title|Phase|Stage|Level|Type|Class|Grade|Section|"
+    "Article|Appendix|Round|Season|Super Bowl|Apollo|Gemini|Mark|Vatican"
+)
+REGNAL_NAMES = (
+    "Henry|Louis|Charles|Edward|George|William|Elizabeth|James|Richard|Philip|Frederick|Mary|Anne|Victoria|"
+    "John Paul|Benedict|Pius|Leo|Gregory|Innocent|Clement|Peter|Catherine|Alexander|Nicholas|Ivan|Ludwig|"
+    "Gustav|Carl|Felipe|Juan Carlos|Harald|Olav|Haakon|Ramesses|Ramses|Amenhotep|Thutmose|Ptolemy|Cleopatra|"
+    "Selim|Suleiman|Mehmed|Murad|Napoleon"
+)
+
+
+_ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50}
+
+
+def roman(numeral: str) -> int | None:
+    """The value of a Roman numeral below 90 written the usual way ("XIV": 14, "LVIII": 58); None otherwise ("IIII",
+    "VX", "IL", "LL")."""
+    values = [_ROMAN[c] for c in numeral if c in _ROMAN]
+    if not numeral or len(values) != len(numeral):
+        return None
+    total = sum(-v if i + 1 < len(values) and v < values[i + 1] else v for i, v in enumerate(values))
+    canonical = "".join(symbol * count for symbol, count in _roman_digits(total))
+    return total if 0 < total < 90 and canonical == numeral else None
+
+
+def _roman_digits(n: int) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for value, symbol in ((50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I")):
+        out.append((symbol, n // value))
+        n %= value
+    return out

@@ -163,6 +163,12 @@ def _words(text: str) -> list[str]:
         ("pages 10\u221220, 100 km\u00b2, 3 m\u00b3", "pages ten to twenty, one hundred square kilometers, three cubic meters"),
         ("3 x 4 = 12, x - 1 = y, Options - verbose", "three times four = twelve, x minus one = y, Options \u2014 verbose"),
         ("Psalm 23:4 on a 16:9 screen", "Psalm twenty-three:four on a sixteen to nine screen"),
+        (
+            "World War II, Chapter IV, Henry VIII, John Paul II, Super Bowl LVIII; Malcolm X and George I think",
+            "World War two, Chapter four, Henry the eighth, John Paul the second, Super Bowl fifty-eight; Malcolm X and "
+            "George I think",
+        ),
+        ("At +44 20 7946 0958; 6'2\"", "At plus four four, two zero, seven nine four six, zero nine five eight; six foot two"),
         ("version 2.0.0.1 at 10.0.0.1", "version two point zero point zero point one at one zero dot zero dot zero dot one"),
     ],
 )
