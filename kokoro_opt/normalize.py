@@ -23,6 +23,7 @@ from kokoro_opt.number_words import (
     ordinal_of,
     plural,
     roman,
+    spelled,
     whole,
     year,
 )
@@ -126,7 +127,7 @@ def _slash_date(m: re.Match[str]) -> str:
 def _phone(m: re.Match[str]) -> str:
     """Digit by digit, a pause between the groups: (555) 123-4567."""
     groups = [g for g in m.groups() if g and g.isdigit()]  # not the separator group
-    return ", ".join(" ".join(DIGITS[int(d)] for d in group) for group in groups)
+    return ", ".join(map(spelled, groups))
 
 
 def _month_day(m: re.Match[str]) -> str:
@@ -257,14 +258,19 @@ def _international_phone(m: re.Match[str]) -> str:
     groups = re.findall(r"\d+", m.group(0))
     if sum(map(len, groups)) < 8:  # "+5 10 20" is arithmetic, not a number to dial
         return m.group(0)
-    return "plus " + ", ".join(" ".join(DIGITS[int(d)] for d in g) for g in groups)
+    return "plus " + ", ".join(map(spelled, groups))
 
 
 def _dotted_quad(m: re.Match[str]) -> str:
     """An IPv4 address digit by digit with "dot"; after "version", "release" or "section" four numbers with "point"."""
     if re.search(r"(?i)\b(?:version|release|section|python)\s+$", m.string[max(0, m.start() - 12) : m.start()]):
-        return " point ".join(map(number, m.group(0).split(".")))
-    return " dot ".join(" ".join(DIGITS[int(d)] for d in part) for part in m.group(0).split("."))
+        return _version(m.group(0))
+    return " dot ".join(map(spelled, m.group(0).split(".")))
+
+
+def _version(dotted: str) -> str:
+    """ "2.0.1" -> "two point zero point one": each part a number."""
+    return " point ".join(map(number, dotted.split(".")))
 
 
 def _power(m: re.Match[str]) -> str:
@@ -326,7 +332,7 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     # "Call 555-1234": seven digits are a phone number after a word that says so, else a range or an id
     (
         re.compile(r"(?i)\b(call|phone|tel|telephone|fax|dial|ext|mobile|cell)(\.?:?\s+)(\d{3})-(\d{4})\b"),
-        lambda m: m.group(1) + m.group(2) + ", ".join(" ".join(DIGITS[int(d)] for d in g) for g in m.group(3, 4)),
+        lambda m: m.group(1) + m.group(2) + ", ".join(map(spelled, m.group(3, 4))),
     ),
     (re.compile(r"(?<![\w.,-])(\d{1,4}(?:\.\d+)?)-(\d{1,4}(?:\.\d+)?)(?![\w-]|\.\d)"), _range),
     # a mixed number: "2 1/2 cups" -> "2 and a half cups"
@@ -358,7 +364,7 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(r"(?i)\b(\d+)(st|nd|rd|th)\b"), lambda m: ordinal_of(m.group(1))),
     (re.compile(r"#(?=\d)"), "number "),
     # versions and addresses: "2.0.1" -> "two point zero point one", "v1.2.3" -> "v one point two point three"
-    (re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?![\d.])"), lambda m: _apart(m, " point ".join(map(number, m.group(0).split("."))))),
+    (re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?![\d.])"), lambda m: _apart(m, _version(m.group(0)))),
     # powers: "1e-5", "3x10^8" and "3×10^8", "2^10", "x²"; a multiplier ("5x faster") and a size ("1920x1080")
     (
         re.compile(

@@ -69,8 +69,13 @@ UNITS = {
 }
 
 
+def spelled(digits: str) -> str:
+    """A run of digits read one by one ('007' -> 'zero zero seven')."""
+    return " ".join(DIGITS[int(d)] for d in digits)
+
+
 def digit_by_digit(n: int) -> str:
-    return ("minus " if n < 0 else "") + " ".join(DIGITS[int(d)] for d in str(abs(n)))
+    return ("minus " if n < 0 else "") + spelled(str(abs(n)))
 
 
 def cardinal(n: int) -> str:
@@ -94,7 +99,7 @@ LONGEST_QUANTITY = 15
 def whole(digits: str) -> str:
     """A run of digits as a quantity ('1234' -> 'one thousand two hundred thirty-four'), or digit by digit."""
     if len(digits) > LONGEST_QUANTITY:
-        return " ".join(DIGITS[int(d)] for d in digits)
+        return spelled(digits)
     return cardinal(int(digits or "0"))
 
 
@@ -112,9 +117,9 @@ def number(s: str) -> str:
     integer, _, frac = s.partition(".")
     # "007" is read digit by digit
     leading_zero = len(integer) > 1 and integer.startswith("0")
-    words = " ".join(DIGITS[int(d)] for d in integer) if leading_zero else whole(integer)
+    words = spelled(integer) if leading_zero else whole(integer)
     if frac:
-        words += " point " + " ".join(DIGITS[int(d)] for d in frac)
+        words += " point " + spelled(frac)
     return words
 
 

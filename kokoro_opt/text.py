@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 CONTEXT_TOKENS = 510  # Kokoro's 512 positions minus the two 0 pad tokens
-JOB_TOKENS = 200  # the largest job the server merges pieces into, and a whole file's chunk: a few sentences
+JOB_TOKENS = 200  # the largest job the server merges pieces into: a few sentences
 MIN_FIRST_WORDS = 3  # a first chunk may end at a comma only after this many words (not at a lone "Well,")
 
 

@@ -275,12 +275,19 @@ def log_evaluation(
         client.set_terminated(run_id, "FAILED")
         raise
     client.set_terminated(run_id, end_time=ended)
-    # Earlier runs of this key (a forced evaluation, one a crash left) go only now that this one is whole: killed
-    # while logging, it leaves the last good run. One another process is logging now stays (`_abandoned`).
+    _replace_earlier(client, key, run_id)
+    return run_id
+
+
+def _replace_earlier(client: Any, key: str, run_id: str) -> None:
+    """Delete the earlier runs of `key` (a forced evaluation, an earlier comparison session, one a crash left) with
+    their child runs, once `run_id` is whole: killed while logging, it leaves the last good run. One another
+    process is logging now stays (`_abandoned`)."""
     for old in _runs_with_key(client, key):
         if old.info.run_id != run_id and (old.info.status == "FINISHED" or _abandoned(old)):
+            for child in client.search_runs([old.info.experiment_id], f"tags.`mlflow.parentRunId` = '{old.info.run_id}'"):
+                client.delete_run(child.info.run_id)
             client.delete_run(old.info.run_id)
-    return run_id
 
 
 def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings: dict[str, Any], plot: Path | None) -> str:
@@ -335,11 +342,7 @@ def log_comparison(tracking_uri: str | None, results: list[EvalResult], settings
         client.set_terminated(run_id, "FAILED")
         raise
     client.set_terminated(run_id, end_time=max(s[1] for s in spans) if spans else None)
-    for old in _runs_with_key(client, key):  # an earlier session of the same comparison, with its children
-        if old.info.run_id != run_id and (old.info.status == "FINISHED" or _abandoned(old)):
-            for child in client.search_runs([old.info.experiment_id], f"tags.`mlflow.parentRunId` = '{old.info.run_id}'"):
-                client.delete_run(child.info.run_id)
-            client.delete_run(old.info.run_id)
+    _replace_earlier(client, key, run_id)
     for r in results:
         r.run_id = run_id
     return run_id
