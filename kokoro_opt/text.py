@@ -18,6 +18,7 @@ from typing import Any
 from kokoro_opt.characters import clean_unicode
 from kokoro_opt.errors import UserError
 from kokoro_opt.normalize import MONTHS, NEVER_END, NOT_END_BEFORE_NUMBER, normalize_text, read_together
+from kokoro_opt.phrasing import phrase_end
 
 __all__ = [
     "CONTEXT_TOKENS",
@@ -347,7 +348,10 @@ class _Chunker:
                 return b, c
         words = _word_spans(self.text, a, end)
         found = self.fit(words, 0, limit) or self.fit(words[:1], 0, word_limit)
-        return (words[found[0]][1], found[1]) if found else None
+        if found is None or found[0] == len(words) - 1:
+            return (words[found[0]][1], found[1]) if found else None
+        j = phrase_end([self.text[s:e] for s, e in words], found[0], MIN_FIRST_WORDS)  # not "... climbed the"
+        return words[j][1], found[1] if j == found[0] else self.chunk(a, words[j][1])
 
 
 def _check(vocab: dict[str, int], **limits: int) -> None:

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.phrasing import FUNCTION_WORDS
 from kokoro_opt.text import (
     CONTEXT_TOKENS,
     Chunk,
@@ -306,6 +307,21 @@ def test_first_chunk_falls_back_to_words(vocab: dict[str, int]) -> None:
     chunks = chunk_text(text, vocab, first_chunk_tokens=30)
     assert len(chunks[0].token_ids) <= 30 and len(chunks) >= 2
     _check_chunks(chunks, text, vocab, 200)
+
+
+def test_a_first_chunk_cut_at_words_ends_on_a_word_that_can_end_a_phrase(vocab: dict[str, int]) -> None:
+    """Spoken alone, a chunk's last word gets a sentence's final lengthening: a function word alone lasted up to 12x its
+    length in the sentence (kokoro_opt.phrasing)."""
+    text = "The quick brown fox jumps over the lazy dog near the riverbank in the early morning light."
+    for first_tokens in range(16, 72, 2):
+        first, *rest = chunk_text(text, vocab, first_chunk_tokens=first_tokens)
+        assert rest and len(first.token_ids) <= first_tokens
+        assert first.text.split()[-1].lower() not in FUNCTION_WORDS, (first_tokens, first.text)
+    assert chunk_text(text, vocab, first_chunk_tokens=40)[0].text == "The quick brown fox jumps"  # not "... over the"
+    # a sentence that fits ends where it ends, and a chunk keeps its first few words whatever they are
+    assert chunk_text("What are you looking at? Tell me.", vocab)[0].text == "What are you looking at?"
+    leaning = "So this is what they are all waiting for and worrying about."
+    assert len(chunk_text(leaning, vocab, first_chunk_tokens=12)[0].text.split()) >= 3
 
 
 def test_word_splits_keep_number_units_titles_and_dates_together(vocab: dict[str, int]) -> None:

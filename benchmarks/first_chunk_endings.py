@@ -1,0 +1,85 @@
+"""Where the server's first chunk of a long sentence ends, and how its last word is timed spoken alone.
+
+    .venv/bin/python benchmarks/first_chunk_endings.py [ARTIFACT] [--sizes 32,40,56] [--texts FILE]
+
+A first chunk cut at a word is spoken alone, so its last word gets a sentence's final lengthening
+(kokoro_opt.phrasing). For every sentence of the evaluation corpus, the calibration texts and `--texts` (one
+sentence a line) longer than the size, the model's own durations (kokoro_opt.first_chunk.DurationModel, no audio)
+give, per first-chunk size: how many first chunks end on a function word, the chunk's timing distortion, and
+the last word's frames alone / in its sentence (median, 90th percentile, worst), for three voices.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def last_word(token_ids: list[int], space: int) -> slice:
+    """The positions of a chunk's last word in the model's durations (the leading pad first)."""
+    after = max((i for i, t in enumerate(token_ids) if t == space), default=-1) + 1
+    return slice(1 + after, 1 + len(token_ids))
+
+
+def main() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from kokoro_opt.artifacts import open_artifact
+    from kokoro_opt.evaluate.corpus import load_corpus
+    from kokoro_opt.first_chunk import DurationModel, distortion, stretch
+    from kokoro_opt.machine import describe, fingerprint
+    from kokoro_opt.phrasing import FUNCTION_WORDS
+    from kokoro_opt.tables import print_table
+    from kokoro_opt.text import chunk_text, utterance_tokens
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("artifact", nargs="?", default="artifacts/int8-mixed")
+    parser.add_argument("--sizes", default="32,40,56", help="first_chunk_tokens to measure")
+    parser.add_argument("--texts", type=Path, help="more sentences, one a line")
+    args = parser.parse_args()
+
+    model = DurationModel(open_artifact(args.artifact))
+    corpus = load_corpus()
+    texts = [s.text for s in corpus.sentences]
+    for path in (ROOT / "calibration" / "sentences.txt", ROOT / "calibration" / "sensitivity.txt", args.texts):
+        if path is not None:
+            texts += [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    voices = [v for v in corpus.voices if v in model.packs][:3] or sorted(model.packs)[:3]
+    space = model.vocab[" "]
+
+    table = Table(title=f"first chunks of long sentences, {len(voices)} voices ({describe(fingerprint())})")
+    for column in ("size", "sentences", "end on a function word", "chunk distortion", "last word alone / in sentence"):
+        table.add_column(column, justify="right")
+    for size in (int(k) for k in args.sizes.split(",")):
+        firsts: list[tuple[list[int], list[int], str]] = []
+        for text in texts:
+            ids = utterance_tokens(text, model.vocab)
+            first = chunk_text(text, model.vocab, first_chunk_tokens=size, chunk_tokens=2 * size)[0]
+            # cut inside the sentence, and tokenized alone as in it (a word phonemized otherwise is skipped)
+            if len(first.token_ids) < len(ids) and ids[: len(first.token_ids)] == first.token_ids and first.text:
+                firsts.append((ids, first.token_ids, first.text.split()[-1]))
+        chunks, words = [], []
+        for voice in voices:
+            for ids, first, _ in firsts:
+                alone, in_sentence = model(first, voice), model(ids, voice)
+                chunks.append(stretch(alone, in_sentence, len(first)))
+                span = last_word(first, space)
+                words.append(float(np.sum(alone[span]) / max(float(np.sum(in_sentence[span])), 1.0)))
+        function = sum(w.strip("\"'“”‘’()[]{}«»,;:.!?").lower() in FUNCTION_WORDS for *_, w in firsts)
+        table.add_row(
+            str(size),
+            str(len(firsts)),
+            str(function),
+            f"{distortion(chunks):.3f}",
+            f"{np.median(words):.2f} / {np.percentile(words, 90):.2f} / {max(words):.2f}",
+        )
+    print_table(Console(), table)
+
+
+if __name__ == "__main__":
+    main()
