@@ -60,7 +60,7 @@ def first_audio_times(start_one: Callable[[], object], workers: int, listeners: 
 
 def whole_graph_pairs(whole: Any, runs: int, table: Any) -> None:
     """Rows for two whole-graph jobs of a sentence and of a phrase (what the default one worker runs)."""
-    from kokoro_opt.text import chunk_text
+    from kokoro_opt.chunking import chunk_text
 
     for text in (SENTENCE, PHRASE):
         tokens = [t for c in chunk_text(text, whole.vocab, first_chunk_tokens=400, chunk_tokens=400) for t in c.token_ids]
@@ -86,11 +86,11 @@ def main() -> None:
     from rich.table import Table
 
     from kokoro_opt.artifacts import open_artifact
+    from kokoro_opt.chunking import chunk_text
     from kokoro_opt.machine import describe, fingerprint
     from kokoro_opt.runtime.session import SessionSettings
     from kokoro_opt.runtime.synth import Synthesizer
     from kokoro_opt.runtime.windowed import WindowedDecoder
-    from kokoro_opt.text import chunk_text
 
     settings = SessionSettings(intra_op_num_threads=args.threads)
     table = Table(title=f"two units in turn or at once, {args.threads} ORT threads ({describe(fingerprint())})")

@@ -30,12 +30,13 @@ def main() -> None:
     from rich.table import Table
 
     from kokoro_opt.artifacts import open_artifact
+    from kokoro_opt.chunking import chunk_text
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.first_chunk import DurationModel, distortion, stretch
     from kokoro_opt.machine import describe, fingerprint
     from kokoro_opt.phrasing import FUNCTION_WORDS
     from kokoro_opt.tables import print_table
-    from kokoro_opt.text import chunk_text, utterance_tokens
+    from kokoro_opt.text import utterance_tokens
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("artifact", nargs="?", default="artifacts/int8-mixed")

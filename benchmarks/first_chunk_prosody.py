@@ -21,10 +21,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from kokoro_opt.chunking import chunk_text
 from kokoro_opt.evaluate import metrics as M
 from kokoro_opt.evaluate.corpus import load_corpus
 from kokoro_opt.runtime import open_synthesizer
-from kokoro_opt.text import CONTEXT_TOKENS, chunk_text, utterance_tokens
+from kokoro_opt.text import CONTEXT_TOKENS, utterance_tokens
 
 MIN_PESQ_SECONDS = 1.0
 

@@ -37,12 +37,12 @@ def main() -> None:
     from rich.table import Table
 
     from kokoro_opt.artifacts import open_artifact
+    from kokoro_opt.chunking import chunk_text
     from kokoro_opt.machine import describe, fingerprint
     from kokoro_opt.passes.windows_split import window_graphs
     from kokoro_opt.runtime.session import SessionSettings
     from kokoro_opt.runtime.synth import Synthesizer
     from kokoro_opt.runtime.windowed import WindowedDecoder
-    from kokoro_opt.text import chunk_text
 
     artifact = open_artifact(args.artifact)
     table = Table(title=f"windowed generator, {artifact.name} {artifact.id} ({describe(fingerprint())})")

@@ -16,9 +16,10 @@ from collections.abc import Iterable
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.chunking import chunk_text
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.feeds import model_feeds
-from kokoro_opt.text import CONTEXT_TOKENS, chunk_text, utterance_tokens
+from kokoro_opt.text import CONTEXT_TOKENS, utterance_tokens
 from kokoro_opt.voices import style_for
 
 SENTENCES = 8  # sentences per voice and size

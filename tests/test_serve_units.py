@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from kokoro_opt.chunking import chunk_text
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.join import END_KEEP, LEAD_KEEP, PAUSES, Joiner, boundary, edge_silence
 from kokoro_opt.select import Selection
@@ -26,7 +27,6 @@ from kokoro_opt.serve.engine import Engine, frames_bound
 from kokoro_opt.serve.openai_compat import voice_entries
 from kokoro_opt.serve.plan import CostModel, make_pieces, queue_seconds, take_job, window_steps
 from kokoro_opt.serve.scenario import playback
-from kokoro_opt.text import chunk_text
 from kokoro_opt.voices import OPENAI_VOICES, openai_voice_map
 
 SR = 24_000

@@ -7,18 +7,10 @@ import re
 
 import pytest
 
+from kokoro_opt.chunking import Chunk, chunk_phonemes, chunk_text, split_sentences
 from kokoro_opt.errors import UserError
 from kokoro_opt.phrasing import FUNCTION_WORDS
-from kokoro_opt.text import (
-    CONTEXT_TOKENS,
-    Chunk,
-    chunk_phonemes,
-    chunk_text,
-    normalize_text,
-    phonemize,
-    split_sentences,
-    tokenize,
-)
+from kokoro_opt.text import CONTEXT_TOKENS, normalize_text, phonemize, tokenize
 
 PARAGRAPH = (
     "Dr. Smith arrived at the St. Louis office on March 3, 2024, at 3:30 pm, carrying a coffee that cost $3.50. "
@@ -322,6 +314,18 @@ def test_a_first_chunk_cut_at_words_ends_on_a_word_that_can_end_a_phrase(vocab: 
     assert chunk_text("What are you looking at? Tell me.", vocab)[0].text == "What are you looking at?"
     leaning = "So this is what they are all waiting for and worrying about."
     assert len(chunk_text(leaning, vocab, first_chunk_tokens=12)[0].text.split()) >= 3
+
+
+def test_a_long_sentence_cut_at_words_ends_its_pieces_where_a_phrase_can_end(vocab: dict[str, int]) -> None:
+    """A job can end between two pieces of one sentence: its last word is then drawn out like a first chunk's."""
+    text = (
+        "The committee that was formed in the spring of last year to review the budget of the city and the plans "
+        "for the new bridge over the river met again on a cold morning in the old town hall near the market square."
+    )
+    for piece_tokens in (40, 60, 80):
+        pieces = chunk_text(text, vocab, first_chunk_tokens=None, chunk_tokens=piece_tokens)
+        _check_chunks(pieces, text, vocab, piece_tokens)
+        assert len(pieces) > 2 and not [p.text for p in pieces[:-1] if p.text.split()[-1].lower() in FUNCTION_WORDS]
 
 
 def test_word_splits_keep_number_units_titles_and_dates_together(vocab: dict[str, int]) -> None:

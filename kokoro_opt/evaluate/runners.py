@@ -165,14 +165,14 @@ _FRONTEND: dict[tuple[str, int], tuple[list[int], float]] = {}
 
 def _first_chunk(paragraph: str, vocab: dict[str, int], first_tokens: int) -> tuple[list[int], float]:
     """The first chunk's tokens and the time chunk_text takes on the paragraph (measured once, cold)."""
-    from kokoro_opt import text
+    from kokoro_opt import chunking, text
 
     key = (json.dumps(vocab, sort_keys=True), first_tokens)
     if key not in _FRONTEND:
         # Cold cache: a server sees a new paragraph, not one it phonemized a moment ago.
         text.clear_phoneme_cache()
         started = time.perf_counter()
-        chunks = text.chunk_text(paragraph, vocab, first_chunk_tokens=first_tokens)
+        chunks = chunking.chunk_text(paragraph, vocab, first_chunk_tokens=first_tokens)
         _FRONTEND[key] = (chunks[0].token_ids, time.perf_counter() - started)
     return _FRONTEND[key]
 

@@ -41,8 +41,9 @@ PIECE_TOKENS = (12, 24, 48)  # calibration sentences are also cut into pieces of
 
 def calibration_pieces(vocab: dict[str, int], sentences: int) -> list[list[int]]:
     """Token ids of the first `sentences` calibration sentences, whole and cut into pieces of each size."""
+    from kokoro_opt.chunking import chunk_text
     from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, calibration_corpus
-    from kokoro_opt.text import chunk_text, utterance_tokens
+    from kokoro_opt.text import utterance_tokens
 
     texts = calibration_corpus()
     if sentences > len(texts):

@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact, open_artifact
+from kokoro_opt.chunking import chunk_phonemes, chunk_text
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.runtime.edges import EDGE_INPUT, edge_keep
 from kokoro_opt.runtime.feeds import model_feeds
 from kokoro_opt.runtime.join import CROSSFADE_MS, PAUSES, Joiner, boundary
 from kokoro_opt.runtime.session import SessionSettings, make_session
-from kokoro_opt.text import CONTEXT_TOKENS, chunk_phonemes, chunk_text
+from kokoro_opt.text import CONTEXT_TOKENS
 from kokoro_opt.voices import DEFAULT_VOICE, SAMPLE_RATE, blend_voice, style_for
 
 

@@ -15,7 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kokoro_opt.text import CONTEXT_TOKENS, chunk_text
+from kokoro_opt.chunking import chunk_text
+from kokoro_opt.text import CONTEXT_TOKENS
 
 
 def make_pieces(text: str, vocab: dict[str, int], first_chunk_tokens: int, piece_tokens: int) -> list[list[int]]:

@@ -1,0 +1,296 @@
+"""Where text is cut for synthesis: sentences, clauses, words, and the small first chunk a stream starts with.
+
+Every chunk is measured by phonemizing it as a whole (text.py), so no chunk exceeds the model's context and no
+text is dropped; a cut inside a sentence ends on a word that can end a phrase (phrasing.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.normalize import MONTHS, NEVER_END, NOT_END_BEFORE_NUMBER, read_together
+from kokoro_opt.phrasing import phrase_end
+from kokoro_opt.text import CONTEXT_TOKENS, JOB_TOKENS, phonemize, tokenize
+
+__all__ = ["Chunk", "chunk_phonemes", "chunk_text", "says_something", "split_sentences"]
+
+MIN_FIRST_WORDS = 3  # a first chunk may end at a comma only after this many words (not at a lone "Well,")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    text: str  # the original text span (not normalised), for captions
+    phonemes: str
+    token_ids: list[int]  # without the 0 pads, len <= max_tokens
+
+
+# Kokoro's pause and quote symbols: a chunk of these alone is spoken as a breath, so it has nothing to say
+_PAUSES = frozenset(' ;:,.!?¡¿—…"«»“”()')
+
+
+def says_something(chunk: Chunk) -> bool:
+    """Whether a chunk has a sound besides pauses ("..." or "?!" alone do not; "%" and "5." do)."""
+    return bool(chunk.token_ids) and any(symbol not in _PAUSES for symbol in chunk.phonemes)
+
+
+Span = tuple[int, int]
+Splitter = Callable[[str, int, int], list[Span]]
+
+
+# ---- splitting ------------------------------------------------------------------------------------------
+
+_CLOSERS = "\"”’')]"
+_CLOSE = re.escape(_CLOSERS)  # for use inside [...]
+# blank lines end headings too (Windows' line ends and the Unicode paragraph separator as well)
+_SENTENCE_END = re.compile(rf"[.!?;:…]+[{_CLOSE}]*(?=\s|$)|\r?\n[ \t]*\r?\n|\u2029")
+_CLAUSE_END = re.compile(rf"[,;:—–]+[{_CLOSE}]*(?=\s)|—")
+_PHONEME_END = re.compile(rf"[.!?;:…]+[{_CLOSE}]*(?=\s|$)")
+_WORD = re.compile(r"\S+")
+_AFTER_NUMBER = re.compile(r"(?i)(?:[ap]\.?m\.?|[a-z°%]{1,3}(?:/h)?|[€£]|thousand|million|billion|trillion)[^\w\s]*")
+_MONTHS = NOT_END_BEFORE_NUMBER | {m.lower() for m in MONTHS}
+_NEXT = re.compile(r"\s*(\S)")
+_WORD_BEFORE = re.compile(r"[\w.'’-]*$")
+_INITIALS = re.compile(r"[A-Z]|(?:[A-Za-z]\.)+[A-Z]")  # "J." / "U.S." / "U.S.A."
+
+
+def _trimmed(text: str, bounds: list[int]) -> list[Span]:
+    spans = []
+    for a, b in itertools.pairwise(bounds):
+        while a < b and text[a].isspace():
+            a += 1
+        while b > a and text[b - 1].isspace():
+            b -= 1
+        if a < b:
+            spans.append((a, b))
+    return spans
+
+
+def _is_sentence_end(text: str, m: re.Match[str]) -> bool:
+    """Only a lone '.' is ambiguous: abbreviations, initials and 'etc. and' do not end a sentence."""
+    if m.group(0).rstrip(_CLOSERS) != ".":
+        return True
+    nxt = _next_char(text, m.end(), len(text))
+    if not nxt:
+        return True
+    found = _WORD_BEFORE.search(text[max(0, m.start() - 40) : m.start()])  # a window: no quadratic scans
+    word = found.group(0) if found else ""
+    if word.lower() in NEVER_END or _INITIALS.fullmatch(word):
+        return False
+    if word.lower() in NOT_END_BEFORE_NUMBER and nxt.isdigit():
+        return False
+    return not nxt.islower()
+
+
+def _next_char(text: str, pos: int, end: int) -> str:
+    """The next non-space character in text[pos:end], or ''."""
+    found = _NEXT.match(text, pos, end)
+    return found.group(1) if found else ""
+
+
+def _sentence_spans(text: str, start: int, end: int) -> list[Span]:
+    bounds = [start]
+    for m in _SENTENCE_END.finditer(text, start, end):
+        if m.group(0)[0] in "\r\n\u2029":
+            bounds.append(m.start())
+        elif _is_sentence_end(text, m):
+            bounds.append(m.end())
+    return _trimmed(text, [*bounds, end])
+
+
+def _clause_spans(text: str, start: int, end: int) -> list[Span]:
+    bounds = [start]
+    for m in _CLAUSE_END.finditer(text, start, end):
+        # "March 3, 2024" / "1, 2, 3": a comma between numbers is not a pause worth splitting at
+        if m.group(0).startswith(",") and text[m.start() - 1 : m.start()].isdigit() and _next_char(text, m.end(), end).isdigit():
+            continue
+        bounds.append(m.end())
+    return _trimmed(text, [*bounds, end])
+
+
+def _glued(prev: str, word: str) -> bool:
+    """Word pairs that normalisation reads together ("3:30 pm", "5 km", "March 3", "Dr. Smith"): never split."""
+    if prev[-1:].isdigit() and _AFTER_NUMBER.fullmatch(word):
+        return True
+    key = prev.rstrip(".,").lower()
+    if key.isdigit() and prev.endswith(",") and re.fullmatch(r"\d{4}\W*", word):  # "March 3, 2024"
+        return True
+    return (prev.endswith(".") and key in NEVER_END) or (key in _MONTHS and word[:1].isdigit())
+
+
+def _word_spans(text: str, start: int, end: int) -> list[Span]:
+    spans: list[Span] = []
+    prev = ""
+    together = read_together(text[start:end])  # a phone number, "25 December 2023": cut, each part reads otherwise
+    for m in _WORD.finditer(text, start, end):
+        if spans and (_glued(prev, m.group(0)) or any(a < m.start() - start < b for a, b in together)):
+            spans[-1] = (spans[-1][0], m.end())
+        else:
+            spans.append(m.span())
+        prev = m.group(0)
+    return spans
+
+
+def _plain_word_spans(text: str, start: int, end: int) -> list[Span]:
+    return [m.span() for m in _WORD.finditer(text, start, end)]  # for a glued group that alone is too long
+
+
+def _phoneme_sentence_spans(text: str, start: int, end: int) -> list[Span]:
+    return _trimmed(text, [start, *(m.end() for m in _PHONEME_END.finditer(text, start, end)), end])
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences (original text) ending at . ! ? ; : … or a blank line; not after abbreviations, initials, decimals."""
+    return [text[a:b] for a, b in _sentence_spans(text, 0, len(text))]
+
+
+# ---- chunking -------------------------------------------------------------------------------------------
+
+
+class _Chunker:
+    """Packs spans of `text` into chunks, measuring each candidate by phonemizing it as a whole."""
+
+    def __init__(
+        self, text: str, vocab: dict[str, int], phonemes_of: Callable[[str], str], splitters: Sequence[Splitter]
+    ) -> None:
+        self.text, self.vocab, self.phonemes_of, self.splitters = text, vocab, phonemes_of, splitters
+
+    def chunk(self, a: int, b: int) -> Chunk:
+        ps = self.phonemes_of(self.text[a:b])
+        return Chunk(self.text[a:b], ps, tokenize(ps, self.vocab))
+
+    def fit(self, spans: list[Span], i: int, limit: int) -> tuple[int, Chunk] | None:
+        """The longest run spans[i..j] that fits in `limit` tokens, or None if spans[i] alone does not."""
+
+        def attempt(j: int) -> Chunk | None:
+            c = self.chunk(spans[i][0], spans[j][1])
+            return c if len(c.token_ids) <= limit else None
+
+        if (chunk := attempt(i)) is None:
+            return None
+        good, bad, step = i, len(spans), 1
+        # Gallop then bisect: O(log n) phonemizer calls per chunk even for a 1000-word sentence.
+        while good + step < len(spans):
+            if (c := attempt(good + step)) is None:
+                bad = good + step
+                break
+            good, chunk, step = good + step, c, step * 2
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            if (c := attempt(mid)) is None:
+                bad = mid
+            else:
+                good, chunk = mid, c
+        return good, chunk
+
+    def pack(self, spans: list[Span], limit: int, level: int = 0) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        i = 0
+        while i < len(spans):
+            if (found := self.fit(spans, i, limit)) is None:
+                chunks.extend(self.split(spans[i], limit, level))
+                i += 1
+            else:
+                j, chunk = found
+                at_words = level > 0 and self.splitters[level - 1] in (_word_spans, _plain_word_spans)
+                if at_words and j < len(spans) - 1:  # a cut inside a sentence, keeping at least half its words
+                    j, chunk = self.phrase_ending(spans, i, j, chunk, (j - i) // 2 + 1)
+                chunks.append(chunk)
+                i = j + 1
+        return chunks
+
+    def phrase_ending(self, words: list[Span], i: int, j: int, chunk: Chunk, keep: int) -> tuple[int, Chunk]:
+        """Words i..j (`chunk`) cut inside their sentence, ended instead on the nearest word that can end a
+        phrase, keeping `keep` words: spoken alone, a chunk's last word is drawn out (phrasing.py)."""
+        end = i + phrase_end([self.text[a:b] for a, b in words[i : j + 1]], j - i, keep)
+        return (j, chunk) if end == j else (end, self.chunk(words[i][0], words[end][1]))
+
+    def split(self, span: Span, limit: int, level: int) -> list[Chunk]:
+        """A span too long on its own: split at the next finer boundaries (clauses, then words)."""
+        for k in range(level, len(self.splitters)):
+            parts = self.splitters[k](self.text, *span)
+            if len(parts) > 1:
+                return self.pack(parts, limit, k + 1)
+        # A single "word" longer than the limit (a long URL, a digit string): cut its phoneme stream.
+        whole = self.chunk(*span)
+        chunks, piece, count = [], "", 0
+        for ch in whole.phonemes:
+            if ch in self.vocab and count == limit:
+                chunks.append(Chunk(whole.text if not chunks else "", piece, tokenize(piece, self.vocab)))
+                piece, count = "", 0
+            piece += ch
+            count += ch in self.vocab
+        chunks.append(Chunk(whole.text if not chunks else "", piece, tokenize(piece, self.vocab)))
+        return chunks
+
+    def first(self, sentence: Span, limit: int, word_limit: int) -> tuple[int, Chunk] | None:
+        """A small first chunk: up to the first clause boundary with a few words, else as many words as fit
+        (at least the first word, if that alone fits `word_limit`: a word is never cut for latency's sake)."""
+        a, end = sentence
+        for _, b in _clause_spans(self.text, a, end):
+            c = self.chunk(a, b)
+            if len(c.token_ids) > limit:
+                break
+            if b == end or sum(any(ch.isalnum() for ch in w) for w in self.text[a:b].split()) >= MIN_FIRST_WORDS:
+                return b, c
+        words = _word_spans(self.text, a, end)
+        found = self.fit(words, 0, limit) or self.fit(words[:1], 0, word_limit)
+        if found is None:
+            return None
+        j, chunk = found if found[0] == len(words) - 1 else self.phrase_ending(words, 0, *found, MIN_FIRST_WORDS)
+        return words[j][1], chunk
+
+
+def _check(vocab: dict[str, int], **limits: int) -> None:
+    if not vocab:
+        raise UserError("the phoneme vocab is empty", "pass Kokoro's vocab (phoneme symbol -> id) from its config.json")
+    for name, value in limits.items():
+        if not isinstance(value, int) or value < 1:
+            raise UserError(f"{name} must be a positive integer, got {value!r}", "use e.g. 40 / 200 / 510")
+    if limits.get("max_tokens", 0) > CONTEXT_TOKENS:
+        raise UserError(f"max_tokens={limits['max_tokens']} exceeds Kokoro's context", f"use at most {CONTEXT_TOKENS} tokens")
+
+
+def chunk_text(
+    text: str,
+    vocab: dict[str, int],
+    first_chunk_tokens: int | None = 40,
+    chunk_tokens: int = JOB_TOKENS,
+    max_tokens: int = CONTEXT_TOKENS,
+) -> list[Chunk]:
+    """Split text for synthesis: a small first chunk (fast time-to-first-audio; only a first word longer than
+    `first_chunk_tokens` makes it bigger; None: none, as for a whole file), then whole sentences packed up to
+    `chunk_tokens`; over-long sentences split at clauses, then words. No chunk exceeds `max_tokens` and no text
+    is dropped."""
+    first_limit = {} if first_chunk_tokens is None else {"first_chunk_tokens": first_chunk_tokens}
+    _check(vocab, chunk_tokens=chunk_tokens, max_tokens=max_tokens, **first_limit)
+    if not isinstance(text, str):
+        raise UserError(f"text must be a string, got {type(text).__name__}", "pass the text to speak as str")
+    sentences = _sentence_spans(text, 0, len(text))
+    if not sentences:
+        return []
+    chunker = _Chunker(text, vocab, phonemize, (_clause_spans, _word_spans, _plain_word_spans))
+    chunks: list[Chunk] = []
+    rest = sentences
+    # The first sentence with a word (a leading "..." alone is no useful first audio) gives the small first chunk.
+    k = next((i for i, (a, b) in enumerate(sentences) if any(ch.isalnum() for ch in text[a:b])), None)
+    if k is not None and first_chunk_tokens is not None:
+        head = (sentences[0][0], sentences[k][1])
+        limits = min(first_chunk_tokens, max_tokens), min(chunk_tokens, max_tokens)
+        if (first := chunker.first(head, *limits)) is not None:
+            end, chunk = first
+            chunks.append(chunk)
+            rest = _trimmed(text, [end, head[1]]) + sentences[k + 1 :]
+    chunks += chunker.pack(rest, min(chunk_tokens, max_tokens))
+    return [c for c in chunks if says_something(c)]
+
+
+def chunk_phonemes(phonemes: str, vocab: dict[str, int], max_tokens: int = CONTEXT_TOKENS) -> list[Chunk]:
+    """Split an already-phonemized string at sentence, then clause, then word boundaries (text = phoneme span)."""
+    _check(vocab, max_tokens=max_tokens)
+    chunker = _Chunker(phonemes, vocab, lambda s: s, (_clause_spans, _word_spans))
+    chunks = chunker.pack(_phoneme_sentence_spans(phonemes, 0, len(phonemes)), max_tokens)
+    return [c for c in chunks if says_something(c)]
