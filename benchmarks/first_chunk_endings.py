@@ -5,8 +5,9 @@
 A first chunk cut at a word is spoken alone, so its last word gets a sentence's final lengthening
 (kokoro_opt.phrasing). For every sentence of the evaluation corpus, the calibration texts and `--texts` (one
 sentence a line) longer than the size, the model's own durations (kokoro_opt.first_chunk.DurationModel, no audio)
-give, per first-chunk size: how many first chunks end on a function word, the chunk's timing distortion, and
-the last word's frames alone / in its sentence (median, 90th percentile, worst), for three voices.
+give, per first-chunk size: how many of the first chunks cut at words (not at a clause) end on a function word,
+and for those tokenized alone as inside their sentence the chunk's timing distortion and the last word's frames
+alone / in its sentence (median, 90th percentile, worst), for three voices.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+CLAUSE_MARKS = ",;:—–"  # a first chunk ending on one was cut at a clause, not at words
 
 
 def last_word(token_ids: list[int], space: int) -> slice:
@@ -34,7 +36,7 @@ def main() -> None:
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.first_chunk import DurationModel, distortion, stretch
     from kokoro_opt.machine import describe, fingerprint
-    from kokoro_opt.phrasing import FUNCTION_WORDS
+    from kokoro_opt.phrasing import ends_phrase
     from kokoro_opt.tables import print_table
     from kokoro_opt.text import utterance_tokens
 
@@ -54,29 +56,33 @@ def main() -> None:
     space = model.vocab[" "]
 
     table = Table(title=f"first chunks of long sentences, {len(voices)} voices ({describe(fingerprint())})")
-    for column in ("size", "sentences", "end on a function word", "chunk distortion", "last word alone / in sentence"):
+    for column in (
+        "size",
+        "cut at words: end on a function word",
+        "chunk distortion (sentences)",
+        "last word alone / in sentence",
+    ):
         table.add_column(column, justify="right")
     for size in (int(k) for k in args.sizes.split(",")):
-        firsts: list[tuple[list[int], list[int], str]] = []
+        cut, timed = [], []  # first chunks cut at words inside their sentence; those tokenized alone as inside it
         for text in texts:
             ids = utterance_tokens(text, model.vocab)
             first = chunk_text(text, model.vocab, first_chunk_tokens=size, chunk_tokens=2 * size)[0]
-            # cut inside the sentence, and tokenized alone as in it (a word phonemized otherwise is skipped)
-            if len(first.token_ids) < len(ids) and ids[: len(first.token_ids)] == first.token_ids and first.text:
-                firsts.append((ids, first.token_ids, first.text.split()[-1]))
+            if len(first.token_ids) < len(ids) and first.text and first.text.rstrip()[-1] not in CLAUSE_MARKS:
+                cut.append(first.text)
+                if ids[: len(first.token_ids)] == first.token_ids:  # a word phonemized otherwise: not comparable
+                    timed.append((ids, first.token_ids))
         chunks, words = [], []
         for voice in voices:
-            for ids, first, _ in firsts:
+            for ids, first in timed:
                 alone, in_sentence = model(first, voice), model(ids, voice)
                 chunks.append(stretch(alone, in_sentence, len(first)))
                 span = last_word(first, space)
                 words.append(float(np.sum(alone[span]) / max(float(np.sum(in_sentence[span])), 1.0)))
-        function = sum(w.strip("\"'“”‘’()[]{}«»,;:.!?").lower() in FUNCTION_WORDS for *_, w in firsts)
         table.add_row(
             str(size),
-            str(len(firsts)),
-            str(function),
-            f"{distortion(chunks):.3f}",
+            f"{sum(not ends_phrase(text.split()[-1]) for text in cut)} of {len(cut)}",
+            f"{distortion(chunks):.3f} ({len(timed)})",
             f"{np.median(words):.2f} / {np.percentile(words, 90):.2f} / {max(words):.2f}",
         )
     print_table(Console(), table)

@@ -1,7 +1,8 @@
 """Where text is cut for synthesis: sentences, clauses, words, and the small first chunk a stream starts with.
 
 Every chunk is measured by phonemizing it as a whole (text.py), so no chunk exceeds the model's context and no
-text is dropped; a cut inside a sentence ends on a word that can end a phrase (phrasing.py).
+text is dropped; a cut at words inside a sentence ends on a word that can end a phrase where one is near
+(phrasing.py).
 """
 
 from __future__ import annotations
@@ -151,12 +152,19 @@ def split_sentences(text: str) -> list[str]:
 
 
 class _Chunker:
-    """Packs spans of `text` into chunks, measuring each candidate by phonemizing it as a whole."""
+    """Packs spans of `text` into chunks, measuring each candidate by phonemizing it as a whole. `phrasing`: a cut
+    at words ends on a word that can end a phrase (English text; not for phoneme strings)."""
 
     def __init__(
-        self, text: str, vocab: dict[str, int], phonemes_of: Callable[[str], str], splitters: Sequence[Splitter]
+        self,
+        text: str,
+        vocab: dict[str, int],
+        phonemes_of: Callable[[str], str],
+        splitters: Sequence[Splitter],
+        phrasing: bool = False,
     ) -> None:
         self.text, self.vocab, self.phonemes_of, self.splitters = text, vocab, phonemes_of, splitters
+        self.phrasing = phrasing
 
     def chunk(self, a: int, b: int) -> Chunk:
         ps = self.phonemes_of(self.text[a:b])
@@ -196,7 +204,7 @@ class _Chunker:
             else:
                 j, chunk = found
                 at_words = level > 0 and self.splitters[level - 1] in (_word_spans, _plain_word_spans)
-                if at_words and j < len(spans) - 1:  # a cut inside a sentence, keeping at least half its words
+                if self.phrasing and at_words and j < len(spans) - 1:  # a cut inside a sentence, keeping at least half its words
                     j, chunk = self.phrase_ending(spans, i, j, chunk, (j - i) // 2 + 1)
                 chunks.append(chunk)
                 i = j + 1
@@ -227,8 +235,9 @@ class _Chunker:
         return chunks
 
     def first(self, sentence: Span, limit: int, word_limit: int) -> tuple[int, Chunk] | None:
-        """A small first chunk: up to the first clause boundary with a few words, else as many words as fit
-        (at least the first word, if that alone fits `word_limit`: a word is never cut for latency's sake)."""
+        """A small first chunk: up to the first clause boundary with a few words, else as many words as fit, ending
+        on the last of them that can end a phrase, of at least MIN_FIRST_WORDS (`phrase_ending`); at least the first
+        word, if that alone fits `word_limit`: a word is never cut for latency's sake."""
         a, end = sentence
         for _, b in _clause_spans(self.text, a, end):
             c = self.chunk(a, b)
@@ -240,7 +249,9 @@ class _Chunker:
         found = self.fit(words, 0, limit) or self.fit(words[:1], 0, word_limit)
         if found is None:
             return None
-        j, chunk = found if found[0] == len(words) - 1 else self.phrase_ending(words, 0, *found, MIN_FIRST_WORDS)
+        if found[0] == len(words) - 1 or not self.phrasing:
+            return words[found[0]][1], found[1]
+        j, chunk = self.phrase_ending(words, 0, *found, MIN_FIRST_WORDS)
         return words[j][1], chunk
 
 
@@ -272,7 +283,7 @@ def chunk_text(
     sentences = _sentence_spans(text, 0, len(text))
     if not sentences:
         return []
-    chunker = _Chunker(text, vocab, phonemize, (_clause_spans, _word_spans, _plain_word_spans))
+    chunker = _Chunker(text, vocab, phonemize, (_clause_spans, _word_spans, _plain_word_spans), phrasing=True)
     chunks: list[Chunk] = []
     rest = sentences
     # The first sentence with a word (a leading "..." alone is no useful first audio) gives the small first chunk.

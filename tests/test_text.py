@@ -9,7 +9,7 @@ import pytest
 
 from kokoro_opt.chunking import Chunk, chunk_phonemes, chunk_text, split_sentences
 from kokoro_opt.errors import UserError
-from kokoro_opt.phrasing import FUNCTION_WORDS
+from kokoro_opt.phrasing import FUNCTION_WORDS, phrase_end
 from kokoro_opt.text import CONTEXT_TOKENS, normalize_text, phonemize, tokenize
 
 PARAGRAPH = (
@@ -302,7 +302,7 @@ def test_first_chunk_falls_back_to_words(vocab: dict[str, int]) -> None:
 
 
 def test_a_first_chunk_cut_at_words_ends_on_a_word_that_can_end_a_phrase(vocab: dict[str, int]) -> None:
-    """Spoken alone, a chunk's last word gets a sentence's final lengthening: a function word alone lasted up to 12x its
+    """Spoken alone, a chunk's last word gets a sentence's final lengthening: a function word alone lasted up to 15x its
     length in the sentence (kokoro_opt.phrasing)."""
     text = "The quick brown fox jumps over the lazy dog near the riverbank in the early morning light."
     for first_tokens in range(16, 72, 2):
@@ -314,6 +314,11 @@ def test_a_first_chunk_cut_at_words_ends_on_a_word_that_can_end_a_phrase(vocab: 
     assert chunk_text("What are you looking at? Tell me.", vocab)[0].text == "What are you looking at?"
     leaning = "So this is what they are all waiting for and worrying about."
     assert len(chunk_text(leaning, vocab, first_chunk_tokens=12)[0].text.split()) >= 3
+    # a capitalized word inside the sentence is a name, and words read together are judged as one
+    assert chunk_text("In early May the committee met again to vote.", vocab, first_chunk_tokens=16)[0].text == "In early May"
+    war = "After the end of World War I the soldiers of the many armies went home."
+    assert chunk_text(war, vocab, first_chunk_tokens=40)[0].text == "After the end of World War I"
+    assert phrase_end(["We", "all", "know", "that", "they’re"], 4, 1) == 2  # contractions lean on the next word too
 
 
 def test_a_long_sentence_cut_at_words_ends_its_pieces_where_a_phrase_can_end(vocab: dict[str, int]) -> None:
