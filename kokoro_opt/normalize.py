@@ -16,6 +16,7 @@ from kokoro_opt.number_words import (
     DIGITS,
     REGNAL_NAMES,
     SCALE_LETTERS,
+    SPACED_UNITS,
     UNITS,
     cardinal,
     number,
@@ -60,9 +61,10 @@ _NUM_START = r"(?<![\d,.])"
 _SYMBOLS = "".join(CURRENCIES)
 _AFTER_SYMBOLS = _SYMBOLS.replace("$", "")  # "5€", "100¥"; "5$" is rare enough to be something else
 _SCALE = r"thousand|million|billion|trillion"
-_LETTERS = r"bn|mn|[kKMBT]"
+_LETTERS = r"bn|mn|[kKmMBT]"  # "£5m": the press writes millions so
 _SIGN = r"(?:(?<![\w-])(?P<neg>-))?"  # a minus that is no hyphen ("-5", not "COVID-19")
 _UNIT_RE = "|".join(re.escape(u) for u in sorted(UNITS, key=len, reverse=True))
+_UNIT_AFTER = rf"(?:\s?(?P<unit>{_UNIT_RE})|\s(?P<spaced>{'|'.join(SPACED_UNITS)}))(?![\w/])"
 
 # Titles never end a sentence, so their "." is dropped; the others keep it when it also ends one.
 _TITLES = {"Dr": "Doctor", "Mr": "Mister", "Mrs": "Missus", "Ms": "Miz", "Prof": "Professor", "Mt": "Mount"}
@@ -199,7 +201,7 @@ def _money(m: re.Match[str]) -> str:
 
 def _unit(m: re.Match[str]) -> str:
     amount, unit = m.group("amt"), m.group("unit")
-    one, many = UNITS[unit]
+    one, many = UNITS[unit] if unit else SPACED_UNITS[m.group("spaced")]
     return f"{'minus ' if m.group('neg') else ''}{number(amount)} {one if amount == '1' else many}"
 
 
@@ -358,7 +360,7 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile("[\u2717\u2718\u274c]\ufe0f?"), lambda m: _said(m, "cross mark")),
     (re.compile("\u2605"), lambda m: _said(m, "star")),
     (re.compile("\u2606"), lambda m: _said(m, "empty star")),
-    (re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM})\s?(?P<unit>{_UNIT_RE})(?![\w/])"), _unit),
+    (re.compile(rf"{_SIGN}{_NUM_START}(?P<amt>{_NUM}){_UNIT_AFTER}"), _unit),
     (re.compile(r"\b(1[1-9]|20)(\d0)s\b"), lambda m: plural(year(int(m.group(1) + m.group(2))))),
     (re.compile(r"'(\d0)s\b"), lambda m: plural(cardinal(int(m.group(1))))),
     (re.compile(r"(?i)\b(\d+)(st|nd|rd|th)\b"), lambda m: ordinal_of(m.group(1))),

@@ -14,10 +14,11 @@ CURRENCIES = {
     "₹": ("rupee", "rupees", "paisa", "paise"),
     "₩": ("won", "won", "jeon", "jeon"),
 }
-SCALE_LETTERS = {"k": "thousand", "K": "thousand", "M": "million", "mn": "million", "B": "billion", "bn": "billion",
-                  "T": "trillion"}  # fmt: skip
+SCALE_LETTERS = {"k": "thousand", "K": "thousand", "m": "million", "M": "million", "mn": "million", "B": "billion",
+                  "bn": "billion", "T": "trillion"}  # fmt: skip
 UNITS = {
     "km/h": ("kilometer per hour", "kilometers per hour"),
+    "m/s": ("meter per second", "meters per second"),
     "km²": ("square kilometer", "square kilometers"),
     "cm²": ("square centimeter", "square centimeters"),
     "m²": ("square meter", "square meters"),
@@ -62,11 +63,15 @@ UNITS = {
     "hr": ("hour", "hours"),
     "fps": ("frame per second", "frames per second"),
     "ft": ("foot", "feet"),
+    "yd": ("yard", "yards"),
+    "mi": ("mile", "miles"),
     "oz": ("ounce", "ounces"),
     "°C": ("degree Celsius", "degrees Celsius"),
     "°F": ("degree Fahrenheit", "degrees Fahrenheit"),
     "°": ("degree", "degrees"),
 }
+# after a space only: "5m" is as often five minutes ("timeout: 5m") as five meters
+SPACED_UNITS = {"m": ("meter", "meters"), "g": ("gram", "grams"), "L": ("liter", "liters")}
 
 
 def spelled(digits: str) -> str:

@@ -147,6 +147,11 @@ def _words(text: str) -> list[str]:
             "sixteen to nine screen",
         ),
         ("100 ms, 60 fps, 3 GB/s", "one hundred milliseconds, sixty frames per second, three gigabytes per second"),
+        (
+            "3 m of rope, 5 g of salt, 2 L of water, 10 mi at 3 m/s; timeout: 5m; it raised \u00a35m and $2m",
+            "three meters of rope, five grams of salt, two liters of water, ten miles at three meters per second; "
+            "timeout: five m; it raised five million pounds and two million dollars",
+        ),
         ("5x faster at 1920x1080", "five times faster at nineteen twenty by one thousand eighty"),
         (
             "1234 items, 1500 files, in 1850 prices rose, the 2020 elections",
