@@ -1,13 +1,15 @@
 """Where the server's first chunk of a long sentence ends, and how its last word is timed spoken alone.
 
-    .venv/bin/python benchmarks/first_chunk_endings.py [ARTIFACT] [--sizes 32,40,56] [--texts FILE]
+    .venv/bin/python benchmarks/first_chunk_endings.py [ARTIFACT] [--sizes 32,40,56] [--texts FILE] [--lookahead 2]
 
 A first chunk cut at a word is spoken alone, so its last word gets a sentence's final lengthening
 (kokoro_opt.phrasing). For every sentence of the evaluation corpus, the calibration texts and `--texts` (one
 sentence a line) longer than the size, the model's own durations (kokoro_opt.first_chunk.DurationModel, no audio)
 give, per first-chunk size: how many of the first chunks cut at words (not at a clause) end on a function word,
 and for those tokenized alone as inside their sentence the chunk's timing distortion and the last word's frames
-alone / in its sentence (median, 90th percentile, worst), for three voices.
+alone / in its sentence (median, 90th percentile, worst), for three voices. `--lookahead N`: the same, with the
+chunk fed to the model followed by the next N words of its sentence (its own tokens timed): how much of the
+distortion is the utterance ending there.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("artifact", nargs="?", default="artifacts/int8-mixed")
     parser.add_argument("--sizes", default="32,40,56", help="first_chunk_tokens to measure")
     parser.add_argument("--texts", type=Path, help="more sentences, one a line")
+    parser.add_argument("--lookahead", type=int, default=0, help="also time each chunk with its sentence's next N words after it")
     args = parser.parse_args()
 
     model = DurationModel(open_artifact(args.artifact))
@@ -61,6 +64,7 @@ def main() -> None:
         "cut at words: end on a function word",
         "chunk distortion (sentences)",
         "last word alone / in sentence",
+        *(f"with {args.lookahead} more words: chunk / last word" for _ in range(args.lookahead > 0)),
     ):
         table.add_column(column, justify="right")
     for size in (int(k) for k in args.sizes.split(",")):
@@ -72,19 +76,28 @@ def main() -> None:
                 cut.append(first.text)
                 if ids[: len(first.token_ids)] == first.token_ids:  # a word phonemized otherwise: not comparable
                     timed.append((ids, first.token_ids))
-        chunks, words = [], []
+        timings = {ahead: ([], []) for ahead in {0, args.lookahead}}  # chunk stretches, last-word stretches
         for voice in voices:
             for ids, first in timed:
-                alone, in_sentence = model(first, voice), model(ids, voice)
-                chunks.append(stretch(alone, in_sentence, len(first)))
-                span = last_word(first, space)
-                words.append(float(np.sum(alone[span]) / max(float(np.sum(in_sentence[span])), 1.0)))
-        table.add_row(
+                in_sentence = model(ids, voice)
+                for ahead, (chunks, words) in timings.items():
+                    # the chunk fed to the model with the next `ahead` words of its sentence, timed over its own tokens
+                    spaces = [i for i, t in enumerate(ids) if t == space and i > len(first)] + [len(ids)]
+                    alone = model(ids[: spaces[min(ahead, len(spaces)) - 1]] if ahead else first, voice)
+                    chunks.append(stretch(alone, in_sentence, len(first)))
+                    span = last_word(first, space)
+                    words.append(float(np.sum(alone[span]) / max(float(np.sum(in_sentence[span])), 1.0)))
+        chunks, words = timings[0]
+        row = [
             str(size),
             f"{sum(not ends_phrase(text.split()[-1]) for text in cut)} of {len(cut)}",
             f"{distortion(chunks):.3f} ({len(timed)})",
             f"{np.median(words):.2f} / {np.percentile(words, 90):.2f} / {max(words):.2f}",
-        )
+        ]
+        if args.lookahead:
+            chunks, words = timings[args.lookahead]
+            row.append(f"{distortion(chunks):.3f} / {np.median(words):.2f}, {np.percentile(words, 90):.2f}, {max(words):.2f}")
+        table.add_row(*row)
     print_table(Console(), table)
 
 
