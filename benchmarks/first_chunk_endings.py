@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
 CLAUSE_MARKS = ",;:—–"  # a first chunk ending on one was cut at a clause, not at words
 
 
@@ -38,6 +37,8 @@ def main() -> None:
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.first_chunk import DurationModel, distortion, stretch
     from kokoro_opt.machine import describe, fingerprint
+    from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, read_corpus
+    from kokoro_opt.passes.sensitivity import SENSITIVITY_CORPUS
     from kokoro_opt.phrasing import ends_phrase
     from kokoro_opt.tables import print_table
     from kokoro_opt.text import utterance_tokens
@@ -51,10 +52,9 @@ def main() -> None:
 
     model = DurationModel(open_artifact(args.artifact))
     corpus = load_corpus()
-    texts = [s.text for s in corpus.sentences]
-    for path in (ROOT / "calibration" / "sentences.txt", ROOT / "calibration" / "sensitivity.txt", args.texts):
-        if path is not None:
-            texts += [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    texts = [s.text for s in corpus.sentences] + read_corpus(CALIBRATION_CORPUS) + read_corpus(SENSITIVITY_CORPUS)
+    if args.texts is not None:
+        texts += [line.strip() for line in args.texts.read_text().splitlines() if line.strip()]
     voices = [v for v in corpus.voices if v in model.packs][:3] or sorted(model.packs)[:3]
     space = model.vocab[" "]
 
@@ -69,21 +69,22 @@ def main() -> None:
         table.add_column(column, justify="right")
     for size in (int(k) for k in args.sizes.split(",")):
         cut, timed = [], []  # first chunks cut at words inside their sentence; those tokenized alone as inside it
+        timings = {ahead: ([], []) for ahead in {0, args.lookahead}}  # chunk stretches, last-word stretches
         for text in texts:
             ids = utterance_tokens(text, model.vocab)
             first = chunk_text(text, model.vocab, first_chunk_tokens=size, chunk_tokens=2 * size)[0]
             if len(first.token_ids) < len(ids) and first.text and first.text.rstrip()[-1] not in CLAUSE_MARKS:
                 cut.append(first.text)
                 if ids[: len(first.token_ids)] == first.token_ids:  # a word phonemized otherwise: not comparable
-                    timed.append((ids, first.token_ids))
-        timings = {ahead: ([], []) for ahead in {0, args.lookahead}}  # chunk stretches, last-word stretches
+                    # the sentence's tokens up to each number of words after the chunk
+                    spaces = [i for i, t in enumerate(ids) if t == space and i > len(first.token_ids)] + [len(ids)]
+                    fed = {ahead: ids[: spaces[min(ahead, len(spaces)) - 1]] if ahead else first.token_ids for ahead in timings}
+                    timed.append((ids, first.token_ids, fed))
         for voice in voices:
-            for ids, first in timed:
+            for ids, first, fed in timed:
                 in_sentence = model(ids, voice)
                 for ahead, (chunks, words) in timings.items():
-                    # the chunk fed to the model with the next `ahead` words of its sentence, timed over its own tokens
-                    spaces = [i for i, t in enumerate(ids) if t == space and i > len(first)] + [len(ids)]
-                    alone = model(ids[: spaces[min(ahead, len(spaces)) - 1]] if ahead else first, voice)
+                    alone = model(fed[ahead], voice)  # timed over the chunk's own tokens
                     chunks.append(stretch(alone, in_sentence, len(first)))
                     span = last_word(first, space)
                     words.append(float(np.sum(alone[span]) / max(float(np.sum(in_sentence[span])), 1.0)))

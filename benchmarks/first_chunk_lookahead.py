@@ -14,11 +14,9 @@ of a next step (docs/measurements/2026-12-07-first-chunk-endings.md), not what `
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
 CLAUSE_MARKS = ",;:—–"
 
 
@@ -30,6 +28,8 @@ def main() -> None:
     from kokoro_opt.evaluate import metrics as M
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.machine import describe, fingerprint
+    from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, read_corpus
+    from kokoro_opt.passes.sensitivity import SENSITIVITY_CORPUS
     from kokoro_opt.runtime import open_synthesizer
     from kokoro_opt.runtime.join import CROSSFADE_MS, PAUSES, Joiner
     from kokoro_opt.runtime.windowed import STEPS_PER_FRAME, WindowedDecoder
@@ -48,9 +48,7 @@ def main() -> None:
     corpus = load_corpus()
     voice = next(v for v in corpus.voices if v in synth.packs)
     pack, rate, space = synth.packs[voice], synth.sample_rate, synth.vocab[" "]
-    texts = [s.text for s in corpus.sentences]
-    for path in (ROOT / "calibration" / "sentences.txt", ROOT / "calibration" / "sensitivity.txt"):
-        texts += [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    texts = [s.text for s in corpus.sentences] + read_corpus(CALIBRATION_CORPUS) + read_corpus(SENSITIVITY_CORPUS)
 
     def decoded(tokens: list[int], ahead: list[int] | None = None, behind: list[int] | None = None) -> np.ndarray:
         """A job's speech as the server decodes it; with `ahead` (after it) or `behind` (before it), the front sees
