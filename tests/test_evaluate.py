@@ -285,6 +285,7 @@ def test_compare_cli_prints_one_table_as_json_and_logs_it(
     assert rows["kokoro-onnx-int8"]["metrics"].get("pesq_mean") is None  # no real-weights fp32 export here
     assert rows["kokoro-onnx-int8"]["metrics"]["edge_inputs_ok"] == 1.0  # a peer is probed like the artifact
     assert rows["tiny"]["metrics"]["speedup_vs_reference"] == 1.0
+    assert rows["tiny"]["metrics"]["coreml_partitions"] >= 1  # probed: its graph is analysed for Core ML too
     here = fingerprint()
     assert json.loads(done.stdout)["machine"] == here and rows["tiny"]["machine"]["id"] == here["id"]
     client = MlflowClient(store)

@@ -59,7 +59,7 @@ def measure(
     runners: list[Runner], config: EvaluateConfig, corpus: Corpus, console: Console | None = None, probe: int | None = None
 ) -> list[EvalResult]:
     """Time, probe and score loaded runners in one interleaved session: one EvalResult each.
-    `probe`: memory/profile-probe and edge-check only the first N runners (the others are there as
+    `probe`: memory/profile-probe, Core ML partition analysis and edge-check only the first N runners (the others are there as
     references: their timing and audio are what the first N are compared with)."""
     began = _epoch_ms()
     plans = {r.artifact_id: r.plan(corpus, config) for r in runners}

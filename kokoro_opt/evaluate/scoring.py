@@ -139,7 +139,7 @@ def score(
         "peak_rss_mb": probe.get("peak_rss_mb", float("nan")),
         "rss_baseline_mb": probe.get("baseline_rss_mb", float("nan")),
     }
-    if r.kind == "onnx":  # a graph property: how ONNX Runtime's Core ML provider would split it
+    if r.kind == "onnx" and probe:  # a graph property, probed like memory: how ONNX Runtime's Core ML provider would split it
         m.update(partition_metrics(open_artifact(r.folder).model_file))
     rows: list[dict[str, Any]] = [
         {

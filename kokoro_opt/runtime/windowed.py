@@ -230,6 +230,7 @@ class WindowedDecoder:
             return make_session(graph, synth.settings, spinning=spinning, shared_arena=True)
 
         self.synth = synth
+        self.graphs = graphs
         self.statistics = statistics
         self.settings = settings or WindowSettings()
         self.front_session = session(graphs.front)
