@@ -132,18 +132,18 @@ def test_the_fused_generator_makes_the_whole_generators_audio(fused_artifact) ->
 def test_the_gates_make_the_whole_generators_audio_once_per_graph_and_front(fused_artifact) -> None:
     """A build's windows gate and then its fuse gate score against the same whole decoding: made once per graph
     and front, and what is remembered is what the unfused graph makes."""
-    from kokoro_opt.passes.windows import whole_reference
+    from kokoro_opt.passes.windows import WholeReference
 
     synth = Synthesizer(fused_artifact, load=False)
     unfused = WindowedDecoder(synth, WindowGraphs.of_folder(fused_artifact.path / WINDOWS_DIR))
     pack = synth.packs["tiny_0"]
     short, longer = (unfused.front(t, style_for(pack, len(t))) for t in (TOKENS[:3], TOKENS * 2))
-    made = whole_reference(unfused, short)
+    made = WholeReference(unfused)(short)
     np.testing.assert_array_equal(made, unfused.whole_audio(short))
-    assert whole_reference(unfused, short) is made
-    assert len(whole_reference(unfused, longer)) > len(made)
+    assert WholeReference(unfused)(short) is made  # another stage's gate, the same graph
+    assert len(WholeReference(unfused)(longer)) > len(made)
     fused = WindowedDecoder.of_artifact(Synthesizer(fused_artifact, load=False))
-    assert fused.fused is not None and whole_reference(fused, short) is not made  # its own audio, never the graph's
+    assert fused.fused is not None and WholeReference(fused)(short) is not made  # its own audio, never the graph's
 
 
 def test_synthesis_and_windowed_finishes_run_through_it(fused_artifact, tmp_path) -> None:

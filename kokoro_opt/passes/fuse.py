@@ -29,7 +29,7 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.passes.common import stage_record
 from kokoro_opt.passes.compress import CARRIED
 from kokoro_opt.passes.speech_gate import gate_utterances, require_within_budget, score, summarise
-from kokoro_opt.passes.windows import whole_reference
+from kokoro_opt.passes.windows import WholeReference
 from kokoro_opt.recipe import FuseStage, SpeechGate
 from kokoro_opt.runtime.fused import CONSTANTS_FILE, FUSED_DIR, PLAN_FILE, FusedGenerator
 from kokoro_opt.runtime.fused_plan import FusedPlan
@@ -65,10 +65,11 @@ def measure(source: Artifact, fused: FusedGenerator, cfg: FuseStage) -> dict[str
 
     synth = Synthesizer(source, load=False)
     decoder = WindowedDecoder(synth, WindowGraphs.of_folder(source.path / WINDOWS_DIR))  # the source is not fused
+    whole_reference = WholeReference(decoder)
     rows = []
     for utterance, tokens in gate_utterances(cfg, synth.voices, synth.vocab):
         front = decoder.front(tokens, style_for(synth.packs[utterance.voice], len(tokens)))
-        reference = whole_reference(decoder, front)  # the windows stage's gate made it, in a build
+        reference = whole_reference(front)  # the windows stage's gate made it, in a build
         speech = np.asarray(fused.run(front.generator_feeds())).reshape(-1) / synth.audio_gain
         rows.append(score(utterance, reference, speech, synth.sample_rate, tokens=len(tokens)))
     return summarise(rows)

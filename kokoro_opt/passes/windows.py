@@ -82,13 +82,13 @@ def measure(decoder: WindowedDecoder, cfg: WindowsStage) -> dict[str, Any]:
     """Windowed vs whole decoding, speech span, on the gate's utterances. The reference is the whole generator
     over the job's front: model.onnx's audio bit for bit, since the cut graphs carry the model's shapes and
     are fused as it is (docs/measurements/2026-12-05-front-shapes.md); and a job that finished already ran it."""
-    synth = decoder.synth
+    synth, whole_reference = decoder.synth, WholeReference(decoder)
     rows = []
     for utterance, tokens in gate_utterances(cfg, synth.voices, synth.vocab):
         pack = synth.packs[utterance.voice]
         windowed, job = decoder.speak(tokens, pack)
         start, end = job.speech
-        whole = whole_reference(decoder, job.front, job.whole)  # a finished job ran it
+        whole = whole_reference(job.front, job.whole)  # a finished job ran it
         reference = whole[start * STEP_SAMPLES : end * STEP_SAMPLES]
         if len(reference) != len(windowed):
             raise UserError(
@@ -105,27 +105,31 @@ _WHOLE_AUDIO: dict[tuple[str, str], np.ndarray] = {}
 _REMEMBERED = 64  # more than one gate's utterances
 
 
-def whole_reference(decoder: WindowedDecoder, front: FrontOutput, made: np.ndarray | None = None) -> np.ndarray:
-    """`decoder.whole_audio(front)` of a decoder without a fused generator, remembered; `made`: that audio, when a
-    finished job already ran it."""
-    graph = decoder.graphs.whole_generator
-    if decoder.fused is not None or graph is None:
-        return made if made is not None else decoder.whole_audio(front)
-    feeds = hashlib.sha256()
-    for value in front.generator_feeds().values():
-        feeds.update(np.ascontiguousarray(value).tobytes())
-    key = (_graph_digest(graph), feeds.hexdigest())
-    if key not in _WHOLE_AUDIO:
-        if len(_WHOLE_AUDIO) >= _REMEMBERED:
-            _WHOLE_AUDIO.pop(next(iter(_WHOLE_AUDIO)))
-        _WHOLE_AUDIO[key] = made if made is not None else decoder.whole_audio(front)
-    return _WHOLE_AUDIO[key]
+class WholeReference:
+    """`decoder.whole_audio(front)`, remembered when the decoder runs the unfused whole generator graph."""
 
+    def __init__(self, decoder: WindowedDecoder) -> None:
+        from kokoro_opt.hashing import file_sha256
 
-def _graph_digest(graph: Path | bytes) -> str:
-    from kokoro_opt.hashing import file_sha256
+        self.decoder = decoder
+        graph = decoder.graphs.whole_generator
+        self.graph: str | None = None  # a fused generator's audio is its own: not remembered
+        if decoder.fused is None and graph is not None:
+            self.graph = hashlib.sha256(graph).hexdigest() if isinstance(graph, bytes) else file_sha256(Path(graph))
 
-    return hashlib.sha256(graph).hexdigest() if isinstance(graph, bytes) else file_sha256(Path(graph))
+    def __call__(self, front: FrontOutput, made: np.ndarray | None = None) -> np.ndarray:
+        """The audio; `made`: that audio, when a finished job already ran it."""
+        if self.graph is None:
+            return made if made is not None else self.decoder.whole_audio(front)
+        feeds = hashlib.sha256()
+        for value in front.generator_feeds().values():
+            feeds.update(np.ascontiguousarray(value).tobytes())
+        key = (self.graph, feeds.hexdigest())
+        if key not in _WHOLE_AUDIO:
+            if len(_WHOLE_AUDIO) >= _REMEMBERED:
+                _WHOLE_AUDIO.pop(next(iter(_WHOLE_AUDIO)))
+            _WHOLE_AUDIO[key] = made if made is not None else self.decoder.whole_audio(front)
+        return _WHOLE_AUDIO[key]
 
 
 class MomentsProbe:
