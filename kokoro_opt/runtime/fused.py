@@ -26,7 +26,7 @@ from kokoro_opt.runtime.fused_plan import (
     SegmentStep,
     own_constants,
 )
-from kokoro_opt.runtime.glue import ChainArgs, Kernels, per_channel
+from kokoro_opt.runtime.glue import ChainArgs, ChainConstants, KernelCall, Kernels, per_channel
 from kokoro_opt.runtime.session import SessionSettings, make_session
 
 FUSED_DIR = "fused"
@@ -42,6 +42,7 @@ class FusedGenerator:
         self.constants = read_arrays(folder / CONSTANTS_FILE, PLAN_HINT)
         self.plan = FusedPlan.read(folder, self.constants)
         self._held: dict[tuple[str, int], np.ndarray] = {}  # constants as the kernels read them (_constant)
+        self._chains: dict[tuple[str, int], ChainConstants] = {}  # each chain's (_chain_constants)
         threads = settings.resolved().intra_op_num_threads  # 0: ONNX Runtime takes every core, a chain up to 4
         self.kernels = Kernels.load(threads if threads > 0 else min(usable_cores(), 4))
         self.chain_seconds = 0.0  # time in the native chains: a profile's row beside ONNX Runtime's operators
@@ -59,18 +60,26 @@ class FusedGenerator:
                 env.update(zip(step.outputs, made, strict=True))
             else:
                 began = time.perf_counter()
-                for chain in step.chains:
-                    try:
-                        if isinstance(chain, BranchSum):
-                            self._branch_sum(chain, env)
-                        else:
-                            self._chain(chain, env)
-                    except ValueError as exc:  # what the plan (a file) routes where the kernels cannot read it
-                        raise UserError(f"{self.folder / PLAN_FILE}: {chain.name}: {exc}", PLAN_HINT) from None
+                self.kernels.run([self._call(chain, env) for chain in step.chains])  # the step's chains, one hand-off
                 self.chain_seconds += time.perf_counter() - began
             for name in step.release:
                 env.pop(name, None)
         return env[self.plan.outputs[0]]
+
+    def _call(self, chain: NormChain | BranchSum, env: dict[str, np.ndarray]) -> KernelCall:
+        """The kernel call of one chain, its outputs placed in `env` (made when the step's calls run)."""
+        try:
+            return self._branch_sum_call(chain, env) if isinstance(chain, BranchSum) else self._chain_call(chain, env)
+        except ValueError as exc:  # what the plan (a file) routes where the kernels cannot read it
+            raise UserError(f"{self.folder / PLAN_FILE}: {chain.name}: {exc}", PLAN_HINT) from None
+
+    def _chain(self, spec: NormChain, env: dict[str, np.ndarray]) -> None:
+        """One chain alone, now."""
+        self.kernels.run([self._chain_call(spec, env)])
+
+    def _branch_sum(self, spec: BranchSum, env: dict[str, np.ndarray]) -> None:
+        """One branch sum alone, now."""
+        self.kernels.run([self._branch_sum_call(spec, env)])
 
     def _value(self, env: dict[str, np.ndarray], name: str) -> np.ndarray:
         return env[name].reshape(-1) if name in env else self._constant(name, 0)
@@ -83,15 +92,21 @@ class FusedGenerator:
             self._held[key] = per_channel(value, channels) if channels else value.reshape(-1)
         return self._held[key]
 
-    def _chain(self, spec: NormChain, env: dict[str, np.ndarray]) -> None:
+    def _chain_constants(self, spec: NormChain, channels: int) -> ChainConstants:
+        """The chain's constants for `channels` channels, made on first use and kept."""
+        key = (spec.name, channels)
+        if key not in self._chains:
+            held = {constant.rsplit(".", 1)[1]: self._constant(constant, channels) for constant in own_constants(spec)}
+            levels = (held["scale"], held["zero"]) if spec.kind != "float" else None
+            self._chains[key] = ChainConstants(channels, spec.eps, spec.poly, held["qscale"], held["qzero"], levels)
+        return self._chains[key]
+
+    def _chain_call(self, spec: NormChain, env: dict[str, np.ndarray]) -> KernelCall:
         scale = self._value(env, spec.norm_scale)
-        held = {constant.rsplit(".", 1)[1]: self._constant(constant, scale.size) for constant in own_constants(spec)}
         post = None
         if spec.post_gain and spec.post_shift:
             post = (self._value(env, spec.post_gain), self._value(env, spec.post_shift))
-        levels = (held["scale"], held["zero"]) if spec.kind != "float" else None
-        args = ChainArgs(scale, self._value(env, spec.norm_bias), spec.eps, spec.poly, held["qscale"], held["qzero"],
-                         post, levels)  # fmt: skip
+        args = ChainArgs(self._chain_constants(spec, scale.size), scale, self._value(env, spec.norm_bias), post)
         source = env[spec.x]
         shape = source.shape
         if source.ndim != 3 or (spec.q is not None and env[spec.q].shape != shape):
@@ -100,19 +115,18 @@ class FusedGenerator:
         if scale.size != flat[0]:  # the kernels read one constant per row: the plan (a file) must not say otherwise
             raise ValueError(f"{scale.size} channel constants for {flat[0]} channels")
         out = np.empty(shape, np.uint8)
-        if spec.kind == "level":
-            self.kernels.level_chain(source.reshape(flat), args, out.reshape(flat))
-        elif spec.kind == "float":
-            self.kernels.float_chain(source.reshape(flat), args, out.reshape(flat))
-        else:
-            assert spec.q is not None and spec.x_new is not None  # a residual chain has both (NormChain's schema)
-            x_new = _overwritable(spec, source)
-            levels = env[spec.q].reshape(flat)
-            self.kernels.residual_chain(source.reshape(flat), levels, args, x_new.reshape(flat), out.reshape(flat))
-            env[spec.x_new] = x_new
         env[spec.out] = out
+        if spec.kind == "level":
+            return self.kernels.level_chain(source.reshape(flat), args, out.reshape(flat))
+        if spec.kind == "float":
+            return self.kernels.float_chain(source.reshape(flat), args, out.reshape(flat))
+        assert spec.q is not None and spec.x_new is not None  # a residual chain has both (NormChain's schema)
+        x_new = _overwritable(spec, source)
+        levels = env[spec.q].reshape(flat)
+        env[spec.x_new] = x_new
+        return self.kernels.residual_chain(source.reshape(flat), levels, args, x_new.reshape(flat), out.reshape(flat))
 
-    def _branch_sum(self, spec: BranchSum, env: dict[str, np.ndarray]) -> None:
+    def _branch_sum_call(self, spec: BranchSum, env: dict[str, np.ndarray]) -> KernelCall:
         name = spec.name
         streams = [env[x] for x in spec.x]
         shape = streams[0].shape
@@ -121,11 +135,11 @@ class FusedGenerator:
         flat = (int(np.prod(shape[:-1])), shape[-1])
         out = _overwritable(spec, streams[0])
         channels = flat[0]
-        self.kernels.branch_sum([env[q].reshape(flat) for q in spec.q], [x.reshape(flat) for x in streams],
-                                [self._constant(f"{name}.scale{j}", channels) for j in range(3)],
-                                [self._constant(f"{name}.zero{j}", channels) for j in range(3)],
-                                spec.divisor, out.reshape(flat))  # fmt: skip
         env[spec.out] = out
+        return self.kernels.branch_sum([env[q].reshape(flat) for q in spec.q], [x.reshape(flat) for x in streams],
+                                       [self._constant(f"{name}.scale{j}", channels) for j in range(3)],
+                                       [self._constant(f"{name}.zero{j}", channels) for j in range(3)],
+                                       spec.divisor, out.reshape(flat))  # fmt: skip
 
 
 def _overwritable(spec: NormChain | BranchSum, stream: np.ndarray) -> np.ndarray:

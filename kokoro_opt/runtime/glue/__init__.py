@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import cache
 from itertools import pairwise
 from pathlib import Path
@@ -153,8 +154,21 @@ def _address(array: np.ndarray, dtype: type = np.float32) -> int:
     return array.__array_interface__["data"][0]
 
 
+@dataclass(frozen=True)
+class KernelCall:
+    """One chain's kernel, its arguments before and after the channel range it runs over, and what they point to
+    (`keep`: arrays and structs passed by address, held until the call has run)."""
+
+    name: str
+    channels: int
+    size: int
+    before: list
+    after: list
+    keep: tuple = ()
+
+
 class Kernels:
-    """The compiled chains, each run over channel ranges on `parts` threads (ctypes releases the GIL)."""
+    """The compiled chains, run over channel ranges on `parts` threads (ctypes releases the GIL)."""
 
     def __init__(self, library: ctypes.CDLL, parts: int) -> None:
         self.library = library
@@ -169,69 +183,100 @@ class Kernels:
     def load(cls, parts: int = 2) -> Kernels:
         return cls(ctypes.CDLL(str(library_path())), parts)
 
-    def _over_channels(self, name: str, channels: int, size: int, before: list, after: list) -> None:
-        function = getattr(self.library, name)
-        if self._pool is None or size < SPLIT_MIN:
-            function(*before, 0, channels, *after)
+    def run(self, calls: list[KernelCall]) -> None:
+        """The calls in order. Every chain is per channel (a channel's output reads that channel's input alone), so
+        calls over the same channels are split once: each thread runs them all in turn over its own channels, one
+        hand-off (~50 us) for all of them."""
+        if len({c.channels for c in calls}) > 1:
+            for call in calls:
+                self.run([call])
+            return
+        functions = [(getattr(self.library, c.name), c.before, c.after) for c in calls]
+
+        def over(lo: int, hi: int) -> None:
+            for function, before, after in functions:
+                function(*before, lo, hi, *after)
+
+        channels = calls[0].channels if calls else 0
+        if self._pool is None or sum(c.size for c in calls) < SPLIT_MIN:
+            over(0, channels)
             return
         bounds = [channels * k // self.parts for k in range(self.parts + 1)]
-        futures = [self._pool.submit(function, *before, lo, hi, *after) for lo, hi in pairwise(bounds[1:])]
-        function(*before, 0, bounds[1], *after)
+        futures = [self._pool.submit(over, lo, hi) for lo, hi in pairwise(bounds[1:])]
+        over(0, bounds[1])
         for future in futures:
             future.result()
 
-    def level_chain(self, q: np.ndarray, chain: ChainArgs, out: np.ndarray) -> None:
+    @staticmethod
+    def level_chain(q: np.ndarray, chain: ChainArgs, out: np.ndarray) -> KernelCall:
         channels, samples = q.shape
-        self._over_channels("level_chain", channels, q.size, [_address(q, np.uint8), samples], chain.level_args(out))
+        return KernelCall("level_chain", channels, q.size, [_address(q, np.uint8), samples], chain.level_args(out), (chain,))
 
-    def float_chain(self, x: np.ndarray, chain: ChainArgs, out: np.ndarray) -> None:
+    @staticmethod
+    def float_chain(x: np.ndarray, chain: ChainArgs, out: np.ndarray) -> KernelCall:
         channels, samples = x.shape
-        self._over_channels("float_chain", channels, x.size, [_address(x), samples], chain.float_args(out))
+        return KernelCall("float_chain", channels, x.size, [_address(x), samples], chain.float_args(out), (chain,))
 
-    def residual_chain(self, prev: np.ndarray, q: np.ndarray, chain: ChainArgs, x_new: np.ndarray, out: np.ndarray) -> None:
+    @staticmethod
+    def residual_chain(prev: np.ndarray, q: np.ndarray, chain: ChainArgs, x_new: np.ndarray, out: np.ndarray) -> KernelCall:
         channels, samples = prev.shape
         before = [_address(prev), _address(q, np.uint8), samples]
-        self._over_channels("residual_chain", channels, prev.size, before, chain.residual_args(x_new, out))
+        return KernelCall("residual_chain", channels, prev.size, before, chain.residual_args(x_new, out), (chain,))
 
-    def branch_sum(self, levels: list[np.ndarray], streams: list[np.ndarray], scales: list[np.ndarray],
-                   zeros: list[np.ndarray], divisor: float, out: np.ndarray) -> None:  # fmt: skip
+    @staticmethod
+    def branch_sum(levels: list[np.ndarray], streams: list[np.ndarray], scales: list[np.ndarray],
+                   zeros: list[np.ndarray], divisor: float, out: np.ndarray) -> KernelCall:  # fmt: skip
         """out = mean of (levels[j] - zeros[j]) * scales[j] + streams[j]; `out` may be one of `streams`."""
         channels, samples = out.shape
         held = [per_channel(v, channels) for v in (*scales, *zeros)]
         branches = _Branches((_P * 3)(*(_address(v, np.uint8) for v in levels)), (_P * 3)(*map(_address, streams)),
                              (_P * 3)(*map(_address, held[:3])), (_P * 3)(*map(_address, held[3:])), divisor)  # fmt: skip
-        self._over_channels("branch_sum", channels, out.size, [ctypes.byref(branches), samples], [_address(out)])
+        before = [ctypes.byref(branches), samples]
+        return KernelCall("branch_sum", channels, out.size, before, [_address(out)], (branches, *held))
 
 
-class ChainArgs:
-    """One chain's arguments for one utterance: its norm's scale and bias (AdaIN folded in), the gain and shift
-    applied after a norm three branches share, its quantization constants; holds every array it passes by
-    address until the call returns."""
+class ChainConstants:
+    """A chain's constants as its kernel reads them, made once: the next convolution's quantization, the grid of its
+    uint8 input (a level chain's and a residual chain's), the eps and polynomial, and the gain and shift a chain
+    without a shared norm's applies (none: 1 and 0)."""
 
     def __init__(
         self,
-        norm_scale: np.ndarray,
-        norm_bias: np.ndarray,
+        channels: int,
         eps: float,
         poly: tuple[float, float, float],
         qscale: np.ndarray,
         qzero: np.ndarray,
-        post: tuple[np.ndarray, np.ndarray] | None = None,
         levels: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
-        channels = norm_scale.size
-        self.arrays = [per_channel(v, channels) for v in (
-            norm_scale, norm_bias, *(post or (1.0, 0.0)), qscale, qzero, *(levels or (1.0, 0.0)))]  # fmt: skip
-        self.affine = _Affine(*(_address(v) for v in self.arrays[:6]), float(eps), *poly)
-        self.scale, self.zero = self.arrays[6:]
+        self.channels, self.eps, self.poly = channels, float(eps), poly
+        self.arrays = [per_channel(v, channels) for v in (qscale, qzero, *(levels or (1.0, 0.0)), 1.0, 0.0)]
+        self.quantize, self.levels, self.no_post = (tuple(map(_address, self.arrays[k : k + 2])) for k in (0, 2, 4))
+
+
+class ChainArgs:
+    """One chain's arguments for one utterance: its norm's scale and bias (AdaIN folded in), the gain and shift
+    applied after a norm three branches share, and its constants; holds every array it passes by address until the
+    call returns."""
+
+    def __init__(
+        self,
+        constants: ChainConstants,
+        norm_scale: np.ndarray,
+        norm_bias: np.ndarray,
+        post: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        self.constants = constants
+        self.arrays = [per_channel(v, constants.channels) for v in (norm_scale, norm_bias, *(post or ()))]
+        addresses = [_address(v) for v in self.arrays]
+        post_addresses = addresses[2:] or constants.no_post
+        self.affine = _Affine(*addresses[:2], *post_addresses, *constants.quantize, constants.eps, *constants.poly)
 
     def level_args(self, out: np.ndarray) -> list:
-        return [_address(self.scale), _address(self.zero), ctypes.byref(self.affine), _address(out, np.uint8)]
+        return [*self.constants.levels, ctypes.byref(self.affine), _address(out, np.uint8)]
 
     def float_args(self, out: np.ndarray) -> list:
         return [ctypes.byref(self.affine), _address(out, np.uint8)]
 
     def residual_args(self, x_new: np.ndarray, out: np.ndarray) -> list:
-        return [
-            _address(self.scale), _address(self.zero), _address(x_new), ctypes.byref(self.affine), _address(out, np.uint8)
-        ]  # fmt: skip
+        return [*self.constants.levels, _address(x_new), ctypes.byref(self.affine), _address(out, np.uint8)]
