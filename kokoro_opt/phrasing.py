@@ -28,15 +28,23 @@ _GROUPS = (
 )
 FUNCTION_WORDS = frozenset(word for group in _GROUPS for word in group.split())
 _EDGES = "\"'“”‘’()[]{}«»,;:.!?"
+_OPENERS = "\"'“‘([{«"  # a word after one begins a quotation: capitalized as a sentence's first
 
 
 def ends_phrase(word: str, first: bool = False) -> bool:
     """Whether a chunk may end on `word` (one span of the chunker: a word, or words read together). A capitalized
-    word other than a sentence's `first` is a name ("May", "vitamin A", "World War I"), and so can end one."""
-    last = word.split()[-1].strip(_EDGES).replace("’", "'")
-    if last[:1].isupper() and not first and (last != "I" or " " in word.strip()):
+    word other than a sentence's `first` is a name ("May", "vitamin A", "World War I"), and so can end one; not so
+    a quotation's first word ('"The'), "I" and its contractions ("I'm"), or a word in capitals ("THE"), whose case
+    says nothing of names."""
+    raw = word.split()[-1]
+    last = raw.strip(_EDGES).replace("’", "'")
+    lower = last.lower()
+    capitalized = last[:1].isupper() and not first and raw[:1] not in _OPENERS
+    shouted = len(last) > 1 and last.isupper()
+    pronoun = (lower == "i" and " " not in word.strip()) or lower.startswith("i'")  # "World War I" is a name
+    if capitalized and not shouted and not pronoun:
         return True
-    return last.lower() not in FUNCTION_WORDS
+    return lower not in FUNCTION_WORDS
 
 
 def phrase_end(words: Sequence[str], last: int, keep: int) -> int:

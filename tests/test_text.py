@@ -324,6 +324,12 @@ def test_a_first_chunk_cut_at_words_ends_on_a_word_that_can_end_a_phrase(vocab: 
     war = "After the end of World War I the soldiers of the many armies went home."
     assert chunk_text(war, vocab, first_chunk_tokens=40)[0].text == "After the end of World War I"
     assert phrase_end(["We", "all", "know", "that", "they’re"], 4, 1) == 2  # contractions lean on the next word too
+    # but not "I" and its contractions, a quotation's first word or words in capitals: their case says nothing of names
+    assert phrase_end(["At", "work", "I'll"], 2, 1) == phrase_end(["At", "work", "I’m"], 2, 1) == 1
+    assert phrase_end(["Then", "he", "shouted", '"The'], 3, 1) == 2
+    assert phrase_end(["He", "said", "(The"], 2, 1) == 1
+    assert phrase_end(["THE", "OLD", "MAN", "SAT", "BY", "THE"], 5, 1) == 3
+    assert phrase_end(["We", "met", "NASA"], 2, 1) == 2  # an acronym ends a phrase as any noun does
 
 
 def test_a_long_sentence_cut_at_words_ends_its_pieces_where_a_phrase_can_end(vocab: dict[str, int]) -> None:
