@@ -146,6 +146,23 @@ def test_the_gates_make_the_whole_generators_audio_once_per_graph_and_front(fuse
     assert fused.fused is not None and WholeReference(fused)(short) is not made  # its own audio, never the graph's
 
 
+def test_a_steps_chains_run_together_make_what_each_makes_alone(fused_artifact, monkeypatch) -> None:
+    """Each thread runs all of a step's chains over its own channels, one hand-off for the step: every chain is per
+    channel, so that makes what running them one at a time makes, bit for bit."""
+    from kokoro_opt.runtime import glue
+    from kokoro_opt.runtime.fused_plan import KernelStep
+
+    monkeypatch.setattr(glue, "SPLIT_MIN", 0)  # the tiny model's chains split over two threads like the real ones
+    fused = FusedGenerator(fused_artifact.path / FUSED_DIR)
+    fused.kernels = glue.Kernels(fused.kernels.library, 2)
+    assert max(len(step.chains) for step in fused.plan.steps if isinstance(step, KernelStep)) > 1
+    feeds = generator_feeds(fused_artifact, TOKENS * 3)
+    together = fused.run(feeds)
+    run = fused.kernels.run
+    monkeypatch.setattr(fused.kernels, "run", lambda calls: [run([call]) for call in calls])
+    np.testing.assert_array_equal(fused.run(feeds), together)
+
+
 def test_synthesis_and_windowed_finishes_run_through_it(fused_artifact, tmp_path) -> None:
     assert fused_artifact.capabilities.fused and fused_artifact.capabilities.windowed
     record = fused_artifact.build.stages[-1]
@@ -256,6 +273,12 @@ def _first(plan: dict, kind: str) -> dict:
     return next(c for step in plan["steps"] for c in step.get("chains", ()) if c["kind"] == kind)
 
 
+def _scaled_by_its_own_step(plan: dict) -> None:
+    """A chain's norm scale made by an earlier chain of its step: the step's arguments are prepared before it runs."""
+    first, second = next(step["chains"][:2] for step in plan["steps"] if len(step.get("chains", ())) > 1)
+    second.update(norm_scale=first["out"], reads=[*second["reads"], first["out"]])
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [(lambda p: _first(p, "segment").update(segment="../../model.onnx"), r"field 'steps\.\d+\.segment\.segment'"),
@@ -266,6 +289,7 @@ def _first(plan: dict, kind: str) -> dict:
      (lambda p: _first(p, "residual").pop("x_new"), "q and x_new go with kind 'residual'"),
      (lambda p: _first(p, "level").update(x="nowhere"), "reads 'nowhere', which nothing before it makes"),
      (lambda p: _first(p, "level").update(name="chain_999"), "chain_999 has no constant 'chain_999.qscale'"),
+     (_scaled_by_its_own_step, "reads '[^']+', which a chain of its own step makes"),
      (lambda p: p.update(outputs=["nothing"]), "the output 'nothing' is not made"),
      (lambda p: p.update(format=2), "field 'format'")],
 )  # fmt: skip

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +101,12 @@ def measure(decoder: WindowedDecoder, cfg: WindowsStage) -> dict[str, Any]:
     return summarise(rows)
 
 
-# The whole generator's audio over each gate utterance's front, by the digests of the graph and the feeds: a build
-# runs the windows stage and then the fuse stage in one process, and both gates score against this same audio.
-_WHOLE_AUDIO: dict[tuple[str, str], np.ndarray] = {}
-_REMEMBERED = 64  # more than one gate's utterances
+# The whole generator's audio over each gate utterance's front, by what makes it (the graph, the output gain, the
+# feeds): a build runs the windows stage and then the fuse stage in one process, and both gates score against the
+# same audio. Oldest first out past the budget, which holds the largest gate's (48 sentences and the phrases).
+_WHOLE_AUDIO: OrderedDict[tuple[str, ...], np.ndarray] = OrderedDict()
+_WHOLE_AUDIO_BYTES = 256 << 20
+_WHOLE_AUDIO_LOCK = threading.Lock()
 
 
 class WholeReference:
@@ -113,23 +117,31 @@ class WholeReference:
 
         self.decoder = decoder
         graph = decoder.graphs.whole_generator
-        self.graph: str | None = None  # a fused generator's audio is its own: not remembered
+        self.made_by: tuple[str, ...] | None = None  # a fused generator's audio is its own: not remembered
         if decoder.fused is None and graph is not None:
-            self.graph = hashlib.sha256(graph).hexdigest() if isinstance(graph, bytes) else file_sha256(Path(graph))
+            digest = hashlib.sha256(graph).hexdigest() if isinstance(graph, bytes) else file_sha256(Path(graph))
+            self.made_by = (digest, repr(float(decoder.synth.audio_gain)))
 
     def __call__(self, front: FrontOutput, made: np.ndarray | None = None) -> np.ndarray:
-        """The audio; `made`: that audio, when a finished job already ran it."""
-        if self.graph is None:
+        """The audio, read-only; `made`: that audio, when a finished job already ran it."""
+        if self.made_by is None:
             return made if made is not None else self.decoder.whole_audio(front)
         feeds = hashlib.sha256()
-        for value in front.generator_feeds().values():
+        for name, value in front.generator_feeds().items():
+            feeds.update(f"{name}:{value.dtype}:{value.shape};".encode())
             feeds.update(np.ascontiguousarray(value).tobytes())
-        key = (self.graph, feeds.hexdigest())
-        if key not in _WHOLE_AUDIO:
-            if len(_WHOLE_AUDIO) >= _REMEMBERED:
-                _WHOLE_AUDIO.pop(next(iter(_WHOLE_AUDIO)))
-            _WHOLE_AUDIO[key] = made if made is not None else self.decoder.whole_audio(front)
-        return _WHOLE_AUDIO[key]
+        key = (*self.made_by, feeds.hexdigest())
+        with _WHOLE_AUDIO_LOCK:
+            found = _WHOLE_AUDIO.get(key)
+        if found is not None:
+            return found
+        audio = (made if made is not None else self.decoder.whole_audio(front)).view()
+        audio.flags.writeable = False
+        with _WHOLE_AUDIO_LOCK:
+            _WHOLE_AUDIO[key] = audio
+            while sum(a.nbytes for a in _WHOLE_AUDIO.values()) > _WHOLE_AUDIO_BYTES and len(_WHOLE_AUDIO) > 1:
+                _WHOLE_AUDIO.popitem(last=False)
+        return audio
 
 
 class MomentsProbe:

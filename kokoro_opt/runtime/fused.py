@@ -26,7 +26,17 @@ from kokoro_opt.runtime.fused_plan import (
     SegmentStep,
     own_constants,
 )
-from kokoro_opt.runtime.glue import ChainArgs, ChainConstants, KernelCall, Kernels, per_channel
+from kokoro_opt.runtime.glue import (
+    ChainArgs,
+    ChainConstants,
+    KernelCall,
+    Kernels,
+    branch_sum_call,
+    float_call,
+    level_call,
+    per_channel,
+    residual_call,
+)
 from kokoro_opt.runtime.session import SessionSettings, make_session
 
 FUSED_DIR = "fused"
@@ -117,14 +127,14 @@ class FusedGenerator:
         out = np.empty(shape, np.uint8)
         env[spec.out] = out
         if spec.kind == "level":
-            return self.kernels.level_chain(source.reshape(flat), args, out.reshape(flat))
+            return level_call(source.reshape(flat), args, out.reshape(flat))
         if spec.kind == "float":
-            return self.kernels.float_chain(source.reshape(flat), args, out.reshape(flat))
+            return float_call(source.reshape(flat), args, out.reshape(flat))
         assert spec.q is not None and spec.x_new is not None  # a residual chain has both (NormChain's schema)
         x_new = _overwritable(spec, source)
         levels = env[spec.q].reshape(flat)
         env[spec.x_new] = x_new
-        return self.kernels.residual_chain(source.reshape(flat), levels, args, x_new.reshape(flat), out.reshape(flat))
+        return residual_call(source.reshape(flat), levels, args, x_new.reshape(flat), out.reshape(flat))
 
     def _branch_sum_call(self, spec: BranchSum, env: dict[str, np.ndarray]) -> KernelCall:
         name = spec.name
@@ -136,10 +146,10 @@ class FusedGenerator:
         out = _overwritable(spec, streams[0])
         channels = flat[0]
         env[spec.out] = out
-        return self.kernels.branch_sum([env[q].reshape(flat) for q in spec.q], [x.reshape(flat) for x in streams],
-                                       [self._constant(f"{name}.scale{j}", channels) for j in range(3)],
-                                       [self._constant(f"{name}.zero{j}", channels) for j in range(3)],
-                                       spec.divisor, out.reshape(flat))  # fmt: skip
+        return branch_sum_call([env[q].reshape(flat) for q in spec.q], [x.reshape(flat) for x in streams],
+                               [self._constant(f"{name}.scale{j}", channels) for j in range(3)],
+                               [self._constant(f"{name}.zero{j}", channels) for j in range(3)],
+                               spec.divisor, out.reshape(flat))  # fmt: skip
 
 
 def _overwritable(spec: NormChain | BranchSum, stream: np.ndarray) -> np.ndarray:

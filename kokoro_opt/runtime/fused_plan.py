@@ -140,7 +140,10 @@ class FusedPlan(_Strict):
         held, stored = set(self.inputs), set(constants)
         for k, step in enumerate(self.steps):
             parts = [step] if isinstance(step, SegmentStep) else step.chains
+            in_step: set[str] = set()  # a step's chains are all prepared before any of them runs (runtime/fused.py)
             for part in parts:
+                if isinstance(part, NormChain) and (early := [n for n in _prepared_reads(part) if n in in_step]):
+                    raise ValueError(f"{part.name} reads {early[0]!r}, which a chain of its own step makes")
                 reads = part.inputs if isinstance(part, SegmentStep) else [*part.reads, *_kernel_reads(part)]
                 missing = [name for name in reads if name not in held and name not in stored]
                 if missing:
@@ -148,6 +151,7 @@ class FusedPlan(_Strict):
                 if not isinstance(part, SegmentStep) and (absent := [c for c in own_constants(part) if c not in stored]):
                     raise ValueError(f"{part.name} has no constant {absent[0]!r} in {CONSTANTS_FILE}")
                 held.update(part.outputs if isinstance(part, SegmentStep) else part.made())
+                in_step.update([] if isinstance(part, SegmentStep) else part.made())
             held.difference_update(step.release)
         if missing := [name for name in self.outputs if name not in held]:
             raise ValueError(f"the output {missing[0]!r} is not made")
@@ -170,6 +174,11 @@ def _kernel_reads(chain: NormChain | BranchSum) -> list[str]:
         return [*chain.q, *chain.x]
     named = [chain.x, chain.norm_scale, chain.norm_bias, chain.post_gain, chain.post_shift, chain.q]
     return [name for name in named if name]
+
+
+def _prepared_reads(chain: NormChain) -> list[str]:
+    """What a chain's arguments copy when they are prepared: its norm's scale and bias, and its gain and shift."""
+    return [name for name in (chain.norm_scale, chain.norm_bias, chain.post_gain, chain.post_shift) if name]
 
 
 def own_constants(chain: NormChain | BranchSum) -> list[str]:

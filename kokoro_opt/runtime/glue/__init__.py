@@ -207,38 +207,42 @@ class Kernels:
         for future in futures:
             future.result()
 
-    @staticmethod
-    def level_chain(q: np.ndarray, chain: ChainArgs, out: np.ndarray) -> KernelCall:
-        channels, samples = q.shape
-        return KernelCall("level_chain", channels, q.size, [_address(q, np.uint8), samples], chain.level_args(out), (chain,))
 
-    @staticmethod
-    def float_chain(x: np.ndarray, chain: ChainArgs, out: np.ndarray) -> KernelCall:
-        channels, samples = x.shape
-        return KernelCall("float_chain", channels, x.size, [_address(x), samples], chain.float_args(out), (chain,))
+def level_call(q: np.ndarray, chain: ChainArgs, out: np.ndarray) -> KernelCall:
+    """A chain over a convolution's uint8 levels `q` into `out`'s levels."""
+    channels, samples = q.shape
+    return KernelCall("level_chain", channels, q.size, [_address(q, np.uint8), samples], chain.level_args(out), (chain, q, out))
 
-    @staticmethod
-    def residual_chain(prev: np.ndarray, q: np.ndarray, chain: ChainArgs, x_new: np.ndarray, out: np.ndarray) -> KernelCall:
-        channels, samples = prev.shape
-        before = [_address(prev), _address(q, np.uint8), samples]
-        return KernelCall("residual_chain", channels, prev.size, before, chain.residual_args(x_new, out), (chain,))
 
-    @staticmethod
-    def branch_sum(levels: list[np.ndarray], streams: list[np.ndarray], scales: list[np.ndarray],
-                   zeros: list[np.ndarray], divisor: float, out: np.ndarray) -> KernelCall:  # fmt: skip
-        """out = mean of (levels[j] - zeros[j]) * scales[j] + streams[j]; `out` may be one of `streams`."""
-        channels, samples = out.shape
-        held = [per_channel(v, channels) for v in (*scales, *zeros)]
-        branches = _Branches((_P * 3)(*(_address(v, np.uint8) for v in levels)), (_P * 3)(*map(_address, streams)),
-                             (_P * 3)(*map(_address, held[:3])), (_P * 3)(*map(_address, held[3:])), divisor)  # fmt: skip
-        before = [ctypes.byref(branches), samples]
-        return KernelCall("branch_sum", channels, out.size, before, [_address(out)], (branches, *held))
+def float_call(x: np.ndarray, chain: ChainArgs, out: np.ndarray) -> KernelCall:
+    """A chain over a float tensor `x` into `out`'s levels."""
+    channels, samples = x.shape
+    return KernelCall("float_chain", channels, x.size, [_address(x), samples], chain.float_args(out), (chain, x, out))
+
+
+def residual_call(prev: np.ndarray, q: np.ndarray, chain: ChainArgs, x_new: np.ndarray, out: np.ndarray) -> KernelCall:
+    """x_new = prev + the levels `q` as floats, then a chain over x_new into `out`'s levels."""
+    channels, samples = prev.shape
+    before = [_address(prev), _address(q, np.uint8), samples]
+    keep = (chain, prev, q, x_new, out)
+    return KernelCall("residual_chain", channels, prev.size, before, chain.residual_args(x_new, out), keep)
+
+
+def branch_sum_call(levels: list[np.ndarray], streams: list[np.ndarray], scales: list[np.ndarray],
+                    zeros: list[np.ndarray], divisor: float, out: np.ndarray) -> KernelCall:  # fmt: skip
+    """out = mean of (levels[j] - zeros[j]) * scales[j] + streams[j]; `out` may be one of `streams`."""
+    channels, samples = out.shape
+    held = [per_channel(v, channels) for v in (*scales, *zeros)]
+    branches = _Branches((_P * 3)(*(_address(v, np.uint8) for v in levels)), (_P * 3)(*map(_address, streams)),
+                         (_P * 3)(*map(_address, held[:3])), (_P * 3)(*map(_address, held[3:])), divisor)  # fmt: skip
+    keep = (branches, *held, *levels, *streams, out)
+    return KernelCall("branch_sum", channels, out.size, [ctypes.byref(branches), samples], [_address(out)], keep)
 
 
 class ChainConstants:
     """A chain's constants as its kernel reads them, made once: the next convolution's quantization, the grid of its
-    uint8 input (a level chain's and a residual chain's), the eps and polynomial, and the gain and shift a chain
-    without a shared norm's applies (none: 1 and 0)."""
+    uint8 input (a level or residual chain's), the eps and polynomial, and a gain of 1 and a shift of 0 for the chains
+    that apply none after their norm."""
 
     def __init__(
         self,
