@@ -17,6 +17,7 @@ from kokoro_opt.number_words import (
     REGNAL_NAMES,
     SCALE_LETTERS,
     SPACED_UNITS,
+    UNIT_LABELS,
     UNITS,
     cardinal,
     number,
@@ -64,7 +65,7 @@ _SCALE = r"thousand|million|billion|trillion"
 _LETTERS = r"bn|mn|[kKmMBT]"  # "£5m": the press writes millions so
 _SIGN = r"(?:(?<![\w-])(?P<neg>-))?"  # a minus that is no hyphen ("-5", not "COVID-19")
 _UNIT_RE = "|".join(re.escape(u) for u in sorted(UNITS, key=len, reverse=True))
-_UNIT_AFTER = rf"(?:\s?(?P<unit>{_UNIT_RE})|\s(?P<spaced>{'|'.join(SPACED_UNITS)}))(?![\w/])"
+_UNIT_AFTER = rf"(?:\s?(?P<unit>{_UNIT_RE})|\s(?P<spaced>{'|'.join(SPACED_UNITS)})(?!['’]))(?![\w/])"  # not "2 g's"
 
 # Titles never end a sentence, so their "." is dropped; the others keep it when it also ends one.
 _TITLES = {"Dr": "Doctor", "Mr": "Mister", "Mrs": "Missus", "Ms": "Miz", "Prof": "Professor", "Mt": "Mount"}
@@ -201,6 +202,9 @@ def _money(m: re.Match[str]) -> str:
 
 def _unit(m: re.Match[str]) -> str:
     amount, unit = m.group("amt"), m.group("unit")
+    label = None if unit else re.search(r"(\w+)\.?\s+$", m.string[max(0, m.start() - 40) : m.start()])
+    if label and label.group(1).lower() in UNIT_LABELS:
+        return m.group(0)  # "size 12 L": its number is read as a number, its letter as a letter
     one, many = UNITS[unit] if unit else SPACED_UNITS[m.group("spaced")]
     return f"{'minus ' if m.group('neg') else ''}{number(amount)} {one if amount == '1' else many}"
 

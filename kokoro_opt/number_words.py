@@ -72,6 +72,11 @@ UNITS = {
 }
 # after a space only: "5m" is as often five minutes ("timeout: 5m") as five meters
 SPACED_UNITS = {"m": ("meter", "meters"), "g": ("gram", "grams"), "L": ("liter", "liters")}
+# A lone m, g or L after these words is a label ("size 12 L", "Exercise 4 g)", "Top 3 m"), not a unit
+UNIT_LABELS = frozenset(
+    {"size", "sizes", "fig", "figure", "grade", "chapter", "room", "exercise", "top", "step", "level", "part", "section"}
+    | {"page", "item", "question"}
+)
 
 
 def spelled(digits: str) -> str:

@@ -152,6 +152,10 @@ def _words(text: str) -> list[str]:
             "three meters of rope, five grams of salt, two liters of water, ten miles at three meters per second; "
             "timeout: five m; it raised five million pounds and two million dollars",
         ),
+        (
+            "sizes 10 L and 12 XL, Exercise 4 g), Top 3 m, 2 g's",
+            "sizes ten L and twelve XL, Exercise four g), Top three m, two g's",
+        ),
         ("5x faster at 1920x1080", "five times faster at nineteen twenty by one thousand eighty"),
         (
             "1234 items, 1500 files, in 1850 prices rose, the 2020 elections",
