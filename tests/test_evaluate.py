@@ -213,6 +213,21 @@ def test_a_derived_artifact_is_measured_beside_its_fp32_export(
     assert m["durations_equal_pct"] == 100.0 and m["mcd_mean"] < 0.5 and abs(m["high_band_db_mean"]) < 0.5
 
 
+def test_a_reference_measured_alongside_is_timed_and_heard_not_probed(tiny_ort: Artifact, fast: EvaluateConfig) -> None:
+    """An evaluation probes the model it reports (memory, profile, its graph for Core ML); the fp32 export beside it is
+    there for its timing and audio."""
+    from kokoro_opt.evaluate.corpus import load_corpus
+    from kokoro_opt.evaluate.run import measure
+    from kokoro_opt.evaluate.runners import runner_groups
+
+    [group] = runner_groups([tiny_ort], None)
+    config = fast.model_copy(update={"asr": False})
+    subject, reference = measure([r.load(config.threads) for r in group], config, load_corpus(), probe=1)
+    assert reference.is_reference and math.isfinite(reference.metrics["latency_p50"])
+    assert "coreml_partitions" in subject.metrics and "coreml_partitions" not in reference.metrics
+    assert math.isfinite(subject.metrics["peak_rss_mb"]) and not math.isfinite(reference.metrics["peak_rss_mb"])
+
+
 # ---- peers --------------------------------------------------------------------------------------
 
 

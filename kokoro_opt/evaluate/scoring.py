@@ -63,7 +63,10 @@ def result_of(session: Session, r: Runner, span: tuple[int, int], asr_asked: boo
     """One runner's EvalResult: scored against its reference, when that was measured in the same session."""
     ref = next((x for x in session.runners if x.artifact_id == (r.reference_id or "")), None)
     plan, key = session.plans[r.artifact_id], r.artifact_id
-    result = score(r, ref, plan, session.times, session.outputs, session.ttfa[key], session.probes.get(key, {}), session.n)
+    probe = session.probes.get(key)
+    result = score(
+        r, ref, plan, session.times, session.outputs, session.ttfa[key], probe or {}, session.n, probed=probe is not None
+    )
     if key in session.streamed:
         result.metrics.update(score_streamed(session.streamed[key], ref, plan, session.outputs, r.sample_rate))
         result.metrics["served_windowed"] = 1.0
@@ -112,7 +115,9 @@ def score(
     ttfa: list[float],
     probe: dict[str, Any],
     n: int,
+    probed: bool = False,
 ) -> EvalResult:
+    """`probed`: the runner was probed (memory, profile, its graph for Core ML), not only measured as a reference."""
     own, lat = outputs[r.artifact_id], times[r.artifact_id]
     seconds = [len(a) / r.sample_rate for a, _ in own]
     sentences, phrases = slices(plan, n)
@@ -139,7 +144,7 @@ def score(
         "peak_rss_mb": probe.get("peak_rss_mb", float("nan")),
         "rss_baseline_mb": probe.get("baseline_rss_mb", float("nan")),
     }
-    if r.kind == "onnx" and probe:  # a graph property, probed like memory: how ONNX Runtime's Core ML provider would split it
+    if r.kind == "onnx" and probed:  # a graph property, probed like memory: how ONNX Runtime's Core ML provider would split it
         m.update(partition_metrics(open_artifact(r.folder).model_file))
     rows: list[dict[str, Any]] = [
         {
