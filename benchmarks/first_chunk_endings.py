@@ -19,8 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-CLAUSE_MARKS = ",;:—–"  # a first chunk ending on one was cut at a clause, not at words
-
 
 def last_word(token_ids: list[int], space: int) -> slice:
     """The positions of a chunk's last word in the model's durations (the leading pad first)."""
@@ -33,12 +31,10 @@ def main() -> None:
     from rich.table import Table
 
     from kokoro_opt.artifacts import open_artifact
-    from kokoro_opt.chunking import chunk_text
+    from kokoro_opt.chunking import chunk_text, last_words
     from kokoro_opt.evaluate.corpus import load_corpus
-    from kokoro_opt.first_chunk import DurationModel, distortion, stretch
+    from kokoro_opt.first_chunk import DurationModel, benchmark_texts, cut_at_words, distortion, stretch
     from kokoro_opt.machine import describe, fingerprint
-    from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, read_corpus
-    from kokoro_opt.passes.sensitivity import SENSITIVITY_CORPUS
     from kokoro_opt.phrasing import ends_phrase
     from kokoro_opt.tables import print_table
     from kokoro_opt.text import utterance_tokens
@@ -52,9 +48,7 @@ def main() -> None:
 
     model = DurationModel(open_artifact(args.artifact))
     corpus = load_corpus()
-    texts = [s.text for s in corpus.sentences] + read_corpus(CALIBRATION_CORPUS) + read_corpus(SENSITIVITY_CORPUS)
-    if args.texts is not None:
-        texts += [line.strip() for line in args.texts.read_text().splitlines() if line.strip()]
+    texts = benchmark_texts(args.texts)
     voices = [v for v in corpus.voices if v in model.packs][:3] or sorted(model.packs)[:3]
     space = model.vocab[" "]
 
@@ -73,7 +67,7 @@ def main() -> None:
         for text in texts:
             ids = utterance_tokens(text, model.vocab)
             first = chunk_text(text, model.vocab, first_chunk_tokens=size, chunk_tokens=2 * size)[0]
-            if len(first.token_ids) < len(ids) and first.text and first.text.rstrip()[-1] not in CLAUSE_MARKS:
+            if len(first.token_ids) < len(ids) and cut_at_words(first.text):
                 cut.append(first.text)
                 if ids[: len(first.token_ids)] == first.token_ids:  # a word phonemized otherwise: not comparable
                     # the sentence's tokens up to each number of words after the chunk
@@ -89,9 +83,12 @@ def main() -> None:
                     span = last_word(first, space)
                     words.append(float(np.sum(alone[span]) / max(float(np.sum(in_sentence[span])), 1.0)))
         chunks, words = timings[0]
+        if not timed:  # no first chunk of this size is cut at words here
+            table.add_row(str(size), f"0 of {len(cut)}", *("–" for _ in range(2 + (args.lookahead > 0))))
+            continue
         row = [
             str(size),
-            f"{sum(not ends_phrase(text.split()[-1]) for text in cut)} of {len(cut)}",
+            f"{sum(not ends_phrase(last_words(text)) for text in cut)} of {len(cut)}",
             f"{distortion(chunks):.3f} ({len(timed)})",
             f"{np.median(words):.2f} / {np.percentile(words, 90):.2f} / {max(words):.2f}",
         ]

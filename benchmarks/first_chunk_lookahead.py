@@ -17,7 +17,11 @@ import argparse
 
 import numpy as np
 
-CLAUSE_MARKS = ",;:—–"
+
+def _positive(value: str) -> int:
+    if int(value) < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return int(value)
 
 
 def main() -> None:
@@ -27,9 +31,8 @@ def main() -> None:
     from kokoro_opt.chunking import chunk_text
     from kokoro_opt.evaluate import metrics as M
     from kokoro_opt.evaluate.corpus import load_corpus
+    from kokoro_opt.first_chunk import benchmark_texts, cut_at_words
     from kokoro_opt.machine import describe, fingerprint
-    from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, read_corpus
-    from kokoro_opt.passes.sensitivity import SENSITIVITY_CORPUS
     from kokoro_opt.runtime import open_synthesizer
     from kokoro_opt.runtime.join import CROSSFADE_MS, PAUSES, Joiner
     from kokoro_opt.runtime.windowed import STEPS_PER_FRAME, WindowedDecoder
@@ -39,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("artifact", nargs="?", default="artifacts/int8-mixed")
     parser.add_argument("--size", type=int, default=40, help="first_chunk_tokens")
-    parser.add_argument("--words", type=int, default=2, help="words of the sentence fed after the first chunk")
+    parser.add_argument("--words", type=_positive, default=2, help="words of the sentence fed after the first chunk")
     parser.add_argument("--sentences", type=int, default=12)
     args = parser.parse_args()
 
@@ -48,7 +51,7 @@ def main() -> None:
     corpus = load_corpus()
     voice = next(v for v in corpus.voices if v in synth.packs)
     pack, rate, space = synth.packs[voice], synth.sample_rate, synth.vocab[" "]
-    texts = [s.text for s in corpus.sentences] + read_corpus(CALIBRATION_CORPUS) + read_corpus(SENSITIVITY_CORPUS)
+    texts = benchmark_texts()
 
     def decoded(tokens: list[int], ahead: list[int] | None = None, behind: list[int] | None = None) -> np.ndarray:
         """A job's speech as the server decodes it; with `ahead` (after it) or `behind` (before it), the front sees
@@ -77,8 +80,8 @@ def main() -> None:
         ids = utterance_tokens(text, synth.vocab)
         chunks = chunk_text(text, synth.vocab, first_chunk_tokens=args.size, chunk_tokens=2 * args.size)
         first, rest = chunks[0].token_ids, [t for c in chunks[1:] for t in [space, *c.token_ids]][1:]
-        cut_at_words = len(chunks) > 1 and chunks[0].text.rstrip()[-1] not in CLAUSE_MARKS
-        if not (cut_at_words and ids[: len(first)] == first and len(ids) <= 320):
+        at_words = len(chunks) > 1 and cut_at_words(chunks[0].text)
+        if not (at_words and ids[: len(first)] == first and len(ids) <= 320):
             continue
         whole = joined([(decoded(ids), "sentence")])
         spaces = [i for i, t in enumerate(rest) if t == space][: args.words]
@@ -100,6 +103,8 @@ def main() -> None:
     labels = {"alone": "alone", "lookahead": f"with the next {args.words} words",
               "both sides": f"and the rest with the {args.words} words before it"}  # fmt: skip
     for way, label in labels.items():
+        if not rows[way]:  # no first sentence here is cut at words
+            continue
         length, pesq, mcd = (np.array(v) for v in zip(*rows[way], strict=True))
         table.add_row(label, str(len(length)), f"{np.median(length):.3f}", f"{np.mean(pesq):.2f} / {np.min(pesq):.2f}",
                       f"{np.mean(mcd):.2f}")  # fmt: skip

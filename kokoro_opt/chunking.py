@@ -135,6 +135,12 @@ def _word_spans(text: str, start: int, end: int) -> list[Span]:
     return spans
 
 
+def last_words(text: str) -> str:
+    """The last word of `text` as the chunker cuts words: with the words read together with it ("World War I")."""
+    spans = _word_spans(text, 0, len(text))
+    return text[spans[-1][0] : spans[-1][1]] if spans else ""
+
+
 def _plain_word_spans(text: str, start: int, end: int) -> list[Span]:
     return [m.span() for m in _WORD.finditer(text, start, end)]  # for a glued group that alone is too long
 

@@ -12,6 +12,7 @@ is the one that moves with the size. `kokoro-opt tune` holds first_chunk_tokens 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
@@ -24,6 +25,25 @@ from kokoro_opt.voices import style_for
 
 SENTENCES = 8  # sentences per voice and size
 VOICES = 3  # voices, the evaluation corpus's first (else the speaker's own, sorted)
+CLAUSE_MARKS = ",;:—–"  # a first chunk ending on one was cut at a clause, not at words
+
+
+def cut_at_words(first: str) -> bool:
+    """Whether a first chunk's text (not its sentence's) ends at a word, not at a clause mark."""
+    return bool(first.strip()) and first.rstrip()[-1] not in CLAUSE_MARKS
+
+
+def benchmark_texts(extra: Path | None = None) -> list[str]:
+    """What the first-chunk benchmarks cut: the evaluation corpus's sentences, the calibration and sensitivity texts,
+    then `extra`'s lines."""
+    from kokoro_opt.evaluate.corpus import load_corpus
+    from kokoro_opt.passes.qdq import CALIBRATION_CORPUS, read_corpus
+    from kokoro_opt.passes.sensitivity import SENSITIVITY_CORPUS
+
+    texts = [s.text for s in load_corpus().sentences] + read_corpus(CALIBRATION_CORPUS) + read_corpus(SENSITIVITY_CORPUS)
+    if extra is not None:
+        texts += [line.strip() for line in extra.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return texts
 
 
 def stretch(alone: np.ndarray, in_sentence: np.ndarray, tokens: int) -> float:
