@@ -208,6 +208,9 @@ def build(
     console = console or Console(stderr=True)
     console.file = console.file  # bound to the terminal now: a stage's own stderr goes to its log (third_party_output)
     passes = chain_of(recipe)
+    for p in passes:
+        if p.machine_check is not None:
+            p.machine_check()
     for store_root in (root, user_cache()):
         remove_stale_temporaries(store_root)
     engine = _Engine(Store(root), fingerprint())

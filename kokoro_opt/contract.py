@@ -64,6 +64,8 @@ class Pass:
     # config fields that only judge the output (a gate's budget, what it checks on): out of the decision key,
     # so changing a budget checks the locked decision again instead of measuring it again
     judged_by: tuple[str, ...] = ()
+    # what the machine must have to run it (a compiler): raises a UserError naming the fix, before a build's first stage
+    machine_check: Callable[[], object] | None = None
 
     def check_decisions(self, decisions: dict[str, Any], lock: Path) -> None:
         """A lock is a file anyone can edit: decisions that do not have the shape this pass reads are one error."""

@@ -209,6 +209,25 @@ def test_without_a_c_compiler_it_speaks_through_model_onnx(fused_artifact, tmp_p
     assert "runs model.onnx: the fused generator needs a C compiler" in done.stderr
 
 
+def test_without_a_c_compiler_a_build_with_the_stage_stops_before_its_first_stage(tiny_recipe, tmp_path, monkeypatch) -> None:
+    """Not after the export, quantize and windows stages: at once, naming the fixes."""
+    import io
+
+    from rich.console import Console
+
+    from kokoro_opt.build import build
+    from kokoro_opt.errors import UserError
+    from kokoro_opt.recipe import parse_recipe
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    data = tiny_recipe.model_dump(mode="json", by_alias=True) | {"name": "t-fuse-no-cc", "stages": [*INT8, FUSE]}
+    said = io.StringIO()
+    with pytest.raises(UserError, match="needs a C compiler") as refused:
+        build(parse_recipe(data), tmp_path / "artifacts", console=Console(file=said))
+    assert "set CC" in refused.value.hint and "without the `fuse` stage" in refused.value.hint
+    assert said.getvalue() == "" and not (tmp_path / "artifacts").exists()  # no weights resolved, no stage run
+
+
 def test_kernels_built_for_one_cpu_are_not_loaded_on_another(tmp_path, monkeypatch) -> None:
     """`-march=native` builds for this CPU's features: a kernel cache shared with another CPU (a network home, a
     restored CI cache) builds a library of its own instead of loading one that may hold instructions it lacks."""

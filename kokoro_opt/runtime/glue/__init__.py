@@ -77,15 +77,23 @@ def _intact(library: Path) -> bool:
         return False
 
 
-@cache
-def library_path() -> Path:
-    """The compiled library, built on first use (UserError without a working C compiler)."""
+def require_compiler() -> str:
+    """The C compiler the kernels are built with; a UserError naming the fixes where there is none (the `fuse` stage
+    asks before a build's first stage, not after the stages before it)."""
     cc = compiler()
     if cc is None:
         raise UserError(
             "the fused generator needs a C compiler to build its kernels and none was found (cc, gcc, clang)",
-            "install one (apt install gcc, xcode-select --install), set CC, or build without the `fuse` stage",
+            "install one (apt install gcc, xcode-select --install), set CC, or build a recipe without the `fuse` stage "
+            "(one that `extends:` int8-mixed.yaml and lists its `stages:` but that one)",
         )
+    return cc
+
+
+@cache
+def library_path() -> Path:
+    """The compiled library, built on first use (UserError without a working C compiler)."""
+    cc = require_compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     errors = ""
     for flags in ((*FLAGS, *TUNED), FLAGS):
