@@ -342,10 +342,12 @@ def test_thread_choices_all_above_the_cores_are_refused(tune_env: dict[str, Any]
         _run(tune_env, _recipe(tune_env, "oversubscribed", space=space))
 
 
-def test_a_terminated_run_stops_its_workers_and_their_trials(tune_env: dict[str, Any]) -> None:
+@pytest.mark.parametrize("workers_killed_first", [False, True])
+def test_a_terminated_run_stops_its_workers_and_their_trials(tune_env: dict[str, Any], workers_killed_first: bool) -> None:
     """`kill` (SIGTERM) on `tune --workers 2` ended the parent and left its two workers measuring on their own;
     terminated, a worker also left its trial RUNNING until its heartbeat went stale. Now the run ends as Ctrl-C
-    ends it: each worker is interrupted, marks its running trial failed and exits."""
+    ends it: each worker is interrupted, marks its running trial failed and exits; and the trials of workers that
+    could not (killed outright, or still writing after the grace) are failed by the run itself."""
     import signal
     import subprocess
     import sys
@@ -355,7 +357,8 @@ def test_a_terminated_run_stops_its_workers_and_their_trials(tune_env: dict[str,
     env = tune_env
     # far more trials than the workers run while the test waits, each long (seconds): the signal lands inside one
     measure = {"paragraph": "Hi there, friend. Bye.", "rtf_text": "Hi.", "warmup": 0, "ttfa_runs": 40, "rtf_runs": 40}
-    recipe = _recipe(env, "terminated", trials=100_000, measure=measure)
+    name = "terminated-killed" if workers_killed_first else "terminated"
+    recipe = _recipe(env, name, trials=100_000, measure=measure)
     command = [sys.executable, "-m", "kokoro_opt.cli", "tune", str(recipe), "--workers", "2", "--artifacts", str(env["root"]),
                "--tracking-uri", env["uri"]]  # fmt: skip
     parent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -366,11 +369,15 @@ def test_a_terminated_run_stops_its_workers_and_their_trials(tune_env: dict[str,
         while True:  # both workers measuring: a trial of each RUNNING
             assert parent.poll() is None and time.monotonic() < deadline, "the workers never ran trials"
             with contextlib.suppress(Exception):  # the study is not created yet
-                trials = optuna.load_study(study_name="terminated", storage=url).get_trials(deepcopy=False)
+                trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
                 if len({t.user_attrs.get("worker") for t in trials if t.state.name == "RUNNING"}) == 2:
                     break
             time.sleep(0.2)
         workers = psutil.Process(parent.pid).children()
+        if workers_killed_first:
+            for worker in workers:
+                worker.kill()
+            psutil.wait_procs(workers, timeout=30)
         parent.send_signal(signal.SIGTERM)
         parent.wait(60)
         _, alive = psutil.wait_procs(workers, timeout=30)
@@ -379,7 +386,7 @@ def test_a_terminated_run_stops_its_workers_and_their_trials(tune_env: dict[str,
         for process in [psutil.Process(parent.pid), *workers] if parent.poll() is None else workers:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
-    trials = optuna.load_study(study_name="terminated", storage=url).get_trials(deepcopy=False)
+    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
     assert not [t.number for t in trials if t.state.name == "RUNNING"]  # each marked as it was interrupted
 
 

@@ -93,6 +93,9 @@ def _spawn(args: list[WorkerArgs], total: int, study: Any, console: Console) -> 
         except BaseException:
             _stop(procs)
             raise
+        finally:  # a worker killed, or terminated after the grace, left its trial RUNNING
+            with _interrupts_held():  # the `kill` that ends a run often lands while it does this
+                _fail_left_running(args[0], procs)
     failed = [p.returncode for p in procs if p.returncode]
     if failed:
         raise UserError(f"{len(failed)} of {len(procs)} workers exited with an error", "see their messages above")
@@ -132,6 +135,38 @@ def _stop(procs: list[subprocess.Popen[bytes]], grace: float = 30.0) -> None:
         for p in procs:
             if p.poll() is None:
                 p.terminate()
+
+
+def _fail_left_running(args: WorkerArgs, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Fail the trials these workers left RUNNING: one killed, or terminated after the grace (its last write waited
+    on a disk busy with other work), would hold its place until its heartbeat went stale. Through a storage of its
+    own: the run's may have been interrupted mid-query."""
+    from optuna.trial import TrialState
+
+    here = fingerprint()["id"]
+    ours = {f"{here}:{p.pid}:w{index}" for index, p in enumerate(procs)}  # study.worker_id of each worker process
+    with contextlib.suppress(Exception):  # the storage is unreachable: the heartbeats fail them later
+        study = load_optuna().load_study(study_name=args.study, storage=make_storage(args.storage))
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if trial.user_attrs.get("worker") in ours:
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block is done (a few storage writes), then interrupt as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {sig: signal.signal(sig, lambda number, _: arrived.append(number)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if arrived:
+        raise KeyboardInterrupt
 
 
 def _sync_records(study: Any, records: StudyRecords, names: list[str]) -> None:
