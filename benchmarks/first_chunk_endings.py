@@ -83,12 +83,13 @@ def main() -> None:
                     span = last_word(first, space)
                     words.append(float(np.sum(alone[span]) / max(float(np.sum(in_sentence[span])), 1.0)))
         chunks, words = timings[0]
-        if not timed:  # no first chunk of this size is cut at words here
-            table.add_row(str(size), f"0 of {len(cut)}", *("–" for _ in range(2 + (args.lookahead > 0))))
+        ending = f"{sum(not ends_phrase(last_words(text)) for text in cut)} of {len(cut)}"
+        if not timed:  # none of this size tokenized alone as in its sentence: nothing to time
+            table.add_row(str(size), ending, *("–" for _ in range(2 + (args.lookahead > 0))))
             continue
         row = [
             str(size),
-            f"{sum(not ends_phrase(last_words(text)) for text in cut)} of {len(cut)}",
+            ending,
             f"{distortion(chunks):.3f} ({len(timed)})",
             f"{np.median(words):.2f} / {np.percentile(words, 90):.2f} / {max(words):.2f}",
         ]

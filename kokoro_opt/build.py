@@ -21,7 +21,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -141,8 +141,10 @@ def _capabilities(p: Pass, source: Artifact | None) -> Capabilities:
 class _Engine:
     """One build's bookkeeping: the store, the chain so far, the steps' timings and the records."""
 
-    def __init__(self, store: Store, machine: dict[str, Any]) -> None:
-        self.store, self.machine = store, machine
+    def __init__(self, store: Store, machine: dict[str, Any], checks: Sequence[Callable[[], object]] = ()) -> None:
+        """`checks`: what the chain's stages need of this machine, asked before the first stage that is not cached
+        (an artifact whose every stage is cached builds without them)."""
+        self.store, self.machine, self.checks = store, machine, list(checks)
         self.chain: list[ChainStep] = []
         self.steps: list[dict[str, Any]] = []  # {kind, key, cached, seconds}
         self.records: list[dict[str, Any]] = []
@@ -160,6 +162,8 @@ class _Engine:
         ran: list[bool] = []  # the cache had no intact output: it was built here (another build may have waited)
 
         def fill(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+            while self.checks:
+                self.checks.pop(0)()
             ran.append(True)
             prepare_output(source, tmp)
             with third_party_output(tmp / STAGE_LOG):
@@ -208,12 +212,9 @@ def build(
     console = console or Console(stderr=True)
     console.file = console.file  # bound to the terminal now: a stage's own stderr goes to its log (third_party_output)
     passes = chain_of(recipe)
-    for p in passes:
-        if p.machine_check is not None:
-            p.machine_check()
     for store_root in (root, user_cache()):
         remove_stale_temporaries(store_root)
-    engine = _Engine(Store(root), fingerprint())
+    engine = _Engine(Store(root), fingerprint(), [p.machine_check for p in passes if p.machine_check is not None])
     new_locks: dict[str, StageLock] = {}
     decided: dict[str, tuple[Path, tuple[str, ...]]] = {}  # slot -> (stage output, its decision files)
     applied_from: list[Path] = []  # the locks whose decisions were applied

@@ -64,7 +64,8 @@ class Pass:
     # config fields that only judge the output (a gate's budget, what it checks on): out of the decision key,
     # so changing a budget checks the locked decision again instead of measuring it again
     judged_by: tuple[str, ...] = ()
-    # what the machine must have to run it (a compiler): raises a UserError naming the fix, before a build's first stage
+    # what the machine must have to run it (a working compiler): raises a UserError naming the fix, before a build runs
+    # its first stage that is not cached
     machine_check: Callable[[], object] | None = None
 
     def check_decisions(self, decisions: dict[str, Any], lock: Path) -> None:

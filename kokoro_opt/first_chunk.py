@@ -29,7 +29,8 @@ CLAUSE_MARKS = ",;:—–"  # a first chunk ending on one was cut at a clause, n
 
 
 def cut_at_words(first: str) -> bool:
-    """Whether a first chunk's text (not its sentence's) ends at a word, not at a clause mark."""
+    """Whether a first chunk's text, shorter than its sentence, ends at a word (or at the end of an earlier sentence of
+    the same line), not at a clause mark."""
     return bool(first.strip()) and first.rstrip()[-1] not in CLAUSE_MARKS
 
 

@@ -59,14 +59,14 @@ def test_chunk_paragraph(vocab: dict[str, int]) -> None:
     assert any(c.text in sentences for c in chunks[1:])
 
 
-def test_first_chunk_ends_at_first_clause_with_a_fewwords(vocab: dict[str, int]) -> None:
+def test_first_chunk_ends_at_first_clause_with_a_few_words(vocab: dict[str, int]) -> None:
     chunks = chunk_text("Hello there, my friend. It is a lovely day, and we should go outside.", vocab)
     assert chunks[0].text == "Hello there, my friend."  # "Hello there," alone has too few words
     text = "When the sun came up, the birds began to sing in the old oak trees behind the house."
     assert chunk_text(text, vocab)[0].text == "When the sun came up,"
 
 
-def test_first_chunk_falls_back_towords(vocab: dict[str, int]) -> None:
+def test_first_chunk_falls_back_to_words(vocab: dict[str, int]) -> None:
     text = "The extraordinarily complicated international negotiations regarding agricultural subsidies continued for weeks."
     chunks = chunk_text(text, vocab, first_chunk_tokens=30)
     assert len(chunks[0].token_ids) <= 30 and len(chunks) >= 2

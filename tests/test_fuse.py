@@ -209,8 +209,11 @@ def test_without_a_c_compiler_it_speaks_through_model_onnx(fused_artifact, tmp_p
     assert "runs model.onnx: the fused generator needs a C compiler" in done.stderr
 
 
-def test_without_a_c_compiler_a_build_with_the_stage_stops_before_its_first_stage(tiny_recipe, tmp_path, monkeypatch) -> None:
-    """Not after the export, quantize and windows stages: at once, naming the fixes."""
+def test_without_a_c_compiler_a_build_with_the_stage_stops_before_its_first_stage(
+    tiny_recipe, tmp_path, monkeypatch, fused_artifact, artifacts_root
+) -> None:
+    """Not after the export, quantize and windows stages: before the first, naming the fixes (an artifact whose every
+    stage is cached still builds: it needs no compiler)."""
     import io
 
     from rich.console import Console
@@ -220,12 +223,13 @@ def test_without_a_c_compiler_a_build_with_the_stage_stops_before_its_first_stag
     from kokoro_opt.recipe import parse_recipe
 
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("KOKORO_OPT_CACHE", str(tmp_path / "cache"))  # no kernels built on this machine yet
     data = tiny_recipe.model_dump(mode="json", by_alias=True) | {"name": "t-fuse-no-cc", "stages": [*INT8, FUSE]}
-    said = io.StringIO()
     with pytest.raises(UserError, match="needs a C compiler") as refused:
-        build(parse_recipe(data), tmp_path / "artifacts", console=Console(file=said))
+        build(parse_recipe(data), tmp_path / "artifacts", console=Console(file=io.StringIO()))
     assert "set CC" in refused.value.hint and "without the `fuse` stage" in refused.value.hint
-    assert said.getvalue() == "" and not (tmp_path / "artifacts").exists()  # no weights resolved, no stage run
+    assert not list((tmp_path / "artifacts").rglob("model.onnx"))  # not even the export ran
+    assert build_with(tiny_recipe, artifacts_root, "t-fused", [*INT8, FUSE]).artifact.id == fused_artifact.id
 
 
 def test_kernels_built_for_one_cpu_are_not_loaded_on_another(tmp_path, monkeypatch) -> None:

@@ -33,7 +33,7 @@ from kokoro_opt.passes.windows import WholeReference
 from kokoro_opt.recipe import FuseStage, SpeechGate
 from kokoro_opt.runtime.fused import CONSTANTS_FILE, FUSED_DIR, PLAN_FILE, FusedGenerator
 from kokoro_opt.runtime.fused_plan import FusedPlan
-from kokoro_opt.runtime.glue import require_compiler
+from kokoro_opt.runtime.glue import build_library
 from kokoro_opt.runtime.windowed import WINDOWS_DIR, WindowedDecoder, WindowGraphs
 
 
@@ -118,5 +118,5 @@ PASS = Pass(
     after=("snake", "quantize"),  # it cuts the generator at the INT8 norm-Snake-quantize chains they make
     judged_by=tuple(SpeechGate.model_fields),
     reads=("kokoro_opt/data/eval_corpus.yaml", "kokoro_opt/runtime/glue/chains.c"),
-    machine_check=require_compiler,
+    machine_check=build_library,
 )

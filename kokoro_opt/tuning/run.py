@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from kokoro_opt.tuning.study import (
     study_space,
     trial_record,
     trial_settings,
+    worker_id,
 )
 
 PLOTS = Path("experiments") / "tune"
@@ -80,7 +82,8 @@ def _spawn(args: list[WorkerArgs], total: int, study: Any, console: Console) -> 
         )
         for a in args
     ]
-    with _terminated_as_interrupted():
+    interrupts = _Interrupts()
+    with interrupts.installed():
         try:
             with _progress(console) as progress:
                 task = progress.add_task("", total=total, completed=finished(study))
@@ -92,30 +95,51 @@ def _spawn(args: list[WorkerArgs], total: int, study: Any, console: Console) -> 
                     progress.update(task, completed=len(done), description=_describe(last) if last else "")
         except BaseException:
             _stop(procs)
+            with interrupts.held(after=False):  # what interrupted the run is what it ends with
+                _fail_left_running(args, procs, console)
             raise
-        finally:  # a worker killed, or terminated after the grace, left its trial RUNNING
-            with _interrupts_held():  # the `kill` that ends a run often lands while it does this
-                _fail_left_running(args[0], procs)
+        with interrupts.held():  # a worker killed outright left its trial RUNNING
+            _fail_left_running(args, procs, console)
     failed = [p.returncode for p in procs if p.returncode]
     if failed:
         raise UserError(f"{len(failed)} of {len(procs)} workers exited with an error", "see their messages above")
 
 
-@contextlib.contextmanager
-def _terminated_as_interrupted() -> Iterator[None]:
-    """SIGTERM (`kill`) ends the run as Ctrl-C does, so its workers are stopped too, not left running alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _Interrupts:
+    """Ctrl-C and SIGTERM (`kill`) as KeyboardInterrupt while `installed`, so a killed run stops its workers as an
+    interrupted one does; within `held`, the first waits until the block is done (a second one interrupts at once)."""
 
-    def interrupt(*_: Any) -> None:
+    def __init__(self) -> None:
+        self.holding, self.arrived = False, 0
+
+    def _handle(self, *_: Any) -> None:
+        if self.holding and not self.arrived:
+            self.arrived = 1
+            return
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def held(self, after: bool = True) -> Iterator[None]:
+        """`after`: an interrupt that waited is raised once the block is done."""
+        self.holding, self.arrived = True, 0
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.arrived and after:
+            raise KeyboardInterrupt
 
 
 def _stop(procs: list[subprocess.Popen[bytes]], grace: float = 30.0) -> None:
@@ -135,38 +159,34 @@ def _stop(procs: list[subprocess.Popen[bytes]], grace: float = 30.0) -> None:
         for p in procs:
             if p.poll() is None:
                 p.terminate()
+        for p in procs:  # gone before their trials are failed (_fail_left_running), not writing one meanwhile
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
+            if p.poll() is None:
+                p.kill()
 
 
-def _fail_left_running(args: WorkerArgs, procs: list[subprocess.Popen[bytes]]) -> None:
+def _fail_left_running(args: list[WorkerArgs], procs: list[subprocess.Popen[bytes]], console: Console) -> None:
     """Fail the trials these workers left RUNNING: one killed, or terminated after the grace (its last write waited
     on a disk busy with other work), would hold its place until its heartbeat went stale. Through a storage of its
     own: the run's may have been interrupted mid-query."""
     from optuna.trial import TrialState
 
-    here = fingerprint()["id"]
-    ours = {f"{here}:{p.pid}:w{index}" for index, p in enumerate(procs)}  # study.worker_id of each worker process
-    with contextlib.suppress(Exception):  # the storage is unreachable: the heartbeats fail them later
-        study = load_optuna().load_study(study_name=args.study, storage=make_storage(args.storage))
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if trial.user_attrs.get("worker") in ours:
-                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-
-
-@contextlib.contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block is done (a few storage writes), then interrupt as usual."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    arrived: list[int] = []
-    previous = {sig: signal.signal(sig, lambda number, _: arrived.append(number)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    ours = {worker_id(a.index, a.run, pid=p.pid) for a, p in zip(args, procs, strict=True)}
+    storage = None
     try:
-        yield
+        storage = make_storage(args[0].storage)
+        study = load_optuna().load_study(study_name=args[0].study, storage=storage)
+        left = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.user_attrs.get("worker") in ours]
+        for trial in left:
+            with contextlib.suppress(Exception):  # its worker's own write landed meanwhile
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+    except Exception as exc:  # the storage is unreachable: their heartbeats go stale, and a later run fails them
+        console.print(f"could not fail the trials the workers left running: {type(exc).__name__}", markup=False)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if arrived:
-        raise KeyboardInterrupt
+        engine = getattr(storage, "engine", None)
+        if engine is not None:
+            engine.dispose()
 
 
 def _sync_records(study: Any, records: StudyRecords, names: list[str]) -> None:
@@ -216,7 +236,15 @@ def run_tuning(
     before = finished(study)
     cache: SessionCache | None = None
     base = WorkerArgs(
-        str(recipe_path), url, name, total, recipe.sampler.seed if seed is None else seed, 0, str(root), tracking_uri
+        str(recipe_path),
+        url,
+        name,
+        total,
+        recipe.sampler.seed if seed is None else seed,
+        0,
+        str(root),
+        tracking_uri,
+        run=uuid.uuid4().hex[:8],
     )
     if before >= total:
         say(f"study '{name}' already holds {before} finished trials (--trials {total}): nothing to run")

@@ -179,9 +179,11 @@ def open_study(
     return study, ResolvedSpace.from_json(study.user_attrs[SPACE_ATTR])
 
 
-def worker_id(index: int) -> str:
-    """<machine fingerprint id>:<pid>:w<index>: which kind of machine ran a trial, without naming the host."""
-    return f"{fingerprint()['id']}:{os.getpid()}:w{index}"
+def worker_id(index: int, run: str = "", pid: int | None = None) -> str:
+    """<machine fingerprint id>:<pid>[:<run>]:w<index>: which kind of machine ran a trial, without naming the host;
+    `run` tells apart alike machines whose workers have the same pids (containers) in a shared study. `pid`: another
+    process's (a run's workers), by default this one's."""
+    return ":".join([fingerprint()["id"], str(os.getpid() if pid is None else pid), *([run] if run else []), f"w{index}"])
 
 
 def trial_settings(attrs: dict[str, Any]) -> TrialSettings:
@@ -311,6 +313,7 @@ class WorkerArgs:
     index: int
     root: str
     tracking_uri: str | None
+    run: str = ""  # a token of the `tune` invocation that started the worker (worker_id)
 
 
 def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = None, say: Say = print) -> SessionCache:
@@ -345,7 +348,7 @@ def run_worker(args: WorkerArgs, on_trial: Callable[[Any, Any], None] | None = N
         if on_trial is not None:
             on_trial(study, trial)
 
-    objective = Objective(recipe, resolved, cache, worker_id(args.index), budget=args.trials)
+    objective = Objective(recipe, resolved, cache, worker_id(args.index, args.run), budget=args.trials)
     waiting_said = False
     while finished(study) < args.trials and failures < MAX_CONSECUTIVE_FAILURES:
         optuna.storages.fail_stale_trials(study)  # a killed worker's trial gives its place back

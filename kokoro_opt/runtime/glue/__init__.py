@@ -78,8 +78,7 @@ def _intact(library: Path) -> bool:
 
 
 def require_compiler() -> str:
-    """The C compiler the kernels are built with; a UserError naming the fixes where there is none (the `fuse` stage
-    asks before a build's first stage, not after the stages before it)."""
+    """The C compiler the kernels are built with; a UserError naming the fixes where there is none."""
     cc = compiler()
     if cc is None:
         raise UserError(
@@ -93,6 +92,12 @@ def require_compiler() -> str:
 @cache
 def library_path() -> Path:
     """The compiled library, built on first use (UserError without a working C compiler)."""
+    return build_library()
+
+
+def build_library() -> Path:
+    """The library, built unless this machine's cache holds it (UserError without a working C compiler): the
+    `fuse` stage's machine check, before a build runs its first stage."""
     cc = require_compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     errors = ""
