@@ -83,14 +83,6 @@ class FusedGenerator:
         except ValueError as exc:  # what the plan (a file) routes where the kernels cannot read it
             raise UserError(f"{self.folder / PLAN_FILE}: {chain.name}: {exc}", PLAN_HINT) from None
 
-    def _chain(self, spec: NormChain, env: dict[str, np.ndarray]) -> None:
-        """One chain alone, now."""
-        self.kernels.run([self._chain_call(spec, env)])
-
-    def _branch_sum(self, spec: BranchSum, env: dict[str, np.ndarray]) -> None:
-        """One branch sum alone, now."""
-        self.kernels.run([self._branch_sum_call(spec, env)])
-
     def _value(self, env: dict[str, np.ndarray], name: str) -> np.ndarray:
         return env[name].reshape(-1) if name in env else self._constant(name, 0)
 

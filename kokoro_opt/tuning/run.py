@@ -143,8 +143,8 @@ class _Interrupts:
 
 
 def _stop(procs: list[subprocess.Popen[bytes]], grace: float = 30.0) -> None:
-    """Interrupt the workers as Ctrl-C does, so each marks its running trial failed at once (terminated, it stays
-    RUNNING until its heartbeat goes stale); those still running after `grace` seconds are terminated. A worker
+    """Interrupt the workers as Ctrl-C does, so each marks its running trial failed at once; those still running after
+    `grace` seconds are terminated, and the run fails what they leave (`_fail_left_running`). A worker
     stops within a second or two; the grace is for one whose last write waits on a busy disk (both workers of a
     run on a loaded machine were once terminated after 10 s with their trials still RUNNING)."""
     for p in procs:
