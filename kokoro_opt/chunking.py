@@ -7,10 +7,11 @@ text is dropped; a cut at words inside a sentence ends on a word that can end a 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.normalize import MONTHS, NEVER_END, NOT_END_BEFORE_NUMBER, read_together
@@ -20,13 +21,20 @@ from kokoro_opt.text import CONTEXT_TOKENS, JOB_TOKENS, phonemize, tokenize
 __all__ = ["Chunk", "chunk_phonemes", "chunk_text", "says_something", "split_sentences"]
 
 MIN_FIRST_WORDS = 3  # a first chunk may end at a comma only after this many words (not at a lone "Well,")
+SPACE = " "  # the vocab's word boundary
 
 
 @dataclass(frozen=True)
 class Chunk:
+    """A span of text to synthesize. A chunk cut at words inside its sentence may carry the words around the cut
+    (`chunk_text`'s `context_words`): token ids its front reads but that are not its speech. `ahead`: a space and
+    the words after it; `behind`: the words before it and a space."""
+
     text: str  # the original text span (not normalised), for captions
     phonemes: str
     token_ids: list[int]  # without the 0 pads, len <= max_tokens
+    behind: list[int] = field(default_factory=list)
+    ahead: list[int] = field(default_factory=list)
 
 
 # Kokoro's pause and quote symbols: a chunk of these alone is spoken as a breath, so it has nothing to say
@@ -171,6 +179,8 @@ class _Chunker:
     ) -> None:
         self.text, self.vocab, self.phonemes_of, self.splitters = text, vocab, phonemes_of, splitters
         self.phrasing = phrasing
+        self.word_cuts: dict[int, int] = {}  # id(chunk) -> where it ends, for chunks cut at words inside a sentence
+        self.ahead_limits: dict[int, int] = {}  # id(chunk) -> the most context tokens after it (a first chunk's)
 
     def chunk(self, a: int, b: int) -> Chunk:
         ps = self.phonemes_of(self.text[a:b])
@@ -212,6 +222,8 @@ class _Chunker:
                 at_words = level > 0 and self.splitters[level - 1] in (_word_spans, _plain_word_spans)
                 if self.phrasing and at_words and j < len(spans) - 1:  # a cut inside a sentence, keeping at least half its words
                     j, chunk = self.phrase_ending(spans, i, j, chunk, (j - i) // 2 + 1)
+                if at_words and j < len(spans) - 1:
+                    self.word_cuts[id(chunk)] = spans[j][1]
                 chunks.append(chunk)
                 i = j + 1
         return chunks
@@ -240,10 +252,11 @@ class _Chunker:
         chunks.append(Chunk(whole.text if not chunks else "", piece, tokenize(piece, self.vocab)))
         return chunks
 
-    def first(self, sentence: Span, limit: int, word_limit: int) -> tuple[int, Chunk] | None:
+    def first(self, sentence: Span, limit: int, word_limit: int, context_words: int = 0) -> tuple[int, Chunk] | None:
         """A small first chunk: up to the first clause boundary with a few words, else as many words as fit, ending
         on the last of them that can end a phrase, of at least MIN_FIRST_WORDS (`phrase_ending`); at least the first
-        word, if that alone fits `word_limit`: a word is never cut for latency's sake."""
+        word, if that alone fits `word_limit`: a word is never cut for latency's sake. Cut at words with
+        `context_words`, the chunk and the words fed after it fit `limit` together: the first front reads both."""
         a, end = sentence
         for _, b in _clause_spans(self.text, a, end):
             c = self.chunk(a, b)
@@ -252,13 +265,55 @@ class _Chunker:
             if b == end or sum(any(ch.isalnum() for ch in w) for w in self.text[a:b].split()) >= MIN_FIRST_WORDS:
                 return b, c
         words = _word_spans(self.text, a, end)
-        found = self.fit(words, 0, limit) or self.fit(words[:1], 0, word_limit)
-        if found is None:
-            return None
-        if found[0] == len(words) - 1 or not self.phrasing:
-            return words[found[0]][1], found[1]
-        j, chunk = self.phrase_ending(words, 0, *found, MIN_FIRST_WORDS)
-        return words[j][1], chunk
+        budget = limit
+        while True:
+            found = self.fit(words, 0, budget) or self.fit(words[:1], 0, word_limit)
+            if found is None:
+                return None
+            j, chunk = found
+            if j < len(words) - 1 and self.phrasing:
+                j, chunk = self.phrase_ending(words, 0, j, chunk, MIN_FIRST_WORDS)
+            if j == len(words) - 1:
+                return words[j][1], chunk
+            own = len(chunk.token_ids)
+            if j == 0 or 4 * own <= 3 * limit or own + len(self.ahead(words[j][1], end, context_words)) <= limit:
+                self.word_cuts[id(chunk)] = words[j][1]
+                self.ahead_limits[id(chunk)] = limit - own  # what its context may add (`with_context`)
+                return words[j][1], chunk
+            budget = own - 1  # its context does not fit beside it: a word or more shorter, down to 3/4 of the limit
+
+    def ahead(self, cut: int, end: int, words: int, most: int = CONTEXT_TOKENS) -> list[int]:
+        """A space and the first `words` words of text[cut:end] as token ids, as many of them as fit `most` tokens
+        (none for 0 words)."""
+        ids: list[int] = []
+        spans = _word_spans(self.text, cut, end)[:words]
+        for k in range(len(spans), 0, -1):
+            ids = [self.vocab[SPACE], *self.chunk(spans[0][0], spans[k - 1][1]).token_ids]
+            if len(ids) <= most:
+                return ids
+        return []
+
+    def behind(self, start: int, cut: int, words: int) -> list[int]:
+        """The last `words` words of text[start:cut] and a space as token ids (none for 0 words)."""
+        spans = _word_spans(self.text, start, cut)[-words:] if words else []
+        return [*self.chunk(spans[0][0], spans[-1][1]).token_ids, self.vocab[SPACE]] if spans else []
+
+    def with_context(self, chunks: list[Chunk], sentences: list[Span], words: int, max_tokens: int) -> list[Chunk]:
+        """`chunks` with `words` words of their sentence fed on each side of every cut at words inside it, where the
+        chunk and its context fit `max_tokens`."""
+        out = list(chunks)
+        starts = [a for a, _ in sentences]
+        for k in range(len(out) - 1):
+            cut = self.word_cuts.get(id(chunks[k]))
+            if cut is None:
+                continue
+            a, b = sentences[bisect.bisect_right(starts, cut) - 1]
+            room = min(self.ahead_limits.get(id(chunks[k]), max_tokens), max_tokens - len(out[k].behind) - len(out[k].token_ids))
+            ahead, behind = self.ahead(cut, b, words, room), self.behind(a, cut, words)
+            out[k] = replace(out[k], ahead=ahead)
+            if len(behind) + len(out[k + 1].token_ids) <= max_tokens:
+                out[k + 1] = replace(out[k + 1], behind=behind)
+        return out
 
 
 def _check(vocab: dict[str, int], **limits: int) -> None:
@@ -277,13 +332,19 @@ def chunk_text(
     first_chunk_tokens: int | None = 40,
     chunk_tokens: int = JOB_TOKENS,
     max_tokens: int = CONTEXT_TOKENS,
+    context_words: int = 0,
 ) -> list[Chunk]:
     """Split text for synthesis: a small first chunk (fast time-to-first-audio; only a first word longer than
     `first_chunk_tokens` makes it bigger; None: none, as for a whole file), then whole sentences packed up to
     `chunk_tokens`; over-long sentences split at clauses, then words. No chunk exceeds `max_tokens` and no text
-    is dropped."""
+    is dropped. `context_words`: each cut at words inside a sentence gives the chunks on its two sides that many
+    words of the other as context (`Chunk.behind` / `ahead`): spoken alone, a chunk's end is timed and intoned
+    as an utterance's end, its start as an utterance's start (docs/measurements/2026-12-07-first-chunk-endings.md).
+    The first chunk and its context then fit `first_chunk_tokens` together."""
     first_limit = {} if first_chunk_tokens is None else {"first_chunk_tokens": first_chunk_tokens}
     _check(vocab, chunk_tokens=chunk_tokens, max_tokens=max_tokens, **first_limit)
+    if not isinstance(context_words, int) or context_words < 0 or (context_words and SPACE not in vocab):
+        raise UserError(f"context_words must be 0 or more with a vocab that has a space, got {context_words!r}", "use e.g. 2")
     if not isinstance(text, str):
         raise UserError(f"text must be a string, got {type(text).__name__}", "pass the text to speak as str")
     sentences = _sentence_spans(text, 0, len(text))
@@ -297,11 +358,13 @@ def chunk_text(
     if k is not None and first_chunk_tokens is not None:
         head = (sentences[0][0], sentences[k][1])
         limits = min(first_chunk_tokens, max_tokens), min(chunk_tokens, max_tokens)
-        if (first := chunker.first(head, *limits)) is not None:
+        if (first := chunker.first(head, *limits, context_words)) is not None:
             end, chunk = first
             chunks.append(chunk)
             rest = _trimmed(text, [end, head[1]]) + sentences[k + 1 :]
     chunks += chunker.pack(rest, min(chunk_tokens, max_tokens))
+    if context_words:
+        chunks = chunker.with_context(chunks, sentences, context_words, max_tokens)
     return [c for c in chunks if says_something(c)]
 
 

@@ -211,3 +211,40 @@ def test_espeak_drops_nothing_of_long_words_or_repeated_letters() -> None:
     assert phonemize("the the the the the").count("ðə") == 5  # words repeat as they are
     word = "abcdefghij" * 400
     assert len(phonemize(word)) > len(word)  # every letter read: ~1.07 phonemes a letter, not the first 150
+
+
+LONG_FIRST = "The quick brown fox jumps over the lazy dog while the old farmer watches quietly from his porch."
+
+
+def _ids(text: str, vocab: dict[str, int]) -> list[int]:
+    return tokenize(phonemize(text), vocab)
+
+
+def test_a_cut_at_words_gives_each_side_words_of_the_other_as_context(vocab: dict[str, int]) -> None:
+    """Spoken alone, a chunk cut inside its sentence ends as an utterance ends (drawn out, falling) and the next one
+    starts as an utterance starts: each is fed words of the other, which its front reads and its decoder does not
+    speak. The first chunk and its context fit the first-chunk budget together (what the first front runs over)."""
+    first, rest = chunk_text(LONG_FIRST, vocab, first_chunk_tokens=40, chunk_tokens=80, context_words=2)
+    said, after = first.text.split(), rest.text.split()
+    space = vocab[" "]
+    assert first.ahead in ([space, *_ids(" ".join(after[:2]), vocab)], [space, *_ids(after[0], vocab)])
+    assert rest.behind == [*_ids(" ".join(said[-2:]), vocab), space]
+    assert not first.behind and not rest.ahead  # the sentence's own start and end
+    assert len(first.token_ids) + len(first.ahead) <= 40
+    alone = chunk_text(LONG_FIRST, vocab, first_chunk_tokens=40, chunk_tokens=80)
+    assert all(not c.ahead and not c.behind for c in alone) and len(alone[0].token_ids) >= len(first.token_ids)
+
+
+def test_only_cuts_at_words_inside_a_sentence_get_context(vocab: dict[str, int]) -> None:
+    """A clause mark or a sentence end is where a speaker pauses anyway: chunks cut there are spoken alone."""
+    text = "After a long and winding journey, we finally arrived at the old house on the hill. It was late at night."
+    chunks = chunk_text(text, vocab, first_chunk_tokens=40, chunk_tokens=80, context_words=3)
+    assert chunks[0].text.endswith(",") and len(chunks) == 2
+    assert all(not c.ahead and not c.behind for c in chunks)
+
+
+def test_context_words_must_be_a_count_of_words(vocab: dict[str, int]) -> None:
+    with pytest.raises(UserError, match="context_words"):
+        chunk_text(LONG_FIRST, vocab, context_words=-1)
+    with pytest.raises(UserError, match="context_words"):
+        chunk_text(LONG_FIRST, {k: v for k, v in vocab.items() if k != " "}, context_words=2)

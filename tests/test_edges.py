@@ -16,6 +16,7 @@ from kokoro_opt.runtime.synth import Synthesizer
 from kokoro_opt.select import resolve_artifact
 from kokoro_opt.serve import ServeConfig
 from kokoro_opt.serve.engine import Engine
+from kokoro_opt.serve.plan import Piece
 from kokoro_opt.voices import style_for
 from tests.test_passes import TOKENS, build_with
 
@@ -109,8 +110,8 @@ def test_serving_with_capped_edges_needs_the_stage(plain, capped) -> None:
     uncapped.attach(Synthesizer(capped))
     synth = engine.synth
     pack = synth.packs["tiny_0"]
-    a, _ = engine.run_job(TOKENS, pack, 1.0)
-    b, _ = uncapped.run_job(TOKENS, pack, 1.0)
+    a, _ = engine.run_job(Piece(TOKENS), pack, 1.0)
+    b, _ = uncapped.run_job(Piece(TOKENS), pack, 1.0)
     assert len(a) < len(b)
 
 

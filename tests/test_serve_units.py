@@ -25,7 +25,7 @@ from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.encoders import make_encoder, supported_formats
 from kokoro_opt.serve.engine import Engine, frames_bound
 from kokoro_opt.serve.openai_compat import voice_entries
-from kokoro_opt.serve.plan import CostModel, make_pieces, queue_seconds, take_job, window_steps
+from kokoro_opt.serve.plan import CostModel, Piece, as_pieces, make_pieces, queue_seconds, take_job, window_steps
 from kokoro_opt.serve.scenario import playback
 from kokoro_opt.voices import OPENAI_VOICES, openai_voice_map
 
@@ -82,19 +82,29 @@ def test_boundary(vocab: dict[str, int]) -> None:
 
 
 def test_take_job_merges_within_budget() -> None:
-    pieces = deque([[1] * 10, [2] * 10, [3] * 10, [4] * 300, [5] * 300])
-    assert take_job(pieces, 0, 16) == [1] * 10  # always at least one piece
-    assert take_job(pieces, 21, 16) == [2] * 10 + [16] + [3] * 10  # joined with a space token
-    assert take_job(pieces, 10_000, 16) == [4] * 300  # never past 510 tokens
-    assert take_job(pieces, 10_000, 16) == [5] * 300 and not pieces
+    pieces = deque(as_pieces([[1] * 10, [2] * 10, [3] * 10, [4] * 300, [5] * 300]))
+    assert take_job(pieces, 0, 16) == Piece([1] * 10)  # always at least one piece
+    assert take_job(pieces, 21, 16) == Piece([2] * 10 + [16] + [3] * 10)  # joined with a space token
+    assert take_job(pieces, 10_000, 16) == Piece([4] * 300)  # never past 510 tokens
+    assert take_job(pieces, 10_000, 16) == Piece([5] * 300) and not pieces
+
+
+def test_a_job_of_pieces_cut_at_words_keeps_the_outer_context_and_counts_it() -> None:
+    """Pieces cut at words inside a sentence (a space ends the first: it is spoken before the cut) merge without a
+    second space; the job is fed the first piece's words before it and the last one's after it, and those count
+    against the budget, since the front runs over them."""
+    first, second, third = Piece([1] * 10 + [16], [7, 16], [2, 2]), Piece([2] * 10, [1, 16], [3]), Piece([3] * 10, [2, 16])
+    assert take_job(deque([first, second, third]), 10_000, 16) == Piece([1] * 10 + [16] + [2] * 10 + [16] + [3] * 10, [7, 16])
+    assert take_job(deque([first, second]), 2 + 11 + 10 + 1, 16) == Piece([1] * 10 + [16] + [2] * 10, [7, 16], [3])
+    assert take_job(deque([first, second]), 2 + 11 + 10, 16) == first  # the second's context would not fit
 
 
 def test_pieces_cover_long_text(vocab: dict[str, int]) -> None:
     text = " ".join(["The lighthouse keeper climbed the stairs at dusk, and lit the great lamp."] * 12)
     pieces = make_pieces(text, vocab, first_chunk_tokens=40, piece_tokens=80)
-    assert all(len(p) <= 80 for p in pieces) and len(pieces) >= 12
+    assert all(len(p.tokens) - bool(p.ahead) <= 80 for p in pieces) and len(pieces) >= 12  # a space ends a cut at words
     whole = sum(len(c.token_ids) for c in chunk_text(text, vocab, first_chunk_tokens=40, chunk_tokens=510))
-    assert whole > 510 and abs(sum(map(len, pieces)) - whole) <= 0.05 * whole  # nothing truncated
+    assert whole > 510 and abs(sum(len(p.tokens) for p in pieces) - whole) <= 0.05 * whole  # nothing truncated
 
 
 def test_slow_speech_gets_jobs_of_no_more_frames_than_at_speed_1() -> None:

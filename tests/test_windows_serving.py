@@ -273,6 +273,7 @@ def test_a_whole_answer_waits_while_a_listener_would_run_dry() -> None:
     from kokoro_opt.serve import ServeConfig
     from kokoro_opt.serve.engine import Engine
     from kokoro_opt.serve.modes import MAX_HOLD, WholeJobs, WindowedJobs
+    from kokoro_opt.serve.plan import Piece
     from tests.test_serve_units import _FakeEncoder
 
     async def picks() -> dict[str, Any]:
@@ -291,8 +292,8 @@ def test_a_whole_answer_waits_while_a_listener_would_run_dry() -> None:
             return "listener" if chosen[0] is listener else "quiet"
 
         def restore() -> None:  # `_pick` pops the job it chose
-            listener.pieces.extendleft([[1] * 10] * (3 - len(listener.pieces)))
-            quiet.pieces.extendleft([[1] * 10] * (1 - len(quiet.pieces)))
+            listener.pieces.extendleft([Piece([1] * 10)] * (3 - len(listener.pieces)))
+            quiet.pieces.extendleft([Piece([1] * 10)] * (1 - len(quiet.pieces)))
 
         # Buffers are read against the clock: a stalled worker only makes 0.1 s shorter, 30 s holds for minutes.
         out["front, listener 0.1 s from running dry"] = picked()

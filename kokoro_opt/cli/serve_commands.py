@@ -42,6 +42,13 @@ def serve(
     first_chunk_tokens: Annotated[int | None, typer.Option(help="first chunk size (default: tuned, else 40)")] = None,
     chunk_tokens: Annotated[int | None, typer.Option(help="largest later chunk (default: tuned, else 200)")] = None,
     crossfade_ms: Annotated[float | None, typer.Option(help="crossfade at chunk seams (default: tuned, else 10)")] = None,
+    context_words: Annotated[
+        int | None,
+        typer.Option(
+            help="words fed on each side of a cut inside a sentence, so neither side is spoken as an utterance's "
+            "end or start (default 2; 0: none)"
+        ),
+    ] = None,
     cap_edges: Annotated[
         bool, typer.Option(help="decode only part of each job's edge silence (needs an artifact with the edges stage)")
     ] = False,
@@ -84,6 +91,7 @@ def serve(
         first_chunk_tokens=first_chunk_tokens,
         chunk_tokens=chunk_tokens,
         crossfade_ms=crossfade_ms,
+        context_words=context_words,
         cap_edges=cap_edges or None,
         windowed=windowed,
         first_window_steps=first_window_steps,

@@ -69,6 +69,17 @@ def speech_steps(
     return STEPS_PER_FRAME * start, STEPS_PER_FRAME * end
 
 
+def spoken_steps(durations: np.ndarray, context: tuple[int, int], steps: tuple[int, int]) -> tuple[int, int]:
+    """Generator steps `steps` ([start, end)) with each side where context tokens were fed (`context`: how many
+    before and after the spoken ones) moved to where the spoken tokens' frames begin or end. `durations`: the
+    front's, per token of the feed with the pads."""
+    behind, ahead = context
+    frames = np.cumsum(durations)
+    start = STEPS_PER_FRAME * int(frames[behind]) if behind else steps[0]
+    end = STEPS_PER_FRAME * int(frames[len(durations) - 2 - ahead]) if ahead else steps[1]
+    return start, max(end, start + 1)
+
+
 @dataclass(frozen=True)
 class WindowSettings:
     """How a job is cut into windows (generator steps of 12.5 ms), stored by the `windows` stage."""
@@ -326,17 +337,25 @@ class WindowedDecoder:
         return audio[(start - lo) * STEP_SAMPLES : (end - lo) * STEP_SAMPLES] / self.synth.audio_gain
 
     def start(
-        self, token_ids: list[int], pack: np.ndarray, speed: float = 1.0, run_options: Any = None, windows: bool = True
+        self,
+        token_ids: list[int],
+        pack: np.ndarray,
+        speed: float = 1.0,
+        run_options: Any = None,
+        windows: bool = True,
+        context: tuple[int, int] = (0, 0),
     ) -> WindowedJob:
         """Run a job's front and the generator's per-job part. `windows=False`: nobody hears the job before it
         ends, so one that can finish is only finished, and its per-job part (statistics and tables, ~5 ms) is
-        left out."""
+        left out. `context`: of `token_ids`, how many before and after are context, read but not spoken
+        (serve/plan.Piece): the job's speech is then the other tokens' frames (`spoken_steps`)."""
         if self.statistics is None:
             raise UserError("this windowed decoder has no statistics", "load it with WindowedDecoder.of_artifact")
         began = time.perf_counter()
         front = self.front(token_ids, style_for(pack, len(token_ids)), speed, run_options)
         s = self.settings
-        start, end = speech_steps(front.durations, token_ids, self.synth.symbols, s.lead_frames, s.trail_frames)
+        speech = speech_steps(front.durations, token_ids, self.synth.symbols, s.lead_frames, s.trail_frames)
+        start, end = spoken_steps(front.durations, context, speech)
         job = WindowedJob(front, None, (start, end), cursor=start)
         job.finish = self.decodes_whole and front.steps <= s.finish_steps
         if windows or not job.finish:

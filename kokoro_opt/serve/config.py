@@ -12,13 +12,15 @@ from kokoro_opt.runtime.join import CROSSFADE_MS
 from kokoro_opt.runtime.session import SessionSettings, shared_by
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.capacity import CAPACITY_FILE, DEFAULT_QUEUE, Capacity, measured_capacity
+from kokoro_opt.serve.plan import CONTEXT_WORDS
 from kokoro_opt.store import store_of
 from kokoro_opt.text import CONTEXT_TOKENS, JOB_TOKENS
 
 MAX_WORKERS = 2  # what was measured (docs/serving.md)
 MAX_CROSSFADE_MS = 200.0  # a seam's crossfade: longer ones blur the words on each side
+MAX_CONTEXT_WORDS = 8
 _COUNTS = ("first_chunk_tokens", "chunk_tokens", "piece_tokens", "first_window_steps", "workers", "max_queue",
-           "max_input_chars", "max_input_tokens", "max_body_bytes")  # fmt: skip
+           "max_input_chars", "max_input_tokens", "max_body_bytes", "context_words")  # fmt: skip
 _OPTIONAL = ("piece_tokens", "first_window_steps")
 _SECONDS_AND_SIZES = ("crossfade_ms", "request_timeout", "body_timeout", "drain_timeout", "audio_cache_mb")
 
@@ -28,6 +30,7 @@ class ServeConfig:
     first_chunk_tokens: int = 40  # the first job: small, so first audio comes fast
     chunk_tokens: int = JOB_TOKENS  # the largest later job (merged pieces), at most 510
     piece_tokens: int | None = None  # sentences are packed into pieces up to this; None = 2 x first_chunk_tokens
+    context_words: int = CONTEXT_WORDS  # words fed on each side of a cut at words inside a sentence (plan.Piece)
     crossfade_ms: float = CROSSFADE_MS
     trim_silence: bool = True  # cut Kokoro's ~0.9 s of silence at each seam to a natural pause (join.py)
     cap_edges: bool = False  # the decoder skips most of that silence (an artifact with the edges stage)
@@ -64,6 +67,8 @@ class ServeConfig:
         for name in ("first_chunk_tokens", "chunk_tokens", "max_queue", "max_input_chars", "max_input_tokens", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be at least 1", "use a positive number")
+        if not 0 <= self.context_words <= MAX_CONTEXT_WORDS:
+            raise UserError(f"context_words must be 0 to {MAX_CONTEXT_WORDS}, not {self.context_words}", "use e.g. 2; 0: none")
         if self.crossfade_ms > MAX_CROSSFADE_MS:
             raise UserError(f"crossfade_ms must be at most {MAX_CROSSFADE_MS}, not {self.crossfade_ms}", "use e.g. 10")
         if not self.first_chunk_tokens <= self.chunk_tokens <= CONTEXT_TOKENS:
@@ -101,9 +106,8 @@ class ServeConfig:
     def scheduling(self) -> str:
         """A key of what decides how a stream's work is cut and ordered: a capacity measured under other chunks or
         windows is not this server's."""
-        return content_key(
-            self.first_chunk_tokens, self.chunk_tokens, self.pieces, self.first_window_steps, self.crossfade_ms, self.trim_silence
-        )
+        chunks = (self.first_chunk_tokens, self.chunk_tokens, self.pieces, self.context_words)
+        return content_key(*chunks, self.first_window_steps, self.crossfade_ms, self.trim_silence)
 
     @property
     def mode_name(self) -> str:

@@ -21,14 +21,12 @@ another listener without audio.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import itertools
 import logging
 import math
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -38,13 +36,14 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.runtime import open_synthesizer
 from kokoro_opt.runtime.join import PAUSES, Joiner, boundary
 from kokoro_opt.runtime.synth import Speaker, Synthesizer
-from kokoro_opt.runtime.windowed import WindowedDecoder, WindowedJob
+from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, spoken_steps
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.config import ServeConfig, edges_missing, windows_missing
 from kokoro_opt.serve.encoders import Encoder
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.modes import SAFETY, WholeJobs, WindowedJobs
-from kokoro_opt.serve.plan import CostModel, make_pieces, take_job
+from kokoro_opt.serve.plan import CostModel, Piece, make_pieces, take_job
+from kokoro_opt.serve.stream import Stream
 
 log = logging.getLogger("kokoro_opt.serve")
 
@@ -58,42 +57,6 @@ def frames_bound(tokens: int, speed: float) -> int:
     frames. So slow speech gets proportionally smaller jobs and never more frames than a job at speed 1:
     the peak memory a server reaches under its load holds for every speed."""
     return max(1, math.floor(tokens * min(speed, 1.0)))
-
-
-class Stream:
-    """One request in the engine. The worker thread owns the synthesis state; the loop reads `queue`."""
-
-    _ids = itertools.count(1)
-
-    def __init__(
-        self, pieces: list[list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool, joiner: Joiner
-    ) -> None:
-        self.id = next(self._ids)
-        self.pieces: deque[list[int]] = deque(pieces)
-        self.pack, self.speed, self.encoder, self.streaming, self.joiner = pack, speed, encoder, streaming, joiner
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
-        self.arrival = time.monotonic()
-        self.first_out: float | None = None
-        self.audio_out = 0.0  # seconds of audio handed out
-        self.jobs = 0
-        self.cancelled = False
-        self.cancelled_at = 0.0  # when `cancelled` was set (monotonic): how long its running unit took to stop
-        self.finished = False
-        self.run_options: Any = None
-        self.job: tuple[list[int], bool, WindowedJob] | None = None  # a windowed job with windows still to decode
-        self.held_since: float | None = None  # a whole answer held back for listeners since (WindowedJobs.defers)
-
-    def deadline(self) -> float:
-        return self.arrival if self.first_out is None else self.first_out + self.audio_out
-
-    def urgency(self) -> tuple[bool, float, int]:
-        """The order streams are worked for: first chunks first (oldest first), then earliest deadline first."""
-        return (not (self.streaming and self.jobs == 0), self.deadline(), self.id)
-
-    def put(self, item: bytes | BaseException | None) -> None:
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
 class Engine:
@@ -196,7 +159,7 @@ class Engine:
         started = time.perf_counter()
         pieces = self.plan(_WARMUP_TEXT)
         pack = synth.packs[synth.voices[0]]
-        flat = [t for p in pieces for t in p] or [self._space or 1]
+        flat = [t for p in pieces for t in p.tokens] or [self._space or 1]
         timings: dict[int, float] = {}
         windows: dict[int, float] = {}
         for size in (self.config.first_chunk_tokens, self.config.first_chunk_tokens, self.config.chunk_tokens):
@@ -224,13 +187,16 @@ class Engine:
     def sample_rate(self) -> int:
         return self.synth.sample_rate if self.synth else 24_000
 
-    def plan(self, text: str, speed: float = 1.0) -> list[list[int]]:
-        """Text -> token pieces, smaller for slow speech (`frames_bound`); CPU work (espeak): call it off the event loop."""
+    def plan(self, text: str, speed: float = 1.0) -> list[Piece]:
+        """Text -> pieces, smaller for slow speech (`frames_bound`); CPU work (espeak): call it off the event loop."""
         assert self.synth is not None
         first = frames_bound(self.config.first_chunk_tokens, speed)
-        return make_pieces(text, self.synth.vocab, first, max(first, frames_bound(self.config.pieces, speed)))
+        pieces = max(first, frames_bound(self.config.pieces, speed))
+        return make_pieces(text, self.synth.vocab, first, pieces, self.config.context_words)
 
-    def submit(self, pieces: list[list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool) -> Stream:
+    def submit(
+        self, pieces: Sequence[Piece | list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool
+    ) -> Stream:
         stream = Stream(pieces, pack, speed, encoder, streaming, self.new_joiner())
         with self.cond:
             self.streams.append(stream)
@@ -295,8 +261,8 @@ class Engine:
         stream.held_since = None  # its unit runs: the next is held afresh
         if stream.job is not None:
             return stream, stream.job[0], stream.job[1]
-        tokens, last = self.next_job(stream.pieces, self._budget(stream, time.monotonic()))
-        return stream, tokens, last
+        piece, last = self.next_job(stream.pieces, self._budget(stream, time.monotonic()))
+        return stream, piece, last
 
     def _serve(self) -> None:
         import onnxruntime as ort
@@ -308,12 +274,12 @@ class Engine:
                     self.cond.wait()
                 if self._stopping or job is None:
                     return
-                stream, tokens, last = job
+                stream, piece, last = job
                 stream.run_options = ort.RunOptions()
                 self._running.add(stream)
                 self.most_running = max(self.most_running, len(self._running))
             try:
-                self.mode.step(stream, tokens, last)
+                self.mode.step(stream, piece, last)
             except Exception as exc:
                 if not stream.cancelled:  # a cancelled job fails by design (terminate flag)
                     log.exception("synthesis failed for request %d", stream.id)
@@ -332,23 +298,23 @@ class Engine:
         """A request's joiner: trims each job's edge silence to a natural pause and crossfades the seams."""
         return Joiner(self.sample_rate, self.config.crossfade_ms, self.config.trim_silence)
 
-    def next_job(self, pieces: deque[list[int]], budget: int) -> tuple[list[int], bool]:
-        """Pop a request's next job (its next piece, merged with more within `budget` tokens): (tokens, last)."""
-        tokens = take_job(pieces, budget, self._space)
-        return tokens, not pieces
+    def next_job(self, pieces: deque[Piece], budget: int) -> tuple[Piece, bool]:
+        """Pop a request's next job (its next piece, merged with more within `budget` tokens): (the job, last)."""
+        job = take_job(pieces, budget, self._space)
+        return job, not pieces
 
-    def run_job(self, tokens: list[int], pack: np.ndarray, speed: float, run_options: Any = None) -> tuple[np.ndarray, float]:
+    def run_job(self, job: Piece, pack: np.ndarray, speed: float, run_options: Any = None) -> tuple[np.ndarray, float]:
         """Synthesize one job and account for it (cost model, metrics): (raw audio, compute seconds)."""
         started = time.perf_counter()
-        audio = self.synthesize(tokens, pack, speed, run_options)
+        audio = self.synthesize(job, pack, speed, run_options)
         compute = time.perf_counter() - started
-        self._account(tokens, compute, len(audio) / self.sample_rate, speed)
+        self._account(len(job), compute, len(audio) / self.sample_rate, speed)
         return audio, compute
 
     def join(
         self,
         joiner: Joiner,
-        tokens: list[int],
+        job: Piece,
         audio: np.ndarray,
         last: bool,
         speed: float,
@@ -356,29 +322,37 @@ class Engine:
         closes: bool = True,
     ) -> np.ndarray:
         """A job's audio (or one window of it: `opens` / `closes` the job) through its request's joiner, with
-        the pause its final token calls for: what can be sent."""
+        the pause its final token calls for: what can be sent. A side where the job was fed context goes on
+        from the job before it or into the job after it as one utterance does: nothing trimmed, no crossfade."""
         assert self.synth is not None
-        return joiner.push(audio, last, PAUSES[boundary(tokens, self.synth.symbols)] / speed, opens=opens, closes=closes)
+        pause = PAUSES[boundary(job.tokens, self.synth.symbols)] / speed
+        return joiner.push(audio, last, pause, opens=opens and not job.behind, closes=closes and not job.ahead)
 
     def first_audio(self, text: str, pack: np.ndarray, speed: float = 1.0) -> np.ndarray:
         """The audio a new streaming request for `text` sends first, made on the calling thread by the worker's
         own steps: planning, the first job (`FIRST_JOB_BUDGET`), synthesis, the joiner. Not queued, not for
         serving: it times first audio (kokoro-opt tune) on an engine whose worker thread is not started."""
         pieces = deque(self.plan(text))
-        tokens, last = self.next_job(pieces, FIRST_JOB_BUDGET)
-        return self.mode.first_audio(tokens, pack, speed, last)
+        job, last = self.next_job(pieces, FIRST_JOB_BUDGET)
+        return self.mode.first_audio(job, pack, speed, last)
 
-    def synthesize(self, tokens: list[int], pack: np.ndarray, speed: float, run_options: Any) -> np.ndarray:
+    def synthesize(self, job: Piece, pack: np.ndarray, speed: float, run_options: Any) -> np.ndarray:
+        """The audio of the job's own tokens, from one run over them and their context."""
         # Synthesizer.run_tokens, plus run options: a cancelled request's job stops within one graph node.
         synth = self.synth
         assert synth is not None
         if not isinstance(synth, Synthesizer):  # Core ML has no run options: a cancelled job finishes its chunk
-            return synth.run_tokens(tokens, pack, speed).audio
-        return synth.run_tokens(tokens, pack, speed, self.config.cap_edges, run_options).audio
+            result = synth.run_tokens(job.feed, pack, speed)
+        else:  # capped edges start the audio elsewhere: a job with context is cut at its own frames instead
+            result = synth.run_tokens(job.feed, pack, speed, self.config.cap_edges and job.context == (0, 0), run_options)
+        if job.context == (0, 0):
+            return result.audio
+        start, end = spoken_steps(result.durations, job.context, (0, len(result.audio) // STEP_SAMPLES))
+        return result.audio[start * STEP_SAMPLES : end * STEP_SAMPLES]
 
-    def _account(self, tokens: list[int], compute: float, audio_s: float, speed: float) -> None:
+    def _account(self, tokens: int, compute: float, audio_s: float, speed: float) -> None:
         with self.cond:
-            self.cost.observe(len(tokens), speed, compute)
+            self.cost.observe(tokens, speed, compute)
         if self.metrics:
             self.metrics.observe_job(compute, audio_s)
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
-from kokoro_opt.serve.plan import bridge_steps, queue_seconds, smallest_heard_window, window_steps
+from kokoro_opt.serve.plan import Piece, bridge_steps, queue_seconds, smallest_heard_window, window_steps
 
 log = logging.getLogger("kokoro_opt.serve")
 
@@ -50,22 +50,22 @@ class WholeJobs:
         """Seconds the synthesis of `tokens` more takes (Retry-After): the job cost model."""
         return self.engine.cost.predict(tokens)
 
-    def step(self, stream: Any, tokens: list[int], last: bool) -> None:
+    def step(self, stream: Any, job: Piece, last: bool) -> None:
         engine = self.engine
-        audio, compute = engine.run_job(tokens, stream.pack, stream.speed, stream.run_options)
-        log.debug("request %d: job of %d tokens in %.2f s (last=%s)", stream.id, len(tokens), compute, last)
+        audio, compute = engine.run_job(job, stream.pack, stream.speed, stream.run_options)
+        log.debug("request %d: job of %d tokens in %.2f s (last=%s)", stream.id, len(job), compute, last)
         if not stream.cancelled:
-            engine.emit(stream, engine.join(stream.joiner, tokens, audio, last, stream.speed), last)
+            engine.emit(stream, engine.join(stream.joiner, job, audio, last, stream.speed), last)
 
     def time_job(self, tokens: list[int], pack: np.ndarray) -> tuple[float, dict[int, float]]:
         """Seconds one job of `tokens` takes (warm-up), and no windows."""
         started = time.perf_counter()
-        self.engine.synthesize(tokens, pack, 1.0, None)
+        self.engine.synthesize(Piece(tokens), pack, 1.0, None)
         return time.perf_counter() - started, {}
 
-    def first_audio(self, tokens: list[int], pack: np.ndarray, speed: float, last: bool) -> np.ndarray:
-        audio, _ = self.engine.run_job(tokens, pack, speed)
-        return self.engine.join(self.engine.new_joiner(), tokens, audio, last, speed)
+    def first_audio(self, job: Piece, pack: np.ndarray, speed: float, last: bool) -> np.ndarray:
+        audio, _ = self.engine.run_job(job, pack, speed)
+        return self.engine.join(self.engine.new_joiner(), job, audio, last, speed)
 
 
 class WindowedJobs:
@@ -120,14 +120,14 @@ class WindowedJobs:
             fit_steps=engine.window_cost.tokens_within(fit),
         )
 
-    def step(self, stream: Any, tokens: list[int], last: bool) -> None:
+    def step(self, stream: Any, piece: Piece, last: bool) -> None:
         engine = self.engine
         if stream.job is None:
-            job = self.decoder.start(tokens, stream.pack, stream.speed, stream.run_options, windows=stream.streaming)
-            stream.job = (tokens, last, job)
+            job = self.decoder.start(piece.feed, stream.pack, stream.speed, stream.run_options, stream.streaming, piece.context)
+            stream.job = (piece, last, job)
             if job.stats is not None:  # the front model prices a front with its per-job part
                 with engine.cond:  # two workers observe
-                    engine.cost.observe(len(tokens), stream.speed, job.front_seconds)
+                    engine.cost.observe(len(piece), stream.speed, job.front_seconds)
             if not stream.streaming:
                 with engine.cond:
                     if self.defers(stream):  # its finish waits while the listeners' audio runs short (`defers`)
@@ -158,13 +158,13 @@ class WindowedJobs:
         if closes:
             stream.job = None
             with engine.cond:  # what `seconds_for` prices the rest of a queue with
-                per = job.compute / max(len(tokens), 1)
+                per = job.compute / max(len(piece), 1)
                 held = self.seconds_per_token
                 self.seconds_per_token = per if held is None else 0.7 * held + 0.3 * per
             if engine.metrics:
                 engine.metrics.observe_job(job.compute, job.samples / engine.sample_rate)
         if not stream.cancelled:
-            out = engine.join(stream.joiner, tokens, audio, last and closes, stream.speed, opens=job.opened, closes=closes)
+            out = engine.join(stream.joiner, piece, audio, last and closes, stream.speed, opens=job.opened, closes=closes)
             job.opened = False
             engine.emit(stream, out, last and closes)
 
@@ -297,7 +297,7 @@ class WindowedJobs:
             self.warm_finish = (job.front.steps, time.perf_counter() - started)
         return job.front_seconds, windows
 
-    def first_audio(self, tokens: list[int], pack: np.ndarray, speed: float, last: bool) -> np.ndarray:
-        job = self.decoder.start(tokens, pack, speed)
+    def first_audio(self, piece: Piece, pack: np.ndarray, speed: float, last: bool) -> np.ndarray:
+        job = self.decoder.start(piece.feed, pack, speed, context=piece.context)
         audio = self.decoder.next_window(job)
-        return self.engine.join(self.engine.new_joiner(), tokens, audio, last and job.done, speed, closes=job.done)
+        return self.engine.join(self.engine.new_joiner(), piece, audio, last and job.done, speed, closes=job.done)

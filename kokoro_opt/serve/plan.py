@@ -6,37 +6,79 @@ pieces into one job as large as the listener's buffered audio allows (see `Engin
 `chunk_tokens`. So the first job is small (fast first audio) and later ones grow to full chunks once
 the stream is ahead of real time; under load jobs stay at one piece so no stream falls behind.
 Merging appends token ids with a space between them, which is what phonemizing the joined text gives.
+A piece cut at words inside its sentence carries a few words on each side of the cut as context: its job's
+front reads them, its decoder speaks only the piece's own frames, so neither side of the cut is timed and
+intoned as an utterance's end or start (`Piece`).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from kokoro_opt.chunking import chunk_text
 from kokoro_opt.text import CONTEXT_TOKENS
 
+CONTEXT_WORDS = 2  # words fed on each side of a cut at words (docs/measurements/2026-12-07-first-chunk-endings.md)
 
-def make_pieces(text: str, vocab: dict[str, int], first_chunk_tokens: int, piece_tokens: int) -> list[list[int]]:
-    """Token ids of each piece, in order; the first piece is the small first chunk.
+
+@dataclass(frozen=True)
+class Piece:
+    """Token ids a job speaks (`tokens`), and the token ids its front reads before and after them without
+    speaking them: the words around a cut at words inside a sentence (`chunking.Chunk`), else none."""
+
+    tokens: list[int]
+    behind: list[int] = field(default_factory=list)
+    ahead: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        """The tokens the front runs over: what the job costs."""
+        return len(self.behind) + len(self.tokens) + len(self.ahead)
+
+    @property
+    def feed(self) -> list[int]:
+        return [*self.behind, *self.tokens, *self.ahead]
+
+    @property
+    def context(self) -> tuple[int, int]:
+        """(tokens before, tokens after) the spoken ones in `feed`."""
+        return len(self.behind), len(self.ahead)
+
+
+def as_pieces(pieces: Iterable[Piece | list[int]]) -> list[Piece]:
+    """Pieces, token lists taken as pieces without context."""
+    return [p if isinstance(p, Piece) else Piece(list(p)) for p in pieces]
+
+
+def make_pieces(
+    text: str, vocab: dict[str, int], first_chunk_tokens: int, piece_tokens: int, context_words: int = CONTEXT_WORDS
+) -> list[Piece]:
+    """Each piece in order; the first piece is the small first chunk.
 
     Pieces should be whole sentences where possible: every job boundary is an utterance end for Kokoro,
-    with end-of-utterance intonation, so cutting mid-sentence costs naturalness even with seams trimmed.
+    with end-of-utterance intonation, so a cut inside a sentence gets `context_words` words of context on each side.
     """
-    chunks = chunk_text(text, vocab, first_chunk_tokens=first_chunk_tokens, chunk_tokens=piece_tokens)
-    return [chunk.token_ids for chunk in chunks]
+    chunks = chunk_text(text, vocab, first_chunk_tokens, piece_tokens, context_words=context_words)
+    # the space after a cut is spoken before it: its frames are the pause between the two words
+    return [Piece([*c.token_ids, *c.ahead[:1]], c.behind, c.ahead[1:]) for c in chunks]
 
 
-def take_job(pieces: deque[list[int]], budget_tokens: int, space_id: int | None) -> list[int]:
-    """Pop the first piece and merge following ones while the job stays within the budget (and 510)."""
-    job = list(pieces.popleft())
-    glue = [space_id] if space_id is not None else []
+def take_job(pieces: deque[Piece], budget_tokens: int, space_id: int | None) -> Piece:
+    """Pop the first piece and merge following ones while the job, its context included, stays within the
+    budget (and 510). A piece cut at words already ends with the space its next piece follows."""
+    first = pieces.popleft()
+    tokens, ahead = list(first.tokens), first.ahead
     limit = min(budget_tokens, CONTEXT_TOKENS)
-    while pieces and len(job) + len(glue) + len(pieces[0]) <= limit:
-        job += glue + pieces.popleft()
-    return job
+    while pieces:
+        glue = [space_id] if space_id is not None and tokens[-1:] != [space_id] else []
+        following = pieces[0]
+        if len(first.behind) + len(tokens) + len(glue) + len(following.tokens) + len(following.ahead) > limit:
+            break
+        tokens += glue + pieces.popleft().tokens
+        ahead = following.ahead
+    return Piece(tokens, first.behind, ahead)
 
 
 @dataclass

@@ -27,7 +27,6 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.connections import SlicedResponse, abort_connection
 from kokoro_opt.serve.encoders import MEDIA_TYPES, make_encoder, supported_formats
-from kokoro_opt.serve.engine import Stream
 from kokoro_opt.serve.openai_compat import (
     BLANK,
     ApiError,
@@ -37,6 +36,7 @@ from kokoro_opt.serve.openai_compat import (
     sse_event,
     validation_message,
 )
+from kokoro_opt.serve.stream import Stream
 
 if TYPE_CHECKING:
     from kokoro_opt.serve.service import Service

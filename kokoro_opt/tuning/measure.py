@@ -99,9 +99,9 @@ class Bench:
         compute = audio = 0.0
         budget = FIRST_JOB_BUDGET
         while pieces:
-            tokens, _ = self.engine.next_job(pieces, budget)
+            job, _ = self.engine.next_job(pieces, budget)
             budget = self.config.chunk_tokens
-            out, seconds = self.engine.run_job(tokens, self.pack, self.measure.speed)
+            out, seconds = self.engine.run_job(job, self.pack, self.measure.speed)
             compute += seconds
             audio += len(out) / self.synth.sample_rate
         return compute / max(audio, 1e-9)

@@ -1,0 +1,60 @@
+"""One request in the engine: its pieces, its listener's playback deadline, its queue of audio to send."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kokoro_opt.runtime.join import Joiner
+from kokoro_opt.runtime.windowed import WindowedJob
+from kokoro_opt.serve.encoders import Encoder
+from kokoro_opt.serve.plan import Piece, as_pieces
+
+
+class Stream:
+    """One request in the engine. The worker thread owns the synthesis state; the loop reads `queue`."""
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self,
+        pieces: Sequence[Piece | list[int]],
+        pack: np.ndarray,
+        speed: float,
+        encoder: Encoder,
+        streaming: bool,
+        joiner: Joiner,
+    ) -> None:
+        self.id = next(self._ids)
+        self.pieces: deque[Piece] = deque(as_pieces(pieces))
+        self.pack, self.speed, self.encoder, self.streaming, self.joiner = pack, speed, encoder, streaming, joiner
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+        self.arrival = time.monotonic()
+        self.first_out: float | None = None
+        self.audio_out = 0.0  # seconds of audio handed out
+        self.jobs = 0
+        self.cancelled = False
+        self.cancelled_at = 0.0  # when `cancelled` was set (monotonic): how long its running unit took to stop
+        self.finished = False
+        self.run_options: Any = None
+        self.job: tuple[Piece, bool, WindowedJob] | None = None  # a windowed job with windows still to decode
+        self.held_since: float | None = None  # a whole answer held back for listeners since (WindowedJobs.defers)
+
+    def deadline(self) -> float:
+        return self.arrival if self.first_out is None else self.first_out + self.audio_out
+
+    def urgency(self) -> tuple[bool, float, int]:
+        """The order streams are worked for: first chunks first (oldest first), then earliest deadline first."""
+        return (not (self.streaming and self.jobs == 0), self.deadline(), self.id)
+
+    def put(self, item: bytes | BaseException | None) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
