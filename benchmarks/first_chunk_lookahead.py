@@ -29,7 +29,6 @@ def main() -> None:
     from kokoro_opt.first_chunk import benchmark_texts, cut_at_words
     from kokoro_opt.machine import describe, fingerprint
     from kokoro_opt.runtime import open_synthesizer
-    from kokoro_opt.runtime.join import CROSSFADE_MS, Joiner
     from kokoro_opt.select import Selection
     from kokoro_opt.serve import ServeConfig
     from kokoro_opt.serve.engine import Engine
@@ -62,7 +61,7 @@ def main() -> None:
         return np.concatenate(parts)
 
     def streamed(pieces: list[Piece]) -> np.ndarray:
-        joiner = Joiner(rate, CROSSFADE_MS)
+        joiner = engine.new_joiner()
         return np.concatenate([engine.join(joiner, p, decoded(p), k == len(pieces) - 1, 1.0) for k, p in enumerate(pieces)])
 
     rows: dict[int, list[tuple[float, float, float, int]]] = {k: [] for k in settings}

@@ -27,7 +27,7 @@ def served_units(
     engine: Any,
     tokens: list[int],
     pack: Any,
-    others: list[list[int]] | None = None,
+    others: list[Any] | None = None,  # pieces (Engine.plan) or token lists
     listeners: int = 1,
     chunks: list[tuple[float, int]] | None = None,
 ) -> list[tuple[str, int, int | None]]:
@@ -64,7 +64,7 @@ def served_units(
             if arrivals is not None and item:
                 arrivals.append((time.monotonic(), len(item)))
 
-    def submit(pieces: list[list[int]]) -> Any:
+    def submit(pieces: list[Any]) -> Any:
         return engine.submit(pieces, pack, 1.0, make_encoder("pcm", engine.sample_rate, True), True)
 
     async def load(playing: list[Any]) -> None:

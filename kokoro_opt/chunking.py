@@ -18,10 +18,13 @@ from kokoro_opt.normalize import MONTHS, NEVER_END, NOT_END_BEFORE_NUMBER, read_
 from kokoro_opt.phrasing import phrase_end
 from kokoro_opt.text import CONTEXT_TOKENS, JOB_TOKENS, phonemize, tokenize
 
-__all__ = ["Chunk", "chunk_phonemes", "chunk_text", "says_something", "split_sentences"]
+__all__ = ["CLAUSE_MARKS", "CONTEXT_WORDS", "Chunk", "chunk_phonemes", "chunk_text", "says_something", "split_sentences"]
 
 MIN_FIRST_WORDS = 3  # a first chunk may end at a comma only after this many words (not at a lone "Well,")
 SPACE = " "  # the vocab's word boundary
+# words a server feeds on each side of a cut at words (`chunk_text`'s context_words; serve/plan.Piece):
+# docs/measurements/2026-12-07-first-chunk-endings.md
+CONTEXT_WORDS = 2
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ _CLOSERS = "\"”’')]"
 _CLOSE = re.escape(_CLOSERS)  # for use inside [...]
 # blank lines end headings too (Windows' line ends and the Unicode paragraph separator as well)
 _SENTENCE_END = re.compile(rf"[.!?;:…]+[{_CLOSE}]*(?=\s|$)|\r?\n[ \t]*\r?\n|\u2029")
-_CLAUSE_END = re.compile(rf"[,;:—–]+[{_CLOSE}]*(?=\s)|—")
+CLAUSE_MARKS = ",;:—–"  # a cut after one is at a clause, where a speaker pauses
+_CLAUSE_END = re.compile(rf"[{CLAUSE_MARKS}]+[{_CLOSE}]*(?=\s)|—")
 _PHONEME_END = re.compile(rf"[.!?;:…]+[{_CLOSE}]*(?=\s|$)")
 _WORD = re.compile(r"\S+")
 _AFTER_NUMBER = re.compile(r"(?i)(?:[ap]\.?m\.?|[a-z°%]{1,3}(?:/h)?|[€£]|thousand|million|billion|trillion)[^\w\s]*")
@@ -223,7 +227,7 @@ class _Chunker:
                 if self.phrasing and at_words and j < len(spans) - 1:  # a cut inside a sentence, keeping at least half its words
                     j, chunk = self.phrase_ending(spans, i, j, chunk, (j - i) // 2 + 1)
                 if at_words and j < len(spans) - 1:
-                    self.word_cuts[id(chunk)] = spans[j][1]
+                    self.cut_at(chunk, spans[j][1])
                 chunks.append(chunk)
                 i = j + 1
         return chunks
@@ -265,22 +269,32 @@ class _Chunker:
             if b == end or sum(any(ch.isalnum() for ch in w) for w in self.text[a:b].split()) >= MIN_FIRST_WORDS:
                 return b, c
         words = _word_spans(self.text, a, end)
-        budget = limit
-        while True:
-            found = self.fit(words, 0, budget) or self.fit(words[:1], 0, word_limit)
-            if found is None:
-                return None
+        budget, best = limit, None
+        while (found := self.fit(words, 0, budget) or self.fit(words[:1], 0, word_limit)) is not None:
             j, chunk = found
             if j < len(words) - 1 and self.phrasing:
                 j, chunk = self.phrase_ending(words, 0, j, chunk, MIN_FIRST_WORDS)
             if j == len(words) - 1:
                 return words[j][1], chunk
             own = len(chunk.token_ids)
-            if j == 0 or 4 * own <= 3 * limit or own + len(self.ahead(words[j][1], end, context_words)) <= limit:
-                self.word_cuts[id(chunk)] = words[j][1]
-                self.ahead_limits[id(chunk)] = limit - own  # what its context may add (`with_context`)
-                return words[j][1], chunk
-            budget = own - 1  # its context does not fit beside it: a word or more shorter, down to 3/4 of the limit
+            if best is not None and 4 * own < 3 * limit:
+                break  # a quarter of the budget is the most a first chunk gives up: the last one, with what context fits
+            best = j, chunk
+            if j == 0 or own + len(self.ahead(words[j][1], end, context_words)) <= limit:
+                break
+            budget = own - 1  # its context does not fit beside it: a word or more shorter
+        if best is None:
+            return None
+        j, chunk = best
+        self.cut_at(chunk, words[j][1], limit - len(chunk.token_ids))
+        return words[j][1], chunk
+
+    def cut_at(self, chunk: Chunk, cut: int, room: int = CONTEXT_TOKENS) -> None:
+        """Note that `chunk` ends at `cut`, at words inside its sentence (not at a clause mark), with at most `room`
+        context tokens to follow it."""
+        if (self.text[:cut].rstrip().rstrip(_CLOSERS)[-1:] or CLAUSE_MARKS[0]) not in CLAUSE_MARKS:
+            self.word_cuts[id(chunk)] = cut
+            self.ahead_limits[id(chunk)] = room
 
     def ahead(self, cut: int, end: int, words: int, most: int = CONTEXT_TOKENS) -> list[int]:
         """A space and the first `words` words of text[cut:end] as token ids, as many of them as fit `most` tokens
@@ -300,19 +314,19 @@ class _Chunker:
 
     def with_context(self, chunks: list[Chunk], sentences: list[Span], words: int, max_tokens: int) -> list[Chunk]:
         """`chunks` with `words` words of their sentence fed on each side of every cut at words inside it, where the
-        chunk and its context fit `max_tokens`."""
+        chunks and their context fit `max_tokens`: on both sides of a cut or on neither (the two jobs' audio meets
+        there, runtime/join.py)."""
         out = list(chunks)
         starts = [a for a, _ in sentences]
         for k in range(len(out) - 1):
             cut = self.word_cuts.get(id(chunks[k]))
-            if cut is None:
+            if cut is None or not says_something(out[k + 1]):  # what follows is dropped (`chunk_text`): it ends here
                 continue
             a, b = sentences[bisect.bisect_right(starts, cut) - 1]
             room = min(self.ahead_limits.get(id(chunks[k]), max_tokens), max_tokens - len(out[k].behind) - len(out[k].token_ids))
             ahead, behind = self.ahead(cut, b, words, room), self.behind(a, cut, words)
-            out[k] = replace(out[k], ahead=ahead)
-            if len(behind) + len(out[k + 1].token_ids) <= max_tokens:
-                out[k + 1] = replace(out[k + 1], behind=behind)
+            if ahead and behind and len(behind) + len(out[k + 1].token_ids) <= max_tokens:
+                out[k], out[k + 1] = replace(out[k], ahead=ahead), replace(out[k + 1], behind=behind)
         return out
 
 

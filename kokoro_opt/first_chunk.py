@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
-from kokoro_opt.chunking import chunk_text
+from kokoro_opt.chunking import CLAUSE_MARKS, Chunk, chunk_text
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.feeds import model_feeds
 from kokoro_opt.text import CONTEXT_TOKENS, utterance_tokens
@@ -25,7 +25,6 @@ from kokoro_opt.voices import style_for
 
 SENTENCES = 8  # sentences per voice and size
 VOICES = 3  # voices, the evaluation corpus's first (else the speaker's own, sorted)
-CLAUSE_MARKS = ",;:—–"  # a first chunk ending on one was cut at a clause, not at words
 
 
 def cut_at_words(first: str) -> bool:
@@ -92,21 +91,28 @@ class DurationModel:
 
 
 def distortion_by_size(
-    model: DurationModel, sizes: Iterable[int], texts: Iterable[str], sentences: int = SENTENCES, voices: int = VOICES
+    model: DurationModel,
+    sizes: Iterable[int],
+    texts: Iterable[str],
+    sentences: int = SENTENCES,
+    voices: int = VOICES,
+    context_words: int = 0,
 ) -> dict[int, float]:
     """Median distortion of each first-chunk size, over the first `sentences` texts longer than every
     size spoken by each of `voices` voices (the evaluation corpus's, else the model's own); a size
-    whose chunk is phonemized differently alone than in its sentence skips that sentence."""
+    whose chunk is phonemized differently alone than in its sentence skips that sentence. With
+    `context_words`, a chunk cut at words is timed as the server speaks it: fed the words after it
+    (`chunk_text`'s context), which come out of its size."""
     from kokoro_opt.evaluate.corpus import load_corpus
 
     sizes = sorted(set(sizes))
     voice_names = [v for v in load_corpus().voices if v in model.packs][:voices] or sorted(model.packs)[:voices]
-    picked: list[tuple[list[int], dict[int, list[int]]]] = []
+    picked: list[tuple[list[int], dict[int, Chunk]]] = []
     for text in texts:
         ids = utterance_tokens(text, model.vocab)  # the sentence in one piece, as evaluations speak it
         if max(sizes) + 8 < len(ids) <= CONTEXT_TOKENS:
-            firsts = {k: chunk_text(text, model.vocab, first_chunk_tokens=k, chunk_tokens=CONTEXT_TOKENS)[0] for k in sizes}
-            picked.append((ids, {k: c.token_ids for k, c in firsts.items() if ids[: len(c.token_ids)] == c.token_ids}))
+            firsts = {k: chunk_text(text, model.vocab, k, CONTEXT_TOKENS, context_words=context_words)[0] for k in sizes}
+            picked.append((ids, {k: c for k, c in firsts.items() if ids[: len(c.token_ids)] == c.token_ids}))
         if len(picked) == sentences:
             break
     found: dict[int, list[float]] = {k: [] for k in sizes}
@@ -114,5 +120,5 @@ def distortion_by_size(
         for ids, firsts in picked:
             in_sentence = model(ids, voice)
             for k, first in firsts.items():
-                found[k].append(stretch(model(first, voice), in_sentence, len(first)))
+                found[k].append(stretch(model(first.token_ids + first.ahead, voice), in_sentence, len(first.token_ids)))
     return {k: distortion(v) for k, v in found.items() if v}

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from kokoro_opt.chunking import Chunk, chunk_phonemes, chunk_text, split_sentences
+from kokoro_opt.chunking import CLAUSE_MARKS, Chunk, chunk_phonemes, chunk_text, split_sentences
 from kokoro_opt.errors import UserError
 from kokoro_opt.phrasing import FUNCTION_WORDS, phrase_end
 from kokoro_opt.text import CONTEXT_TOKENS, phonemize, tokenize
@@ -233,6 +233,26 @@ def test_a_cut_at_words_gives_each_side_words_of_the_other_as_context(vocab: dic
     assert len(first.token_ids) + len(first.ahead) <= 40
     alone = chunk_text(LONG_FIRST, vocab, first_chunk_tokens=40, chunk_tokens=80)
     assert all(not c.ahead and not c.behind for c in alone) and len(alone[0].token_ids) >= len(first.token_ids)
+
+
+def test_context_goes_on_both_sides_of_a_cut_at_words_or_neither(vocab: dict[str, int]) -> None:
+    """The two jobs beside a cut overlap there (runtime/join.py), so a cut has context on both sides or on none; a cut
+    after a clause mark (a glued "July 4, 1776," cut at words) is a pause and has none; and a first chunk gives up at
+    most a quarter of its budget for its context."""
+    from kokoro_opt.first_chunk import benchmark_texts
+
+    seams = 0
+    for text in benchmark_texts():
+        chunks = chunk_text(text, vocab, first_chunk_tokens=40, chunk_tokens=80, context_words=2)
+        alone = chunk_text(text, vocab, first_chunk_tokens=40, chunk_tokens=80)
+        assert not chunks[-1].ahead and not chunks[0].behind
+        for before, after in itertools.pairwise(chunks):
+            assert bool(before.ahead) == bool(after.behind), (before.text, after.text)
+            assert not before.ahead or before.text.rstrip().rstrip("\"”’')]")[-1] not in CLAUSE_MARKS, before.text
+            seams += bool(before.ahead)
+        assert 4 * len(chunks[0].token_ids) >= 3 * min(40, len(alone[0].token_ids)), chunks[0].text
+        assert len(chunks[0].token_ids) + len(chunks[0].ahead) <= max(40, len(alone[0].token_ids))
+    assert seams >= 20
 
 
 def test_only_cuts_at_words_inside_a_sentence_get_context(vocab: dict[str, int]) -> None:

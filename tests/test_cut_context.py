@@ -1,5 +1,5 @@
-"""Context around a cut at words (serve/plan.Piece): a job is fed words of its sentence on either side, speaks only
-its own frames, and joins the jobs beside it without a seam's trimming or crossfade."""
+"""Context around a cut at words (serve/plan.Piece): a job is fed words of its sentence on either side, speaks its
+own frames and a step past the cut, and overlaps the job beside it there, crossfaded and untrimmed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.synth import Synthesizer
-from kokoro_opt.runtime.windowed import STEP_SAMPLES, STEPS_PER_FRAME, WindowedDecoder
+from kokoro_opt.runtime.windowed import SEAM_STEPS, STEP_SAMPLES, STEPS_PER_FRAME, WindowedDecoder
 from kokoro_opt.select import Selection
 from kokoro_opt.serve import ServeConfig
 from kokoro_opt.serve.engine import Engine
@@ -26,11 +26,15 @@ FEED = TOKENS * 2
 CONTEXT = (5, 7)  # tokens of FEED before and after the spoken ones
 
 
+SEAM = SEAM_STEPS * STEP_SAMPLES
+
+
 def _spoken_samples(durations: np.ndarray, context: tuple[int, int]) -> tuple[int, int]:
-    """Where the tokens between the context start and end in the audio (durations: the leading pad first)."""
+    """Where the tokens between the context start and end in the audio (durations: the leading pad first), and
+    SEAM_STEPS past each end where context was fed."""
     frames = np.cumsum(durations)
     per_frame = STEPS_PER_FRAME * STEP_SAMPLES
-    return int(frames[context[0]]) * per_frame, int(frames[len(durations) - 2 - context[1]]) * per_frame
+    return int(frames[context[0]]) * per_frame - SEAM, int(frames[len(durations) - 2 - context[1]]) * per_frame + SEAM
 
 
 def test_a_windowed_job_with_context_speaks_its_own_frames_only(windowed) -> None:
@@ -60,9 +64,10 @@ def test_a_whole_job_with_context_is_the_run_over_its_feed_cut_at_its_own_frames
     assert len(engine.synthesize(Piece(FEED), pack, 1.0, None)) == len(result.audio)
 
 
-def test_jobs_beside_a_cut_at_words_join_without_trimming_or_crossfade(plain) -> None:
-    """The audio at a cut with context runs on, as inside one utterance: the first job keeps its last samples (no
-    crossfade tail held back), the next keeps its first ones (no lead-in trimmed, no fade)."""
+def test_jobs_beside_a_cut_at_words_overlap_there_untrimmed(plain) -> None:
+    """Two jobs beside a cut with context are one utterance in two runs: each is decoded a step past the cut, and the
+    two overlap by those two steps, crossfaded (butted together, the two runs' samples at a cut inside a word boundary
+    differ: a step of 3-6x the samples' usual change). Neither end is trimmed, though the next job begins quietly."""
     engine = Engine(cast(Selection, None), ServeConfig(warmup=False))
     engine.attach(Synthesizer(plain))
     rate = engine.sample_rate
@@ -72,10 +77,13 @@ def test_jobs_beside_a_cut_at_words_join_without_trimming_or_crossfade(plain) ->
     cut = Piece([10, 11, 16], ahead=[12, 13])
     joiner = engine.new_joiner()
     first = engine.join(joiner, cut, np.concatenate([np.zeros(rate // 4, np.float32), speech]), False, 1.0)
-    assert len(first) == round(0.03 * rate) + len(speech)  # its lead-in trimmed to 30 ms, its end all there
-    np.testing.assert_array_equal(first[-len(speech) :], speech)
+    assert len(first) == round(0.03 * rate) + len(speech) - 2 * SEAM  # lead-in cut to 30 ms; the overlap held back
+    np.testing.assert_array_equal(first[-len(speech) + 2 * SEAM :], speech[: -2 * SEAM])
     after = engine.join(joiner, Piece([12, 13], behind=[10, 11, 16]), quiet, True, 1.0)
-    np.testing.assert_array_equal(after[: len(quiet)], quiet)
+    np.testing.assert_array_equal(after[2 * SEAM : len(quiet)], quiet[2 * SEAM :])  # untrimmed after the overlap
+    blend = after[: 2 * SEAM]
+    assert np.all(np.abs(blend) <= np.maximum(np.abs(speech[-2 * SEAM :]), np.abs(quiet[: 2 * SEAM])) + 1e-6)
+    assert blend[0] == pytest.approx(speech[-2 * SEAM], abs=1e-3) and blend[-1] == pytest.approx(quiet[2 * SEAM - 1], abs=1e-3)
     seam = engine.new_joiner()  # the same two jobs spoken alone: the second's lead-in is cut and faded in
     engine.join(seam, Piece([10, 11]), np.concatenate([np.zeros(rate // 4, np.float32), speech]), False, 1.0)
     assert len(engine.join(seam, Piece([12, 13]), quiet, True, 1.0)) < len(quiet) - round(0.05 * rate)
@@ -86,8 +94,22 @@ def test_serve_plans_context_as_configured(plain) -> None:
     engine.attach(Synthesizer(plain))
     first, rest = engine.plan(LONG_FIRST)
     assert first.ahead and rest.behind and first.tokens[-1] == engine.synth.vocab[" "]  # the cut's space spoken before it
+    *_, end = engine.plan(LONG_FIRST + " ?")  # a last chunk that says nothing is dropped: the stream ends as before
+    assert end.context == (len(rest.behind), 0)
+    slow = engine.plan(LONG_FIRST, speed=0.25)  # a piece and its context in no more frames than a job at speed 1
+    assert len(slow) > 2 and max(map(len, slow)) <= 200 * 0.25
     none = Engine(cast(Selection, None), ServeConfig(warmup=False, context_words=0))
     none.attach(Synthesizer(plain))
     assert all(p.context == (0, 0) for p in none.plan(LONG_FIRST))
     with pytest.raises(UserError, match="context_words must be 0 to 8"):
         ServeConfig(context_words=9)
+
+
+def test_a_model_without_durations_speaks_every_chunk_alone(artifacts_root) -> None:
+    """kokoro-onnx's own graph gives no durations: nothing says where a job's own tokens lie in its audio."""
+    from kokoro_opt.evaluate.runners import import_kokoro_onnx
+
+    engine = Engine(cast(Selection, None), ServeConfig(warmup=False, context_words=2))
+    engine.attach(Synthesizer(import_kokoro_onnx(artifacts_root)))
+    assert not engine.synth.gives_durations
+    assert len(engine.plan(LONG_FIRST)) == 2 and all(p.context == (0, 0) for p in engine.plan(LONG_FIRST))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kokoro_opt.artifacts import link_or_copy
+from kokoro_opt.chunking import CONTEXT_WORDS
 from kokoro_opt.evaluate.corpus import load_corpus
 from kokoro_opt.first_chunk import DurationModel, distortion, distortion_by_size, stretch, within_budget
 from kokoro_opt.runtime.synth import Synthesizer
@@ -40,7 +41,7 @@ def test_tune_drops_the_first_chunk_sizes_timed_beyond_the_budget(tiny_artifact:
     root = tmp_path / "artifacts"
     link_or_copy(tiny_artifact.path, root / "tiny" / tiny_artifact.id)
     sizes = [6, 10, 16, 24]
-    measured = distortion_by_size(DurationModel(tiny_artifact), sizes, TEXTS)
+    measured = distortion_by_size(DurationModel(tiny_artifact), sizes, TEXTS, context_words=CONTEXT_WORDS)  # as tune times them
     assert set(measured) == set(sizes) and min(measured.values()) >= 1.0
     assert len(set(measured.values())) > 1, "the tiny model times every size alike: nothing to drop"
     budget = min(measured.values())

@@ -45,7 +45,7 @@ class Plan:
 
     utterances: list[Utterance]
     tokens: list[list[int]]
-    first_chunk: list[int]  # the paragraph's first chunk under the server's chunking policy
+    first_chunk: list[int]  # the paragraph's first job under the server's chunking policy: its chunk and context
     frontend_seconds: float  # chunk_text on the whole paragraph, cold phonemizer cache
 
 
@@ -164,7 +164,8 @@ _FRONTEND: dict[tuple[str, int], tuple[list[int], float]] = {}
 
 
 def _first_chunk(paragraph: str, vocab: dict[str, int], first_tokens: int) -> tuple[list[int], float]:
-    """The first chunk's tokens and the time chunk_text takes on the paragraph (measured once, cold)."""
+    """The tokens the paragraph's first front runs over (its first chunk and, cut at words, the words the server
+    feeds after it) and the time chunk_text takes on the paragraph (measured once, cold)."""
     from kokoro_opt import chunking, text
 
     key = (json.dumps(vocab, sort_keys=True), first_tokens)
@@ -172,8 +173,8 @@ def _first_chunk(paragraph: str, vocab: dict[str, int], first_tokens: int) -> tu
         # Cold cache: a server sees a new paragraph, not one it phonemized a moment ago.
         text.clear_phoneme_cache()
         started = time.perf_counter()
-        chunks = chunking.chunk_text(paragraph, vocab, first_chunk_tokens=first_tokens)
-        _FRONTEND[key] = (chunks[0].token_ids, time.perf_counter() - started)
+        chunks = chunking.chunk_text(paragraph, vocab, first_chunk_tokens=first_tokens, context_words=chunking.CONTEXT_WORDS)
+        _FRONTEND[key] = ([*chunks[0].token_ids, *chunks[0].ahead], time.perf_counter() - started)
     return _FRONTEND[key]
 
 

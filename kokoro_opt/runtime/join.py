@@ -6,6 +6,10 @@ single utterance pauses ~0.15 s at a comma and ~0.5 s at a sentence end. So at e
 trailing silence is cut to the pause the punctuation calls for, the next job's leading silence to
 30 ms, and the two are overlapped with a 10 ms raised-cosine crossfade so no seam has a step (click).
 The stream's very start keeps 30 ms of lead-in, its end 0.3 s of tail.
+
+Two jobs cut inside a sentence and fed the words around the cut (serve/plan.Piece) are one utterance split in two:
+each is decoded a little past the cut, and the two overlap by `seam` samples centred on it, crossfaded, with
+nothing trimmed.
 """
 
 from __future__ import annotations
@@ -50,12 +54,10 @@ def edge_silence(audio: np.ndarray, sample_rate: int, peak: float | None = None)
 class Joiner:
     """Feed job outputs in order with `push`; what it returns is ready to encode and send."""
 
-    def __init__(self, sample_rate: int, crossfade_ms: float, trim: bool = True) -> None:
-        self.sample_rate, self.trim = sample_rate, trim
+    def __init__(self, sample_rate: int, crossfade_ms: float, trim: bool = True, seam: int = 0) -> None:
+        """`seam`: samples two jobs beside a cut inside a sentence overlap by (0: they are butted together)."""
+        self.sample_rate, self.trim, self.seam = sample_rate, trim, seam
         self.n = max(0, round(sample_rate * crossfade_ms / 1000))
-        rise = 0.5 - 0.5 * np.cos(np.pi * (np.arange(self.n) + 0.5) / max(self.n, 1))
-        self.fade_in = rise.astype(np.float32)
-        self.fade_out = (1.0 - rise).astype(np.float32)  # the two gains sum to 1: no bump on correlated edges
         self.tail: np.ndarray | None = None
         self.level = 0.0  # the current job's peak so far: parts of a job are silent against it, not their own
         self.held = np.zeros(0, np.float32)  # silence that ended the job's last part: a pause, or where it ends
@@ -80,25 +82,44 @@ class Joiner:
         return audio[start : max(start, len(audio) - cut)]
 
     def push(
-        self, audio: np.ndarray, last: bool, pause: float = PAUSES["sentence"], *, opens: bool = True, closes: bool = True
+        self,
+        audio: np.ndarray,
+        last: bool,
+        pause: float = PAUSES["sentence"],
+        *,
+        opens: bool = True,
+        closes: bool = True,
+        seams: tuple[bool, bool] = (False, False),
     ) -> np.ndarray:
         """The next job's audio; `pause` is the silence to keep after it (see `boundary`). A job can come in
         consecutive parts (windowed decoding): only the part that `opens` it is trimmed and crossfaded at
-        its start, only the one that `closes` it at its end."""
+        its start, only the one that `closes` it at its end. `seams`: whether the job goes on from the job before
+        it and into the one after it, cut inside a sentence (the module's docs): those ends are not trimmed."""
         audio = np.asarray(audio, dtype=np.float32)
+        after = closes and seams[1] and not last
         if self.trim:
-            audio = self._trimmed(audio, last, pause, opens, closes)
-        n = self.n
+            audio = self._trimmed(audio, last, pause, opens and not seams[0], closes and not seams[1])
+            if after:  # silence before the cut is speech's, not a pause to cut: the next job goes on from it
+                audio, self.held = np.concatenate([audio, self.held]), self.held[:0]
         if not opens:  # a continuation of continuous audio: nothing to fade
             audio = audio if self.tail is None else np.concatenate([self.tail, audio])
             self.tail = None
         elif self.tail is not None:
+            n = len(self.tail)
             if len(audio) >= n:
-                audio = np.concatenate([self.tail * self.fade_out + audio[:n] * self.fade_in, audio[n:]])
+                fade_in, fade_out = _fades(n)
+                audio = np.concatenate([self.tail * fade_out + audio[:n] * fade_in, audio[n:]])
             else:  # a sliver of audio: nothing to fade into, keep every sample
                 audio = np.concatenate([self.tail, audio])
             self.tail = None
+        n = self.seam if after else self.n
         if last or not closes or n == 0 or len(audio) <= n:
             return audio
         self.tail = audio[-n:].copy()  # held back to overlap the next job's start
         return audio[:-n]
+
+
+def _fades(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A raised-cosine fade in and out over `n` samples; the two gains sum to 1: no bump on correlated edges."""
+    rise = 0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / max(n, 1))
+    return rise.astype(np.float32), (1.0 - rise).astype(np.float32)

@@ -46,6 +46,7 @@ class Speaker:
     packs: dict[str, np.ndarray]
     sample_rate: int
     max_chunk_tokens: int = CONTEXT_TOKENS  # the most tokens `stream` gives one utterance: the model's context, or less
+    gives_durations: bool = True  # whether `run_tokens` gives the model's durations: where each token's audio lies
 
     @property
     def voices(self) -> list[str]:
@@ -196,6 +197,11 @@ class Synthesizer(Speaker):
                 front = WindowGraphs.of_folder(self.artifact.path / WINDOWS_DIR).front
                 self._fused = FusedSpeaker(front, folder, FRONT_OUTPUTS, self.settings)
         return self._fused or None
+
+    @property
+    def gives_durations(self) -> bool:  # type: ignore[override]
+        """kokoro-onnx's own graph has no durations output (`run_tokens` then gives none)."""
+        return self.fused is not None or len(self.session.get_outputs()) > 1
 
     @property
     def loaded_fused(self) -> Any:

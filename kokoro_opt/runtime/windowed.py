@@ -32,6 +32,7 @@ from kokoro_opt.voices import style_for
 
 STEPS_PER_FRAME = 2  # the decoder's last frame-rate block upsamples by 2 before the generator
 STEP_SAMPLES = 300  # audio samples per generator input step (12.5 ms at 24 kHz)
+SEAM_STEPS = 1  # steps a job cut inside its sentence decodes past the cut into its context: half the seam's crossfade
 # The graphs' interface: the front's outputs (the generator's per-step inputs, then the durations), the
 # statistics input, and where the windows stage puts the graphs in an artifact.
 FRONT_OUTPUTS = ("features", "f0", "phase", "decoder_style", "durations")
@@ -71,12 +72,14 @@ def speech_steps(
 
 def spoken_steps(durations: np.ndarray, context: tuple[int, int], steps: tuple[int, int]) -> tuple[int, int]:
     """Generator steps `steps` ([start, end)) with each side where context tokens were fed (`context`: how many
-    before and after the spoken ones) moved to where the spoken tokens' frames begin or end. `durations`: the
+    before and after the spoken ones) moved to where the spoken tokens' frames begin or end, and SEAM_STEPS past
+    it: the two jobs beside a cut overlap there, and the joiner crossfades them (runtime/join.py). `durations`: the
     front's, per token of the feed with the pads."""
     behind, ahead = context
     frames = np.cumsum(durations)
-    start = STEPS_PER_FRAME * int(frames[behind]) if behind else steps[0]
-    end = STEPS_PER_FRAME * int(frames[len(durations) - 2 - ahead]) if ahead else steps[1]
+    total = STEPS_PER_FRAME * int(frames[-1])
+    start = max(STEPS_PER_FRAME * int(frames[behind]) - SEAM_STEPS, 0) if behind else steps[0]
+    end = min(STEPS_PER_FRAME * int(frames[len(durations) - 2 - ahead]) + SEAM_STEPS, total) if ahead else steps[1]
     return start, max(end, start + 1)
 
 

@@ -6,13 +6,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kokoro_opt.chunking import CONTEXT_WORDS
 from kokoro_opt.errors import UserError
 from kokoro_opt.hashing import content_key
 from kokoro_opt.runtime.join import CROSSFADE_MS
 from kokoro_opt.runtime.session import SessionSettings, shared_by
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.capacity import CAPACITY_FILE, DEFAULT_QUEUE, Capacity, measured_capacity
-from kokoro_opt.serve.plan import CONTEXT_WORDS
 from kokoro_opt.store import store_of
 from kokoro_opt.text import CONTEXT_TOKENS, JOB_TOKENS
 

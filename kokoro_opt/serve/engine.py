@@ -36,7 +36,7 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.runtime import open_synthesizer
 from kokoro_opt.runtime.join import PAUSES, Joiner, boundary
 from kokoro_opt.runtime.synth import Speaker, Synthesizer
-from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, spoken_steps
+from kokoro_opt.runtime.windowed import SEAM_STEPS, STEP_SAMPLES, WindowedDecoder, spoken_steps
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.config import ServeConfig, edges_missing, windows_missing
 from kokoro_opt.serve.encoders import Encoder
@@ -151,6 +151,10 @@ class Engine:
             self.mode = WindowedJobs(self, decoder)
         self.synth = synth
         self._space = synth.vocab.get(" ")
+        # a job fed context is cut where its own tokens' frames lie: a model that gives no durations (kokoro-onnx's
+        # graph) or a vocab without a space speaks every chunk alone
+        cuttable = self._space is not None and (self.config.windowed or synth.gives_durations)
+        self._context_words = self.config.context_words if cuttable else 0
 
     def _warm_up(self) -> None:
         """Load espeak, run both job sizes (the first run of a session is slow), fit the cost models."""
@@ -192,7 +196,9 @@ class Engine:
         assert self.synth is not None
         first = frames_bound(self.config.first_chunk_tokens, speed)
         pieces = max(first, frames_bound(self.config.pieces, speed))
-        return make_pieces(text, self.synth.vocab, first, pieces, self.config.context_words)
+        # a piece and its context in no more frames than the largest job (`frames_bound`)
+        largest = frames_bound(self.config.chunk_tokens, speed)
+        return make_pieces(text, self.synth.vocab, first, pieces, self._context_words, max(largest, pieces))
 
     def submit(
         self, pieces: Sequence[Piece | list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool
@@ -250,7 +256,7 @@ class Engine:
             return largest  # nobody is listening live: biggest jobs, best throughput
         return min(largest, self.cost.tokens_within(SAFETY * min(slack), stream.speed))
 
-    def _pick(self) -> tuple[Stream, list[int], bool] | None:
+    def _pick(self) -> tuple[Stream, Piece, bool] | None:
         """The stream to work for next and, unless it continues a windowed job, its next job."""
         runnable = [s for s in self.streams if (s.pieces or s.job) and s not in self._running]
         if not runnable:
@@ -296,7 +302,8 @@ class Engine:
 
     def new_joiner(self) -> Joiner:
         """A request's joiner: trims each job's edge silence to a natural pause and crossfades the seams."""
-        return Joiner(self.sample_rate, self.config.crossfade_ms, self.config.trim_silence)
+        seam = 2 * SEAM_STEPS * STEP_SAMPLES  # jobs beside a cut with context each decode SEAM_STEPS past it
+        return Joiner(self.sample_rate, self.config.crossfade_ms, self.config.trim_silence, seam)
 
     def next_job(self, pieces: deque[Piece], budget: int) -> tuple[Piece, bool]:
         """Pop a request's next job (its next piece, merged with more within `budget` tokens): (the job, last)."""
@@ -326,7 +333,7 @@ class Engine:
         from the job before it or into the job after it as one utterance does: nothing trimmed, no crossfade."""
         assert self.synth is not None
         pause = PAUSES[boundary(job.tokens, self.synth.symbols)] / speed
-        return joiner.push(audio, last, pause, opens=opens and not job.behind, closes=closes and not job.ahead)
+        return joiner.push(audio, last, pause, opens=opens, closes=closes, seams=(bool(job.behind), bool(job.ahead)))
 
     def first_audio(self, text: str, pack: np.ndarray, speed: float = 1.0) -> np.ndarray:
         """The audio a new streaming request for `text` sends first, made on the calling thread by the worker's

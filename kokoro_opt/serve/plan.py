@@ -18,10 +18,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from kokoro_opt.chunking import chunk_text
+from kokoro_opt.chunking import CONTEXT_WORDS, chunk_text
 from kokoro_opt.text import CONTEXT_TOKENS
-
-CONTEXT_WORDS = 2  # words fed on each side of a cut at words (docs/measurements/2026-12-07-first-chunk-endings.md)
 
 
 @dataclass(frozen=True)
@@ -42,6 +40,11 @@ class Piece:
         return [*self.behind, *self.tokens, *self.ahead]
 
     @property
+    def spoken(self) -> int:
+        """The tokens of its input it speaks (`len` counts its context too)."""
+        return len(self.tokens)
+
+    @property
     def context(self) -> tuple[int, int]:
         """(tokens before, tokens after) the spoken ones in `feed`."""
         return len(self.behind), len(self.ahead)
@@ -53,14 +56,20 @@ def as_pieces(pieces: Iterable[Piece | list[int]]) -> list[Piece]:
 
 
 def make_pieces(
-    text: str, vocab: dict[str, int], first_chunk_tokens: int, piece_tokens: int, context_words: int = CONTEXT_WORDS
+    text: str,
+    vocab: dict[str, int],
+    first_chunk_tokens: int,
+    piece_tokens: int,
+    context_words: int = CONTEXT_WORDS,
+    max_tokens: int = CONTEXT_TOKENS,
 ) -> list[Piece]:
     """Each piece in order; the first piece is the small first chunk.
 
     Pieces should be whole sentences where possible: every job boundary is an utterance end for Kokoro,
-    with end-of-utterance intonation, so a cut inside a sentence gets `context_words` words of context on each side.
+    with end-of-utterance intonation, so a cut inside a sentence gets `context_words` words of context on each side,
+    where a piece and its context fit `max_tokens`.
     """
-    chunks = chunk_text(text, vocab, first_chunk_tokens, piece_tokens, context_words=context_words)
+    chunks = chunk_text(text, vocab, first_chunk_tokens, piece_tokens, max_tokens, context_words)
     # the space after a cut is spoken before it: its frames are the pause between the two words
     return [Piece([*c.token_ids, *c.ahead[:1]], c.behind, c.ahead[1:]) for c in chunks]
 

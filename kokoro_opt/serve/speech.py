@@ -36,6 +36,7 @@ from kokoro_opt.serve.openai_compat import (
     sse_event,
     validation_message,
 )
+from kokoro_opt.serve.plan import Piece
 from kokoro_opt.serve.stream import Stream
 
 if TYPE_CHECKING:
@@ -251,14 +252,14 @@ class SpeechHandler:
             return self._silence(req)
         if not req.stream:
             return await self._whole(key)
-        return await self._streaming(key, tokens=sum(map(len, pieces)))
+        return await self._streaming(key, tokens=sum(p.spoken for p in pieces))
 
-    async def _plan(self, req: SpeechRequest) -> list[list[int]]:
+    async def _plan(self, req: SpeechRequest) -> list[Piece]:
         try:
             pieces = await asyncio.to_thread(self.service.engine.plan, req.input, req.speed)
         except UserError as exc:
             raise ApiError(400, str(exc), param="input") from None
-        check_cost(sum(map(len, pieces)), req.speed, self.service.config.max_input_tokens)
+        check_cost(sum(p.spoken for p in pieces), req.speed, self.service.config.max_input_tokens)  # its input, no context
         return pieces
 
     def close(self) -> None:

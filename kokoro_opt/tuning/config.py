@@ -128,8 +128,9 @@ class QualityConfig(Strict):
     max_first_chunk_distortion: float | None = Field(
         1.25,
         ge=1.0,
-        description="first_chunk_tokens choices whose first chunk, spoken alone, is timed more than this factor "
-        "off the same words in their sentence are dropped from the space (kokoro_opt.first_chunk); null keeps all",
+        description="first_chunk_tokens choices whose first chunk, spoken as the server speaks it (alone, with the "
+        "words after a cut at words fed as context), is timed more than this factor off the same words in their "
+        "sentence are dropped from the space (kokoro_opt.first_chunk); null keeps all",
     )
     evaluate_missing: bool = Field(True, description="evaluate artifacts without a record first (else: skip them)")
     evaluate: EvaluateOverrides = Field(default_factory=EvaluateOverrides)

@@ -241,6 +241,7 @@ def resolve_space(recipe: TuneRecipe, root: Path, tracking_uri: str | None, say:
 def first_chunk_sizes(recipe: TuneRecipe, candidates: list[Candidate], root: Path, say: Say) -> list[int]:
     """The space's first_chunk_tokens within the first-chunk prosody budget, measured on the candidate
     closest to fp32 (the timing is the model's: int8-mixed keeps fp32's durations on every sentence)."""
+    from kokoro_opt.chunking import CONTEXT_WORDS
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.first_chunk import DurationModel, distortion_by_size, within_budget
 
@@ -253,7 +254,8 @@ def first_chunk_sizes(recipe: TuneRecipe, candidates: list[Candidate], root: Pat
         return sizes
     best = max(onnx, key=lambda c: c.quality if recipe.quality.metric == "pesq" else -c.quality)
     artifact = next(a for a in Store(root).artifacts() if a.id == best.formats["onnx"])
-    measured = distortion_by_size(DurationModel(artifact), sizes, [s.text for s in load_corpus().sentences])
+    texts = [s.text for s in load_corpus().sentences]  # each first chunk timed as `serve` speaks it, with its context
+    measured = distortion_by_size(DurationModel(artifact), sizes, texts, context_words=CONTEXT_WORDS)
     say(f"first chunk alone vs in its sentence, timing distortion ({best.key}): "
         + ", ".join(f"{k} tokens {v:.2f}" for k, v in sorted(measured.items())))  # fmt: skip
     kept = within_budget(sizes, measured, budget)
