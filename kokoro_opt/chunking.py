@@ -18,7 +18,16 @@ from kokoro_opt.normalize import MONTHS, NEVER_END, NOT_END_BEFORE_NUMBER, read_
 from kokoro_opt.phrasing import phrase_end
 from kokoro_opt.text import CONTEXT_TOKENS, JOB_TOKENS, phonemize, tokenize
 
-__all__ = ["CLAUSE_MARKS", "CONTEXT_WORDS", "Chunk", "chunk_phonemes", "chunk_text", "says_something", "split_sentences"]
+__all__ = [
+    "CLAUSE_MARKS",
+    "CONTEXT_WORDS",
+    "Chunk",
+    "chunk_phonemes",
+    "chunk_text",
+    "ends_at_clause",
+    "says_something",
+    "split_sentences",
+]
 
 MIN_FIRST_WORDS = 3  # a first chunk may end at a comma only after this many words (not at a lone "Well,")
 SPACE = " "  # the vocab's word boundary
@@ -80,6 +89,12 @@ def _trimmed(text: str, bounds: list[int]) -> list[Span]:
         if a < b:
             spans.append((a, b))
     return spans
+
+
+def ends_at_clause(text: str) -> bool:
+    """Whether `text` ends with a clause mark, closing quotes and brackets aside (or has nothing to end)."""
+    last = text.rstrip().rstrip(_CLOSERS)[-1:]
+    return not last or last in CLAUSE_MARKS
 
 
 def _is_sentence_end(text: str, m: re.Match[str]) -> bool:
@@ -292,7 +307,7 @@ class _Chunker:
     def cut_at(self, chunk: Chunk, cut: int, room: int = CONTEXT_TOKENS) -> None:
         """Note that `chunk` ends at `cut`, at words inside its sentence (not at a clause mark), with at most `room`
         context tokens to follow it."""
-        if (self.text[:cut].rstrip().rstrip(_CLOSERS)[-1:] or CLAUSE_MARKS[0]) not in CLAUSE_MARKS:
+        if not ends_at_clause(self.text[max(0, cut - 40) : cut]):  # a window: no quadratic scans
             self.word_cuts[id(chunk)] = cut
             self.ahead_limits[id(chunk)] = room
 
@@ -320,7 +335,7 @@ class _Chunker:
         starts = [a for a, _ in sentences]
         for k in range(len(out) - 1):
             cut = self.word_cuts.get(id(chunks[k]))
-            if cut is None or not says_something(out[k + 1]):  # what follows is dropped (`chunk_text`): it ends here
+            if cut is None or not (says_something(out[k]) and says_something(out[k + 1])):  # dropped by `chunk_text`
                 continue
             a, b = sentences[bisect.bisect_right(starts, cut) - 1]
             room = min(self.ahead_limits.get(id(chunks[k]), max_tokens), max_tokens - len(out[k].behind) - len(out[k].token_ids))

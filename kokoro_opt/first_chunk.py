@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
-from kokoro_opt.chunking import CLAUSE_MARKS, Chunk, chunk_text
+from kokoro_opt.chunking import Chunk, chunk_text, ends_at_clause
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.feeds import model_feeds
 from kokoro_opt.text import CONTEXT_TOKENS, utterance_tokens
@@ -30,7 +30,7 @@ VOICES = 3  # voices, the evaluation corpus's first (else the speaker's own, sor
 def cut_at_words(first: str) -> bool:
     """Whether a first chunk's text, shorter than its sentence, ends at a word (or at the end of an earlier sentence of
     the same line), not at a clause mark."""
-    return bool(first.strip()) and first.rstrip()[-1] not in CLAUSE_MARKS
+    return not ends_at_clause(first)
 
 
 def benchmark_texts(extra: Path | None = None) -> list[str]:

@@ -37,7 +37,7 @@ def _spoken_samples(durations: np.ndarray, context: tuple[int, int]) -> tuple[in
     return int(frames[context[0]]) * per_frame - SEAM, int(frames[len(durations) - 2 - context[1]]) * per_frame + SEAM
 
 
-def test_a_windowed_job_with_context_speaks_its_own_frames_only(windowed) -> None:
+def test_a_windowed_job_with_context_speaks_its_own_frames_and_a_step_past_each_cut(windowed) -> None:
     synth = Synthesizer(windowed)
     decoder = WindowedDecoder.of_artifact(synth)
     pack = synth.packs["tiny_0"]

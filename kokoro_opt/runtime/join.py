@@ -55,7 +55,8 @@ class Joiner:
     """Feed job outputs in order with `push`; what it returns is ready to encode and send."""
 
     def __init__(self, sample_rate: int, crossfade_ms: float, trim: bool = True, seam: int = 0) -> None:
-        """`seam`: samples two jobs beside a cut inside a sentence overlap by (0: they are butted together)."""
+        """`seam`: samples two jobs beside a cut inside a sentence overlap by: what they are decoded past the cut,
+        together (the engine's joiners: 2 x windowed.SEAM_STEPS steps)."""
         self.sample_rate, self.trim, self.seam = sample_rate, trim, seam
         self.n = max(0, round(sample_rate * crossfade_ms / 1000))
         self.tail: np.ndarray | None = None
@@ -97,6 +98,8 @@ class Joiner:
         it and into the one after it, cut inside a sentence (the module's docs): those ends are not trimmed."""
         audio = np.asarray(audio, dtype=np.float32)
         after = closes and seams[1] and not last
+        if opens and seams[0] and self.tail is not None and len(audio) >= len(self.tail):
+            audio = self._crossfaded(audio)  # before trimming: what overlaps the job before the cut is speech
         if self.trim:
             audio = self._trimmed(audio, last, pause, opens and not seams[0], closes and not seams[1])
             if after:  # silence before the cut is speech's, not a pause to cut: the next job goes on from it
@@ -105,18 +108,24 @@ class Joiner:
             audio = audio if self.tail is None else np.concatenate([self.tail, audio])
             self.tail = None
         elif self.tail is not None:
-            n = len(self.tail)
-            if len(audio) >= n:
-                fade_in, fade_out = _fades(n)
-                audio = np.concatenate([self.tail * fade_out + audio[:n] * fade_in, audio[n:]])
+            if len(audio) >= len(self.tail):
+                audio = self._crossfaded(audio)
             else:  # a sliver of audio: nothing to fade into, keep every sample
-                audio = np.concatenate([self.tail, audio])
-            self.tail = None
+                audio, self.tail = np.concatenate([self.tail, audio]), None
         n = self.seam if after else self.n
         if last or not closes or n == 0 or len(audio) <= n:
             return audio
         self.tail = audio[-n:].copy()  # held back to overlap the next job's start
         return audio[:-n]
+
+    def _crossfaded(self, audio: np.ndarray) -> np.ndarray:
+        """The held tail faded out over the start of `audio`, faded in."""
+        assert self.tail is not None
+        n = len(self.tail)
+        fade_in, fade_out = _fades(n)
+        audio = np.concatenate([self.tail * fade_out + audio[:n] * fade_in, audio[n:]])
+        self.tail = None
+        return audio
 
 
 def _fades(n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -351,7 +351,8 @@ class WindowedDecoder:
         """Run a job's front and the generator's per-job part. `windows=False`: nobody hears the job before it
         ends, so one that can finish is only finished, and its per-job part (statistics and tables, ~5 ms) is
         left out. `context`: of `token_ids`, how many before and after are context, read but not spoken
-        (serve/plan.Piece): the job's speech is then the other tokens' frames (`spoken_steps`)."""
+        (serve/plan.Piece): the job's speech is then the other tokens' frames and SEAM_STEPS past each cut
+        (`spoken_steps`)."""
         if self.statistics is None:
             raise UserError("this windowed decoder has no statistics", "load it with WindowedDecoder.of_artifact")
         began = time.perf_counter()

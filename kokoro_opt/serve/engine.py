@@ -330,7 +330,8 @@ class Engine:
     ) -> np.ndarray:
         """A job's audio (or one window of it: `opens` / `closes` the job) through its request's joiner, with
         the pause its final token calls for: what can be sent. A side where the job was fed context goes on
-        from the job before it or into the job after it as one utterance does: nothing trimmed, no crossfade."""
+        from the job before it or into the job after it as one utterance does: untrimmed, overlapping it by the
+        steps both were decoded past the cut, crossfaded (runtime/join.py)."""
         assert self.synth is not None
         pause = PAUSES[boundary(job.tokens, self.synth.symbols)] / speed
         return joiner.push(audio, last, pause, opens=opens, closes=closes, seams=(bool(job.behind), bool(job.ahead)))

@@ -7,8 +7,8 @@ pieces into one job as large as the listener's buffered audio allows (see `Engin
 the stream is ahead of real time; under load jobs stay at one piece so no stream falls behind.
 Merging appends token ids with a space between them, which is what phonemizing the joined text gives.
 A piece cut at words inside its sentence carries a few words on each side of the cut as context: its job's
-front reads them, its decoder speaks only the piece's own frames, so neither side of the cut is timed and
-intoned as an utterance's end or start (`Piece`).
+front reads them, its decoder speaks the piece's own frames (and a step past the cut, where the two jobs are
+crossfaded), so neither side of the cut is timed and intoned as an utterance's end or start (`Piece`).
 """
 
 from __future__ import annotations

@@ -259,7 +259,7 @@ class SpeechHandler:
             pieces = await asyncio.to_thread(self.service.engine.plan, req.input, req.speed)
         except UserError as exc:
             raise ApiError(400, str(exc), param="input") from None
-        check_cost(sum(p.spoken for p in pieces), req.speed, self.service.config.max_input_tokens)  # its input, no context
+        check_cost(sum(map(len, pieces)), req.speed, self.service.config.max_input_tokens)  # the work: context too
         return pieces
 
     def close(self) -> None:
