@@ -259,7 +259,8 @@ class SpeechHandler:
             pieces = await asyncio.to_thread(self.service.engine.plan, req.input, req.speed)
         except UserError as exc:
             raise ApiError(400, str(exc), param="input") from None
-        check_cost(sum(map(len, pieces)), req.speed, self.service.config.max_input_tokens)  # the work: context too
+        # what the input asks for: the context a cut adds is a few words (and its frames are not decoded)
+        check_cost(sum(p.spoken for p in pieces), req.speed, self.service.config.max_input_tokens)
         return pieces
 
     def close(self) -> None:
