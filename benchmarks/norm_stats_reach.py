@@ -42,8 +42,9 @@ def main() -> None:
     from kokoro_opt.passes.windows_split import feed_norm_stats, moments_model, norm_channels
     from kokoro_opt.runtime.norm_stats import StatsTable
     from kokoro_opt.runtime.session import make_session
+    from kokoro_opt.runtime.steps import speech_steps
     from kokoro_opt.runtime.synth import Synthesizer
-    from kokoro_opt.runtime.windowed import STATS_INPUT, STEP_SAMPLES, speech_steps
+    from kokoro_opt.runtime.windowed import STATS_INPUT, STEP_SAMPLES
     from kokoro_opt.tables import print_table
     from kokoro_opt.text import utterance_tokens
     from kokoro_opt.voices import style_for

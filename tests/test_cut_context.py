@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.runtime.steps import SEAM_STEPS, STEPS_PER_FRAME
 from kokoro_opt.runtime.synth import Synthesizer
-from kokoro_opt.runtime.windowed import SEAM_STEPS, STEP_SAMPLES, STEPS_PER_FRAME, WindowedDecoder
+from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder
 from kokoro_opt.select import Selection
 from kokoro_opt.serve import ServeConfig
 from kokoro_opt.serve.engine import Engine

@@ -14,6 +14,7 @@ from kokoro_opt.passes.windows_split import STATS_INPUT, split, window_graphs
 from kokoro_opt.recipe import parse_recipe
 from kokoro_opt.runtime.norm_stats import StatsTable, stats_from_moments
 from kokoro_opt.runtime.stats_predictor import PREDICTOR_FILE, StatsPredictor
+from kokoro_opt.runtime.steps import speech_steps, window_spans
 from kokoro_opt.runtime.synth import Synthesizer
 from kokoro_opt.runtime.windowed import (
     STEP_SAMPLES,
@@ -23,8 +24,6 @@ from kokoro_opt.runtime.windowed import (
     WindowGraphs,
     WindowSettings,
     load_statistics,
-    speech_steps,
-    window_spans,
 )
 from kokoro_opt.voices import blend_voice, style_for
 from tests.test_passes import TOKENS, build_with

@@ -56,7 +56,7 @@ class Joiner:
 
     def __init__(self, sample_rate: int, crossfade_ms: float, trim: bool = True, seam: int = 0) -> None:
         """`seam`: samples two jobs beside a cut inside a sentence overlap by: what they are decoded past the cut,
-        together (the engine's joiners: 2 x windowed.SEAM_STEPS steps)."""
+        together (the engine's joiners: 2 x steps.SEAM_STEPS steps)."""
         self.sample_rate, self.trim, self.seam = sample_rate, trim, seam
         self.n = max(0, round(sample_rate * crossfade_ms / 1000))
         self.tail: np.ndarray | None = None

@@ -35,8 +35,9 @@ import numpy as np
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime import open_synthesizer
 from kokoro_opt.runtime.join import PAUSES, Joiner, boundary
+from kokoro_opt.runtime.steps import SEAM_STEPS, spoken_steps
 from kokoro_opt.runtime.synth import Speaker, Synthesizer
-from kokoro_opt.runtime.windowed import SEAM_STEPS, STEP_SAMPLES, WindowedDecoder, spoken_steps
+from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.config import ServeConfig, edges_missing, windows_missing
 from kokoro_opt.serve.encoders import Encoder
