@@ -104,6 +104,7 @@ class _TunedChunking(BaseModel):
     chunk_tokens: int | None = None
     crossfade_ms: float | int | None = None
     first_window_steps: int | None = None
+    context_words: int | None = None
 
 
 class _TunedFile(BaseModel):

@@ -17,6 +17,7 @@ import yaml
 from rich.console import Console
 
 from kokoro_opt.artifacts import link_or_copy
+from kokoro_opt.chunking import CONTEXT_WORDS
 from kokoro_opt.errors import UserError
 from kokoro_opt.machine import fingerprint
 from kokoro_opt.manifest import MANIFEST, ChainStep
@@ -292,7 +293,9 @@ def test_tune_writes_tuned_json_resumes_without_duplicates_and_serve_uses_it(tun
     if best["applied"]:  # the winner beat the defaults side by side (on a busy machine it may not)
         assert selection is not None and selection.artifact.id == env["tiny"].id and "e2e" in selection.reason
         assert selection.settings.intra_op_num_threads == best["session"]["intra_op_num_threads"]
-        assert ServeConfig.for_selection(selection).first_chunk_tokens == best["chunking"]["first_chunk_tokens"]
+        served = ServeConfig.for_selection(selection)
+        assert served.first_chunk_tokens == best["chunking"]["first_chunk_tokens"]
+        assert served.context_words == best["chunking"]["context_words"] == CONTEXT_WORDS  # what the budget measured
     else:
         assert selection is None and "measured side by side" in notes[0]
 
@@ -421,6 +424,7 @@ def test_showing_a_study_that_was_never_run_makes_no_storage(tmp_path: Path) -> 
      ('{"artifact_id": "a", "chunking": {"api_key": "x"}}', "field 'chunking.api_key'"),
      ('{"artifact_id": "a", "chunking": {"max_queue": 1e9}}', "field 'chunking.max_queue'"),
      ('{"artifact_id": "a", "chunking": {"first_chunk_tokens": "40"}}', "field 'chunking.first_chunk_tokens'"),
+     ('{"artifact_id": "a", "chunking": {"context_words": 2.5}}', "field 'chunking.context_words'"),
      ('{"artifact_id": "a", "session": {"intra_op_num_threads": "many"}}', "field 'session.intra_op_num_threads'")],
 )  # fmt: skip
 def test_a_tuned_file_that_is_not_one_is_a_clear_error(tmp_path: Path, content: str, match: str) -> None:

@@ -156,7 +156,8 @@ def front_table(study: Any, names: list[str], metric: str, rule: BestConfig) -> 
             name,
             _session_cell(s.get("session", {})),
             f"{chunking.get('first_chunk_tokens')}/{chunking.get('chunk_tokens')}/{chunking.get('crossfade_ms'):g}"
-            + (f" w{chunking['first_window_steps']}" if chunking.get("first_window_steps") else ""),
+            + (f" w{chunking['first_window_steps']}" if chunking.get("first_window_steps") else "")
+            + (f" c{chunking['context_words']}" if "context_words" in chunking else ""),
             _ms(t.values[0]),
             f"{t.values[1]:.3f}",
             *([f"{t.values[2]:.2f}"] if quality else []),
@@ -164,7 +165,8 @@ def front_table(study: Any, names: list[str], metric: str, rule: BestConfig) -> 
         ]
         table.add_row(*row)
     table.caption = (
-        "chunks = first/later tokens/crossfade ms, w = first window steps; score: the recipe's best rule, lowest wins; "
+        "chunks = first/later tokens/crossfade ms, w = first window steps, c = words of context at a cut; "
+        "score: the recipe's best rule, lowest wins; "
         "the pick is served only where it beat the defaults side by side (its `applied` field in tuned.json)"
     )
     return table

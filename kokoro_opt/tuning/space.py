@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kokoro_opt.artifacts import Artifact
+from kokoro_opt.chunking import CONTEXT_WORDS
 from kokoro_opt.errors import UserError
 from kokoro_opt.machine import usable_cpus
 from kokoro_opt.runtime.join import CROSSFADE_MS
@@ -83,6 +84,7 @@ class TrialSettings:
     chunk_tokens: int = JOB_TOKENS
     crossfade_ms: float = CROSSFADE_MS
     first_window_steps: int | None = None  # a windowed artifact's; None: the artifact's own
+    context_words: int = CONTEXT_WORDS  # what the first-chunk budget was measured with, so serve speaks chunks so
 
     @property
     def chunking(self) -> dict[str, Any]:
@@ -91,6 +93,7 @@ class TrialSettings:
             "first_chunk_tokens": self.first_chunk_tokens,
             "chunk_tokens": self.chunk_tokens,
             "crossfade_ms": self.crossfade_ms,
+            "context_words": self.context_words,
         }
         if self.first_window_steps is not None:
             chunking["first_window_steps"] = self.first_window_steps
@@ -241,7 +244,6 @@ def resolve_space(recipe: TuneRecipe, root: Path, tracking_uri: str | None, say:
 def first_chunk_sizes(recipe: TuneRecipe, candidates: list[Candidate], root: Path, say: Say) -> list[int]:
     """The space's first_chunk_tokens within the first-chunk prosody budget, measured on the candidate
     closest to fp32 (the timing is the model's: int8-mixed keeps fp32's durations on every sentence)."""
-    from kokoro_opt.chunking import CONTEXT_WORDS
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.first_chunk import DurationModel, distortion_by_size, within_budget
 
