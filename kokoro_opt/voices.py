@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Collection
 
 import numpy as np
 
@@ -88,10 +89,10 @@ def _weight_fits(written: str) -> bool:
 
 
 def unknown_voice(spec: str, names: list[str]) -> str | None:
-    """The first voice of a name or blend that an artifact with voices `names` cannot give (its OpenAI names
-    included), or None; a spec that is no voice at all is a UserError (parse_blend)."""
+    """The first voice of a name or blend, as given, that an artifact with voices `names` cannot give in any case
+    (its OpenAI names included), or None; a spec that is no voice at all is a UserError (parse_blend)."""
     aliases = openai_voice_map(names)
-    return next((name for name, _ in parse_blend(spec) if name not in names and aliases.get(name) not in names), None)
+    return next((name for name, _ in parse_blend(spec) if _voice_of(name, names, aliases) is None), None)
 
 
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
@@ -103,32 +104,27 @@ def ascii_lower(text: str) -> str:
     return text.translate(_ASCII_LOWER)
 
 
+def _voice_of(name: str, names: Collection[str], aliases: dict[str, str] | None) -> str | None:
+    """The voice `name` stands for in any case, or None. The OpenAI map is made only for a name the voices lack:
+    blend_voice runs for every utterance."""
+    if name in names or (name := ascii_lower(name)) in names:
+        return name
+    aliases = openai_voice_map(list(names)) if aliases is None else aliases
+    return aliases[name] if aliases.get(name) in names else None
+
+
 def blend_voice(spec: str, packs: dict[str, np.ndarray], aliases: dict[str, str] | None = None) -> np.ndarray:
     """The (510, 1, 256) pack for a voice name or blend, in any case ("Alloy", "JF_ALPHA": names are lower case);
-    unknown names list the known ones. OpenAI's voice names (alloy, ...) stand for the voices `aliases` maps them
-    to, by default `openai_voice_map`'s."""
-    try:
-        return _blend(spec, packs, aliases)
-    except UserError:
-        if ascii_lower(spec) == spec:
-            raise
-        try:
-            return _blend(ascii_lower(spec), packs, aliases)
-        except UserError:
-            pass
-        raise  # the name as given is the one to report
-
-
-def _blend(spec: str, packs: dict[str, np.ndarray], aliases: dict[str, str] | None) -> np.ndarray:
+    an unknown name is named as given, with the known ones. OpenAI's voice names (alloy, ...) stand for the voices
+    `aliases` maps them to, by default `openai_voice_map`'s."""
     mixed = None
     for name, weight in parse_blend(spec):
-        if name not in packs:  # the map only for a name the packs lack: blend_voice runs for every utterance
-            aliases = openai_voice_map(list(packs)) if aliases is None else aliases
-            name = aliases.get(name, name)
-        if name not in packs:
-            openai = f"; or an OpenAI name: {', '.join(aliases)}" if aliases else ""
+        voice = _voice_of(name, packs, aliases)
+        if voice is None:
+            known = openai_voice_map(list(packs)) if aliases is None else aliases
+            openai = f"; or an OpenAI name: {', '.join(known)}" if known else ""
             raise UserError(f"unknown voice '{name}'", f"choose from: {', '.join(sorted(packs))}{openai}")
-        part = packs[name].astype(np.float32) * weight
+        part = packs[voice].astype(np.float32) * weight
         mixed = part if mixed is None else mixed + part
     assert mixed is not None
     return mixed

@@ -9,7 +9,7 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.model import style_for
 from kokoro_opt.runtime import synthesize
 from kokoro_opt.runtime.synth import Synthesizer
-from kokoro_opt.voices import blend_voice, parse_blend
+from kokoro_opt.voices import blend_voice, parse_blend, unknown_voice
 
 
 def test_parse_blend_normalises_weights() -> None:
@@ -27,6 +27,10 @@ def test_blend_is_the_weighted_mean_and_unknown_voices_list_the_known() -> None:
     assert np.allclose(blend_voice("A(3)+B(1)", packs), 0.75)  # in any case, as the server reads names
     with pytest.raises(UserError, match=r"unknown voice 'c'.*a, b"):
         blend_voice("a+c", packs)
+    with pytest.raises(UserError, match=r"unknown voice 'Cx'"):  # the unknown one, as written, not the known 'A'
+        blend_voice("A(2)+Cx(1)", packs)
+    assert unknown_voice("A(2)+b(1)", ["a", "b"]) is None and unknown_voice("a+NOPE", ["a", "b"]) == "NOPE"
+    assert unknown_voice("Alloy", ["af_heart"]) is None  # OpenAI's names, in any case, as blend_voice takes them
 
 
 def test_style_is_indexed_by_phoneme_count() -> None:
