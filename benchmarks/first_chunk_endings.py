@@ -31,13 +31,14 @@ def main() -> None:
     from rich.table import Table
 
     from kokoro_opt.artifacts import open_artifact
-    from kokoro_opt.chunking import chunk_text, last_words
+    from kokoro_opt.chunking import chunk_text
     from kokoro_opt.evaluate.corpus import load_corpus
     from kokoro_opt.first_chunk import DurationModel, benchmark_texts, cut_at_words, distortion, stretch
     from kokoro_opt.machine import describe, fingerprint
     from kokoro_opt.phrasing import ends_phrase
     from kokoro_opt.tables import print_table
     from kokoro_opt.text import utterance_tokens
+    from kokoro_opt.text_spans import last_words
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("artifact", nargs="?", default="artifacts/int8-mixed")

@@ -8,25 +8,31 @@ text is dropped; a cut at words inside a sentence ends on a word that can end a 
 from __future__ import annotations
 
 import bisect
-import itertools
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.normalize import MONTHS, NEVER_END, NOT_END_BEFORE_NUMBER, read_together
 from kokoro_opt.phrasing import phrase_end
 from kokoro_opt.text import CONTEXT_TOKENS, JOB_TOKENS, phonemize, tokenize
+from kokoro_opt.text_spans import (
+    Span,
+    Splitter,
+    clause_spans,
+    ends_at_clause,
+    phoneme_sentence_spans,
+    plain_word_spans,
+    sentence_spans,
+    trimmed,
+    word_spans,
+)
 
 __all__ = [
-    "CLAUSE_MARKS",
     "CONTEXT_WORDS",
     "Chunk",
     "chunk_phonemes",
     "chunk_text",
-    "ends_at_clause",
+    "cut_phonemes",
     "says_something",
-    "split_sentences",
 ]
 
 MIN_FIRST_WORDS = 3  # a first chunk may end at a comma only after this many words (not at a lone "Well,")
@@ -58,130 +64,31 @@ def says_something(chunk: Chunk) -> bool:
     return bool(chunk.token_ids) and any(symbol not in _PAUSES for symbol in chunk.phonemes)
 
 
-Span = tuple[int, int]
-Splitter = Callable[[str, int, int], list[Span]]
-
-
-# ---- splitting ------------------------------------------------------------------------------------------
-
-_CLOSERS = "\"”’')]"
-_CLOSE = re.escape(_CLOSERS)  # for use inside [...]
-# blank lines end headings too (Windows' line ends and the Unicode paragraph separator as well)
-_SENTENCE_END = re.compile(rf"[.!?;:…]+[{_CLOSE}]*(?=\s|$)|\r?\n[ \t]*\r?\n|\u2029")
-CLAUSE_MARKS = ",;:—–"  # a cut after one is at a clause, where a speaker pauses
-_CLAUSE_END = re.compile(rf"[{CLAUSE_MARKS}]+[{_CLOSE}]*(?=\s)|—")
-_PHONEME_END = re.compile(rf"[.!?;:…]+[{_CLOSE}]*(?=\s|$)")
-_WORD = re.compile(r"\S+")
-_AFTER_NUMBER = re.compile(r"(?i)(?:[ap]\.?m\.?|[a-z°%]{1,3}(?:/h)?|[€£]|thousand|million|billion|trillion)[^\w\s]*")
-_MONTHS = NOT_END_BEFORE_NUMBER | {m.lower() for m in MONTHS}
-_NEXT = re.compile(r"\s*(\S)")
-_WORD_BEFORE = re.compile(r"[\w.'’-]*$")
-_INITIALS = re.compile(r"[A-Z]|(?:[A-Za-z]\.)+[A-Z]")  # "J." / "U.S." / "U.S.A."
-
-
-def _trimmed(text: str, bounds: list[int]) -> list[Span]:
-    spans = []
-    for a, b in itertools.pairwise(bounds):
-        while a < b and text[a].isspace():
-            a += 1
-        while b > a and text[b - 1].isspace():
-            b -= 1
-        if a < b:
-            spans.append((a, b))
-    return spans
-
-
-def ends_at_clause(text: str) -> bool:
-    """Whether `text` ends with a clause mark, closing quotes and brackets aside (or has nothing to end)."""
-    last = text.rstrip().rstrip(_CLOSERS)[-1:]
-    return not last or last in CLAUSE_MARKS
-
-
-def _is_sentence_end(text: str, m: re.Match[str]) -> bool:
-    """Only a lone '.' is ambiguous: abbreviations, initials and 'etc. and' do not end a sentence."""
-    if m.group(0).rstrip(_CLOSERS) != ".":
-        return True
-    nxt = _next_char(text, m.end(), len(text))
-    if not nxt:
-        return True
-    found = _WORD_BEFORE.search(text[max(0, m.start() - 40) : m.start()])  # a window: no quadratic scans
-    word = found.group(0) if found else ""
-    if word.lower() in NEVER_END or _INITIALS.fullmatch(word):
-        return False
-    if word.lower() in NOT_END_BEFORE_NUMBER and nxt.isdigit():
-        return False
-    return not nxt.islower()
-
-
-def _next_char(text: str, pos: int, end: int) -> str:
-    """The next non-space character in text[pos:end], or ''."""
-    found = _NEXT.match(text, pos, end)
-    return found.group(1) if found else ""
-
-
-def _sentence_spans(text: str, start: int, end: int) -> list[Span]:
-    bounds = [start]
-    for m in _SENTENCE_END.finditer(text, start, end):
-        if m.group(0)[0] in "\r\n\u2029":
-            bounds.append(m.start())
-        elif _is_sentence_end(text, m):
-            bounds.append(m.end())
-    return _trimmed(text, [*bounds, end])
-
-
-def _clause_spans(text: str, start: int, end: int) -> list[Span]:
-    bounds = [start]
-    for m in _CLAUSE_END.finditer(text, start, end):
-        # "March 3, 2024" / "1, 2, 3": a comma between numbers is not a pause worth splitting at
-        if m.group(0).startswith(",") and text[m.start() - 1 : m.start()].isdigit() and _next_char(text, m.end(), end).isdigit():
-            continue
-        bounds.append(m.end())
-    return _trimmed(text, [*bounds, end])
-
-
-def _glued(prev: str, word: str) -> bool:
-    """Word pairs that normalisation reads together ("3:30 pm", "5 km", "March 3", "Dr. Smith"): never split."""
-    if prev[-1:].isdigit() and _AFTER_NUMBER.fullmatch(word):
-        return True
-    key = prev.rstrip(".,").lower()
-    if key.isdigit() and prev.endswith(",") and re.fullmatch(r"\d{4}\W*", word):  # "March 3, 2024"
-        return True
-    return (prev.endswith(".") and key in NEVER_END) or (key in _MONTHS and word[:1].isdigit())
-
-
-def _word_spans(text: str, start: int, end: int) -> list[Span]:
-    spans: list[Span] = []
-    prev = ""
-    together = read_together(text[start:end])  # a phone number, "25 December 2023": cut, each part reads otherwise
-    for m in _WORD.finditer(text, start, end):
-        if spans and (_glued(prev, m.group(0)) or any(a < m.start() - start < b for a, b in together)):
-            spans[-1] = (spans[-1][0], m.end())
-        else:
-            spans.append(m.span())
-        prev = m.group(0)
-    return spans
-
-
-def last_words(text: str) -> str:
-    """The last word of `text` as the chunker cuts words: with the words read together with it ("World War I")."""
-    spans = _word_spans(text, 0, len(text))
-    return text[spans[-1][0] : spans[-1][1]] if spans else ""
-
-
-def _plain_word_spans(text: str, start: int, end: int) -> list[Span]:
-    return [m.span() for m in _WORD.finditer(text, start, end)]  # for a glued group that alone is too long
-
-
-def _phoneme_sentence_spans(text: str, start: int, end: int) -> list[Span]:
-    return _trimmed(text, [start, *(m.end() for m in _PHONEME_END.finditer(text, start, end)), end])
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sentences (original text) ending at . ! ? ; : … or a blank line; not after abbreviations, initials, decimals."""
-    return [text[a:b] for a, b in _sentence_spans(text, 0, len(text))]
-
-
 # ---- chunking -------------------------------------------------------------------------------------------
+
+
+def cut_phonemes(phonemes: str, vocab: dict[str, int], limit: int) -> list[str]:
+    """Phonemes of one written word over `limit` tokens ("1,250" spoken as four words, a URL) in parts of at most
+    `limit` tokens, each ending after the last space that fits, spoken with the part before it (as at every cut, so
+    parts joined again are the phonemes as they were); inside a spoken word only where a part has no space."""
+    parts: list[str] = []
+    start = 0
+    while True:
+        count, end, after_space = 0, len(phonemes), None
+        for k in range(start, len(phonemes)):
+            if phonemes[k] not in vocab:
+                continue
+            if count == limit:
+                end = k
+                break
+            count += 1
+            if phonemes[k] == SPACE and k > start:
+                after_space = k + 1
+        if end == len(phonemes):
+            return [*parts, phonemes[start:]]
+        cut = after_space if after_space is not None else end
+        parts.append(phonemes[start:cut])
+        start = cut
 
 
 class _Chunker:
@@ -238,7 +145,7 @@ class _Chunker:
                 i += 1
             else:
                 j, chunk = found
-                at_words = level > 0 and self.splitters[level - 1] in (_word_spans, _plain_word_spans)
+                at_words = level > 0 and self.splitters[level - 1] in (word_spans, plain_word_spans)
                 if self.phrasing and at_words and j < len(spans) - 1:  # a cut inside a sentence, keeping at least half its words
                     j, chunk = self.phrase_ending(spans, i, j, chunk, (j - i) // 2 + 1)
                 if at_words and j < len(spans) - 1:
@@ -259,17 +166,10 @@ class _Chunker:
             parts = self.splitters[k](self.text, *span)
             if len(parts) > 1:
                 return self.pack(parts, limit, k + 1)
-        # A single "word" longer than the limit (a long URL, a digit string): cut its phoneme stream.
+        # A single "word" longer than the limit (a long URL, a number normalisation spells out): cut its phonemes.
         whole = self.chunk(*span)
-        chunks, piece, count = [], "", 0
-        for ch in whole.phonemes:
-            if ch in self.vocab and count == limit:
-                chunks.append(Chunk(whole.text if not chunks else "", piece, tokenize(piece, self.vocab)))
-                piece, count = "", 0
-            piece += ch
-            count += ch in self.vocab
-        chunks.append(Chunk(whole.text if not chunks else "", piece, tokenize(piece, self.vocab)))
-        return chunks
+        parts = cut_phonemes(whole.phonemes, self.vocab, limit)
+        return [Chunk(whole.text if k == 0 else "", part, tokenize(part, self.vocab)) for k, part in enumerate(parts)]
 
     def first(self, sentence: Span, limit: int, word_limit: int, context_words: int = 0) -> tuple[int, Chunk] | None:
         """A small first chunk: up to the first clause boundary with a few words, else as many words as fit, ending
@@ -277,13 +177,13 @@ class _Chunker:
         word, if that alone fits `word_limit`: a word is never cut for latency's sake. Cut at words with
         `context_words`, the chunk and the words fed after it fit `limit` together: the first front reads both."""
         a, end = sentence
-        for _, b in _clause_spans(self.text, a, end):
+        for _, b in clause_spans(self.text, a, end):
             c = self.chunk(a, b)
             if len(c.token_ids) > limit:
                 break
             if b == end or sum(any(ch.isalnum() for ch in w) for w in self.text[a:b].split()) >= MIN_FIRST_WORDS:
                 return b, c
-        words = _word_spans(self.text, a, end)
+        words = word_spans(self.text, a, end)
         budget, best = limit, None
         while (found := self.fit(words, 0, budget) or self.fit(words[:1], 0, word_limit)) is not None:
             j, chunk = found
@@ -315,7 +215,7 @@ class _Chunker:
         """A space and the first `words` words of text[cut:end] as token ids, as many of them as fit `most` tokens
         (none for 0 words)."""
         ids: list[int] = []
-        spans = _word_spans(self.text, cut, end)[:words]
+        spans = word_spans(self.text, cut, end)[:words]
         for k in range(len(spans), 0, -1):
             ids = [self.vocab[SPACE], *self.chunk(spans[0][0], spans[k - 1][1]).token_ids]
             if len(ids) <= most:
@@ -324,7 +224,7 @@ class _Chunker:
 
     def behind(self, start: int, cut: int, words: int) -> list[int]:
         """The last `words` words of text[start:cut] and a space as token ids (none for 0 words)."""
-        spans = _word_spans(self.text, start, cut)[-words:] if words else []
+        spans = word_spans(self.text, start, cut)[-words:] if words else []
         return [*self.chunk(spans[0][0], spans[-1][1]).token_ids, self.vocab[SPACE]] if spans else []
 
     def with_context(self, chunks: list[Chunk], sentences: list[Span], words: int, max_tokens: int) -> list[Chunk]:
@@ -376,10 +276,10 @@ def chunk_text(
         raise UserError(f"context_words must be 0 or more with a vocab that has a space, got {context_words!r}", "use e.g. 2")
     if not isinstance(text, str):
         raise UserError(f"text must be a string, got {type(text).__name__}", "pass the text to speak as str")
-    sentences = _sentence_spans(text, 0, len(text))
+    sentences = sentence_spans(text, 0, len(text))
     if not sentences:
         return []
-    chunker = _Chunker(text, vocab, phonemize, (_clause_spans, _word_spans, _plain_word_spans), phrasing=True)
+    chunker = _Chunker(text, vocab, phonemize, (clause_spans, word_spans, plain_word_spans), phrasing=True)
     chunks: list[Chunk] = []
     rest = sentences
     # The first sentence with a word (a leading "..." alone is no useful first audio) gives the small first chunk.
@@ -390,7 +290,7 @@ def chunk_text(
         if (first := chunker.first(head, *limits, context_words)) is not None:
             end, chunk = first
             chunks.append(chunk)
-            rest = _trimmed(text, [end, head[1]]) + sentences[k + 1 :]
+            rest = trimmed(text, [end, head[1]]) + sentences[k + 1 :]
     chunks += chunker.pack(rest, min(chunk_tokens, max_tokens))
     if context_words:
         chunks = chunker.with_context(chunks, sentences, context_words, max_tokens)
@@ -400,6 +300,6 @@ def chunk_text(
 def chunk_phonemes(phonemes: str, vocab: dict[str, int], max_tokens: int = CONTEXT_TOKENS) -> list[Chunk]:
     """Split an already-phonemized string at sentence, then clause, then word boundaries (text = phoneme span)."""
     _check(vocab, max_tokens=max_tokens)
-    chunker = _Chunker(phonemes, vocab, lambda s: s, (_clause_spans, _word_spans))
-    chunks = chunker.pack(_phoneme_sentence_spans(phonemes, 0, len(phonemes)), max_tokens)
+    chunker = _Chunker(phonemes, vocab, lambda s: s, (clause_spans, word_spans))
+    chunks = chunker.pack(phoneme_sentence_spans(phonemes, 0, len(phonemes)), max_tokens)
     return [c for c in chunks if says_something(c)]

@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from kokoro_opt.artifacts import Artifact
-from kokoro_opt.chunking import Chunk, chunk_text, ends_at_clause
+from kokoro_opt.chunking import Chunk, chunk_text
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.feeds import model_feeds
 from kokoro_opt.text import CONTEXT_TOKENS, utterance_tokens
+from kokoro_opt.text_spans import ends_at_clause
 from kokoro_opt.voices import style_for
 
 SENTENCES = 8  # sentences per voice and size

@@ -7,10 +7,11 @@ import re
 
 import pytest
 
-from kokoro_opt.chunking import Chunk, chunk_phonemes, chunk_text, ends_at_clause, split_sentences
+from kokoro_opt.chunking import Chunk, chunk_phonemes, chunk_text, cut_phonemes
 from kokoro_opt.errors import UserError
 from kokoro_opt.phrasing import FUNCTION_WORDS, phrase_end
 from kokoro_opt.text import CONTEXT_TOKENS, phonemize, tokenize
+from kokoro_opt.text_spans import ends_at_clause, last_words, split_sentences
 from tests.texts import PARAGRAPH, words
 
 # ---- sentences --------------------------------------------------------------------------------------------
@@ -121,6 +122,12 @@ def test_word_splits_keep_number_units_titles_and_dates_together(vocab: dict[str
             assert (left.text.split()[-1], right.text.split()[0]) not in glued
 
 
+def test_only_units_and_scales_are_read_with_the_number_before_them() -> None:
+    assert [last_words(t) for t in ("walked 5 km", "at 3 PM", "paid $3 million", "cut 50%", "4 m")] == [
+        "5 km", "3 PM", "$3 million", "50%", "4 m"]  # fmt: skip
+    assert [last_words(t) for t in ("in 2023 the", "1,234 is", "3 of", "40 to")] == ["the", "is", "of", "to"]
+
+
 @pytest.mark.parametrize("text", ["Call (555) 123-4567 now, please.", "25 December 2023 was the day we met again at last."])
 def test_a_cut_never_falls_inside_what_normalization_reads_as_one(text: str, vocab: dict[str, int]) -> None:
     """Cut inside, each part is read alone: "(555)" as a quantity, "25" and "December 2023" apart."""
@@ -164,6 +171,27 @@ def test_single_giant_word_is_cut(vocab: dict[str, int]) -> None:
     chunks = chunk_text(text, vocab, max_tokens=100)
     assert len(chunks) > 1 and all(len(c.token_ids) <= 100 for c in chunks)
     assert chunks[0].text == text
+
+
+@pytest.mark.parametrize("text", ["Pay 1,250 dollars.", "It costs $19.99 now.", "The total was 1234567890123 dollars."])
+def test_a_written_word_spoken_as_several_is_cut_between_them(text: str, vocab: dict[str, int]) -> None:
+    """A number spelled out is one written word and many spoken ones: cut where the pieces' limit falls, it is cut
+    after a spoken word, and the pieces merged into one job again are the sentence's phonemes, no word broken."""
+    from collections import deque
+
+    from kokoro_opt.serve.plan import make_pieces, take_job
+
+    pieces = make_pieces(text, vocab, 10, 20)
+    assert len(pieces) > 3 and all(len(p.tokens) <= 20 for p in pieces)
+    job = take_job(deque(pieces), CONTEXT_TOKENS, vocab[" "])
+    assert job.tokens == tokenize(phonemize(text), vocab)
+
+
+def test_phonemes_without_a_space_are_cut_at_the_limit(vocab: dict[str, int]) -> None:
+    spoken = "wˈʌn θˈWzənd tˈu hˈʌndɹɪd"
+    assert cut_phonemes(spoken, vocab, 8) == ["wˈʌn ", "θˈWzənd ", "tˈu ", "hˈʌndɹɪd"]
+    run = "təm" * 10  # a URL spelled without a pause: cut inside it, as nothing else can be
+    assert cut_phonemes(run, vocab, 8) == [run[:8], run[8:16], run[16:24], run[24:]]
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\n", "...", "?!", "\u2014 \u2014", "()", "\u2026", '""', "-", "*", "\u2603"])
