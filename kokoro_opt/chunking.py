@@ -274,8 +274,7 @@ def chunk_text(
     _check(vocab, chunk_tokens=chunk_tokens, max_tokens=max_tokens, **first_limit)
     if not isinstance(context_words, int) or context_words < 0 or (context_words and SPACE not in vocab):
         raise UserError(f"context_words must be 0 or more with a vocab that has a space, got {context_words!r}", "use e.g. 2")
-    if not isinstance(text, str):
-        raise UserError(f"text must be a string, got {type(text).__name__}", "pass the text to speak as str")
+    _check_text(text, "text")
     sentences = sentence_spans(text, 0, len(text))
     if not sentences:
         return []
@@ -297,9 +296,24 @@ def chunk_text(
     return [c for c in chunks if says_something(c)]
 
 
+def _check_text(text: object, name: str) -> None:
+    """Text is a str of Unicode characters: a lone surrogate (bytes decoded with surrogateescape, JSON's "\\ud800")
+    is none, and espeak cannot take it."""
+    if not isinstance(text, str):
+        raise UserError(f"{name} must be a string, got {type(text).__name__}", f"pass the {name} to speak as str")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(
+            f"{name} has an invalid character at position {exc.start} (a lone surrogate, not Unicode text)",
+            "decode bytes as UTF-8 before passing them, e.g. data.decode('utf-8', errors='replace')",
+        ) from None
+
+
 def chunk_phonemes(phonemes: str, vocab: dict[str, int], max_tokens: int = CONTEXT_TOKENS) -> list[Chunk]:
     """Split an already-phonemized string at sentence, then clause, then word boundaries (text = phoneme span)."""
     _check(vocab, max_tokens=max_tokens)
+    _check_text(phonemes, "phonemes")
     chunker = _Chunker(phonemes, vocab, lambda s: s, (clause_spans, word_spans))
     chunks = chunker.pack(phoneme_sentence_spans(phonemes, 0, len(phonemes)), max_tokens)
     return [c for c in chunks if says_something(c)]

@@ -347,7 +347,7 @@ _RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
     (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}})\b)?"), _month_day),
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE})\b\.?(?:,?\s+(\d{{4}})\b)?"), _day_month),
     # a ratio: "a 16:9 screen", "the 4:3 format", "ratio of 3:1" (one digit after the colon; "Psalm 23:4" is a verse)
-    (re.compile(r"(?:(?<=\ba )|(?<=\ban )|(?<=\bthe )|(?<=\bratio )|(?<=\bof ))(\d{1,2}):(\d)(?![\d:])"), r"\1 to \2"),
+    (re.compile(r"(?i)(?:(?<=\ba )|(?<=\ban )|(?<=\bthe )|(?<=\bratio )|(?<=\bof ))(\d{1,2}):(\d)(?![\d:])"), r"\1 to \2"),
     # a range of times: "9am-5pm", "10:00 - 11:30" (a dash between two times: "to")
     (re.compile(rf"(?<![\d:])({_CLOCK})\s*(?:-|\u2014)\s*(?={_CLOCK})"), r"\1 to "),
     (re.compile(rf"\b(?P<h>[01]?\d|2[0-3]):(?P<m>[0-5]\d):(?P<s>[0-5]\d)(?![:\d]){_AMPM}?"), _time),

@@ -113,6 +113,18 @@ def _voice_of(name: str, names: Collection[str], aliases: dict[str, str] | None)
     return aliases[name] if aliases.get(name) in names else None
 
 
+def check_voice(spec: str, names: list[str]) -> None:
+    """blend_voice's error for a spec that artifact voices `names` cannot give, before any voice pack is loaded."""
+    if (name := unknown_voice(spec, names)) is not None:
+        raise _unknown(name, names, None)
+
+
+def _unknown(name: str, names: list[str], aliases: dict[str, str] | None) -> UserError:
+    known = openai_voice_map(names) if aliases is None else aliases
+    openai = f"; or an OpenAI name: {', '.join(known)}" if known else ""
+    return UserError(f"unknown voice '{name}'", f"choose from: {', '.join(sorted(names))}{openai}")
+
+
 def blend_voice(spec: str, packs: dict[str, np.ndarray], aliases: dict[str, str] | None = None) -> np.ndarray:
     """The (510, 1, 256) pack for a voice name or blend, in any case ("Alloy", "JF_ALPHA": names are lower case);
     an unknown name is named as given, with the known ones. OpenAI's voice names (alloy, ...) stand for the voices
@@ -121,9 +133,7 @@ def blend_voice(spec: str, packs: dict[str, np.ndarray], aliases: dict[str, str]
     for name, weight in parse_blend(spec):
         voice = _voice_of(name, packs, aliases)
         if voice is None:
-            known = openai_voice_map(list(packs)) if aliases is None else aliases
-            openai = f"; or an OpenAI name: {', '.join(known)}" if known else ""
-            raise UserError(f"unknown voice '{name}'", f"choose from: {', '.join(sorted(packs))}{openai}")
+            raise _unknown(name, list(packs), aliases)
         part = packs[voice].astype(np.float32) * weight
         mixed = part if mixed is None else mixed + part
     assert mixed is not None

@@ -358,6 +358,7 @@ def test_say_writes_a_24khz_wav_and_rejects_a_bad_voice(tiny_artifact, tmp_path:
     assert rate == 24000 and len(audio) > 2400
     result = run_cli("say", "Hello.", "--artifact", str(tiny_artifact.path), "--voice", "nobody", "-o", str(out))
     assert result.returncode == 2 and "unknown voice 'nobody'" in result.stderr and "or an OpenAI name: alloy" in result.stderr
+    assert "speaking with" not in result.stderr  # refused before the model loads
     # OpenAI's names speak as the server speaks them; alloy, the server's default, is say's too: any artifact has it
     result = run_cli("say", "Hello.", "--artifact", str(tiny_artifact.path), "-o", str(out))
     assert result.returncode == 0, result.stderr
@@ -378,6 +379,13 @@ def test_say_reads_text_piped_in_and_writes_the_wav_to_standard_output(tiny_arti
     for piped, says in ((b"", "nothing was piped in"), (b"\xff\xfe", "not UTF-8")):
         done = subprocess.run(command, input=piped, capture_output=True, timeout=300, cwd=tmp_path)
         assert done.returncode == 2 and says in done.stderr.decode() and not done.stdout, done.stderr.decode()
+    latin1 = [*command[:4], b"caf\xe9 au lait", *command[5:]]  # an argument in another encoding: one line, as piped in
+    done = subprocess.run(latin1, capture_output=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 2 and "the text given is not UTF-8 (byte 3)" in done.stderr.decode(), done.stderr.decode()
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path) as early:
+        early.stdout.close()  # type: ignore[union-attr]  # the player quit before the WAV came (`| head -c 0`)
+        _, said = early.communicate(b"Hello world.", timeout=300)
+    assert early.returncode == 0 and b"Traceback" not in said, said.decode()
     if Path("/dev/full").exists():  # a full disk is one line naming the cause, as any the file system refuses
         with open("/dev/full", "wb") as full:
             done = subprocess.run(command, input=b"Hi.", stdout=full, stderr=subprocess.PIPE, timeout=300, cwd=tmp_path)

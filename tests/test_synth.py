@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import numpy as np
 import pytest
 
@@ -90,6 +92,12 @@ def test_synthesize_checks_its_input(tiny_artifact) -> None:
     with pytest.raises(UserError, match="speed"):
         synthesize(tiny_artifact, "Hello.", voice="tiny_0", speed=10)
     assert synthesize(tiny_artifact, "Hi.", voice="tiny_0", speed=np.float32(1.5)).seconds > 0  # any real number
+    assert synthesize(tiny_artifact, "Hi.", voice="tiny_0", speed=Decimal("1.5")).seconds > 0
+    with pytest.raises(UserError, match="speed must be a number, not str"):  # not "out of range"
+        synthesize(tiny_artifact, "Hello.", voice="tiny_0", speed="1")
+    for name, bad in (("text", {"text": b"Hi."}), ("phonemes", {"phonemes": 5}), ("text", {"text": "caf\udce9"})):
+        with pytest.raises(UserError, match=f"^{name} (must be a string|has an invalid character at position 3)"):
+            synthesize(tiny_artifact, voice="tiny_0", **bad)
     for nothing in ("   ", "-", "...", "?!", "(…)"):  # pauses alone would be a breath: not what was asked for
         with pytest.raises(UserError, match="nothing to say"):
             synthesize(tiny_artifact, nothing, voice="tiny_0")

@@ -136,6 +136,7 @@ from tests.texts import PARAGRAPH
         ("pages 10\u221220, 100 km\u00b2, 3 m\u00b3", "pages ten to twenty, one hundred square kilometers, three cubic meters"),
         ("3 x 4 = 12, x - 1 = y, Options - verbose", "three times four = twelve, x minus one = y, Options \u2014 verbose"),
         ("Psalm 23:4 on a 16:9 screen", "Psalm twenty-three:four on a sixteen to nine screen"),
+        ("The 16:9 format. A 4:3 TV.", "The sixteen to nine format. A four to three TV."),  # a sentence's first word too
         (
             "World War II, Chapter IV, Henry VIII, John Paul II, Super Bowl LVIII; Malcolm X and George I think",
             "World War two, Chapter four, Henry the eighth, John Paul the second, Super Bowl fifty-eight; Malcolm X and "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -106,6 +107,15 @@ def fetch(
 STDIO = "-"  # say's text and output: standard input, standard output
 
 
+def not_utf8(argument: str) -> int | None:
+    """Where a command-line argument was not UTF-8: Python keeps such bytes as lone surrogates (surrogateescape)."""
+    try:
+        argument.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
 def piped_text() -> str:
     """What is piped to `say -`: UTF-8 text (a terminal would wait for typing that says when it ends)."""
     if sys.stdin is None or sys.stdin.isatty():
@@ -139,7 +149,7 @@ def say(
             help="voice name, an OpenAI name (alloy, ...: every artifact has them), or a blend like jf_alpha(2)+jm_kumo(1)"
         ),
     ] = "alloy",
-    speed: Annotated[float, typer.Option(help="0.25 to 4.0")] = 1.0,
+    speed: Annotated[float, typer.Option(min=0.25, max=4.0, help="0.25 to 4.0")] = 1.0,
     tracking_uri: TrackingUri = None,
 ) -> None:
     """Speak text with an artifact and write a 24 kHz WAV."""
@@ -148,6 +158,7 @@ def say(
     from kokoro_opt.runtime import open_synthesizer
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.tables import make_progress
+    from kokoro_opt.voices import check_voice
 
     to_stdout = output == Path(STDIO)
     if to_stdout and sys.stdout.isatty():  # 50 KB of binary a second of audio, read out, and escapes the terminal obeys
@@ -156,11 +167,14 @@ def say(
         wav_target(output)  # before the model loads and speaks
     if text == STDIO:
         text = piped_text()
+    elif (byte := not_utf8(text)) is not None:
+        raise UserError(f"the text given is not UTF-8 (byte {byte})", "give it in UTF-8, or convert it: iconv -t UTF-8 | say -")
     if latin_share(text) < 0.5:
         err.print("note: most of this text is not in the Latin script; the model speaks English, and reads other "
                   "scripts by their letters' names", highlight=False)  # fmt: skip
     selection = resolve_artifact(artifact, artifacts, tracking_uri)  # with the session settings tuned for it here
     chosen = selection.artifact
+    check_voice(voice, chosen.voice_names)  # before the model loads
     err.print(f"speaking with {chosen.name} {chosen.id} ({chosen.path})", highlight=False)
     speaker = open_synthesizer(chosen, selection.settings)
     with make_progress(console=err, transient=True) as progress:
@@ -172,8 +186,12 @@ def say(
             on_chunk=lambda done, total: progress.update(task, completed=done, total=total),
         )
     if to_stdout:
-        sys.stdout.buffer.write(wav_bytes(result.audio, result.sample_rate))
-        sys.stdout.buffer.flush()
+        try:
+            sys.stdout.buffer.write(wav_bytes(result.audio, result.sample_rate))
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:  # the reader stopped early (`| head`): its choice, not an error; nothing more to flush
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return
         err.print(f"wrote {result.seconds:.2f} s of audio at {result.sample_rate} Hz to standard output")
     else:
         write_wav(output, result.audio, result.sample_rate)

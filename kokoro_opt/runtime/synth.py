@@ -6,6 +6,7 @@ candidate graph or capped edges, through the session."""
 
 from __future__ import annotations
 
+import decimal
 import logging
 import numbers
 from collections.abc import Callable, Iterator
@@ -75,7 +76,9 @@ class Speaker:
         `on_chunk(done, total)` after each chunk. The input is checked before the first chunk is asked for."""
         if (text is None) == (phonemes is None):
             raise UserError("give exactly one of text or phonemes")
-        if not (isinstance(speed, numbers.Real) and not isinstance(speed, bool) and 0.25 <= speed <= 4.0):
+        if not isinstance(speed, numbers.Real | decimal.Decimal) or isinstance(speed, bool):
+            raise UserError(f"speed must be a number, not {type(speed).__name__}", "e.g. speed=1.2")
+        if not 0.25 <= (speed := float(speed)) <= 4.0:
             raise UserError(f"speed {speed!r} is out of range", "use a speed between 0.25 and 4.0")
         if not isinstance(voice, str):
             raise UserError(f"voice must be a name or a blend, not {type(voice).__name__}", "e.g. voice='alloy'")
