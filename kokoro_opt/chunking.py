@@ -211,11 +211,25 @@ class _Chunker:
             self.word_cuts[id(chunk)] = cut
             self.ahead_limits[id(chunk)] = room
 
+    def word_bound(self, cut: int, limit: int, words: int) -> int:
+        """Where to look for `words` words from `cut` towards `limit` (after it or before it): a few hundred characters,
+        on a space, not the whole sentence (a 4,000-character one has hundreds of cuts)."""
+        reach = (words + 4) * 40
+        if limit > cut:
+            bound = min(limit, cut + reach)
+            while bound < limit and not self.text[bound].isspace():
+                bound += 1
+            return bound
+        bound = max(limit, cut - reach)
+        while bound > limit and not self.text[bound - 1].isspace():
+            bound -= 1
+        return bound
+
     def ahead(self, cut: int, end: int, words: int, most: int = CONTEXT_TOKENS) -> list[int]:
         """A space and the first `words` words of text[cut:end] as token ids, as many of them as fit `most` tokens
         (none for 0 words)."""
         ids: list[int] = []
-        spans = word_spans(self.text, cut, end)[:words]
+        spans = word_spans(self.text, cut, self.word_bound(cut, end, words))[:words]
         for k in range(len(spans), 0, -1):
             ids = [self.vocab[SPACE], *self.chunk(spans[0][0], spans[k - 1][1]).token_ids]
             if len(ids) <= most:
@@ -224,7 +238,7 @@ class _Chunker:
 
     def behind(self, start: int, cut: int, words: int) -> list[int]:
         """The last `words` words of text[start:cut] and a space as token ids (none for 0 words)."""
-        spans = word_spans(self.text, start, cut)[-words:] if words else []
+        spans = word_spans(self.text, self.word_bound(cut, start, words), cut)[-words:] if words else []
         return [*self.chunk(spans[0][0], spans[-1][1]).token_ids, self.vocab[SPACE]] if spans else []
 
     def with_context(self, chunks: list[Chunk], sentences: list[Span], words: int, max_tokens: int) -> list[Chunk]:

@@ -121,9 +121,12 @@ def _glued(prev: str, word: str) -> bool:
 def word_spans(text: str, start: int, end: int) -> list[Span]:
     spans: list[Span] = []
     prev = ""
-    together = read_together(text[start:end])  # a phone number, "25 December 2023": cut, each part reads otherwise
+    together = sorted(read_together(text[start:end]))  # a phone number, "25 December 2023": cut, each part reads otherwise
+    k, reach = 0, -1  # the furthest end of the groups that start before the word: one pass, not a scan per word
     for m in _WORD.finditer(text, start, end):
-        if spans and (_glued(prev, m.group(0)) or any(a < m.start() - start < b for a, b in together)):
+        while k < len(together) and together[k][0] < m.start() - start:
+            reach, k = max(reach, together[k][1]), k + 1
+        if spans and (_glued(prev, m.group(0)) or m.start() - start < reach):
             spans[-1] = (spans[-1][0], m.end())
         else:
             spans.append(m.span())

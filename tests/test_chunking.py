@@ -187,6 +187,21 @@ def test_a_written_word_spoken_as_several_is_cut_between_them(text: str, vocab: 
     assert job.tokens == tokenize(phonemize(text), vocab)
 
 
+def test_a_long_sentence_cut_at_words_is_read_in_linear_work(vocab: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4,000-character sentence without a stop has ~140 cuts at words, each with context: looking for the words
+    around each cut in the whole sentence took seconds (6.3 s for "a < 0 " x 682), before any audio."""
+    import kokoro_opt.text_spans as text_spans
+    from kokoro_opt.serve.plan import make_pieces
+
+    scanned: list[int] = []
+    read_together = text_spans.read_together
+    monkeypatch.setattr(text_spans, "read_together", lambda text: scanned.append(len(text)) or read_together(text))
+    text = "a < 0 " * 682
+    pieces = make_pieces(text, vocab, 40, 80)
+    assert len(pieces) > 100 and sum(p.behind != [] for p in pieces) > 100
+    assert sum(scanned) < 20 * len(text)  # was ~140 whole-sentence scans
+
+
 def test_phonemes_without_a_space_are_cut_at_the_limit(vocab: dict[str, int]) -> None:
     spoken = "wˈʌn θˈWzənd tˈu hˈʌndɹɪd"
     assert cut_phonemes(spoken, vocab, 8) == ["wˈʌn ", "θˈWzənd ", "tˈu ", "hˈʌndɹɪd"]
