@@ -251,6 +251,18 @@ def test_first_audio_is_what_a_streaming_request_sends_first(tiny_artifact: Any)
     assert isinstance(served, bytes) and served == make_encoder("pcm", engine.sample_rate, True).encode(measured)
 
 
+def test_the_body_limit_holds_every_input_the_character_limit_allows() -> None:
+    """30,000 "é" escaped as JSON are 180 KB: under a fixed 128 KB body limit --max-input-chars 30000 was a 413."""
+    import json
+
+    from kokoro_opt.serve.openai_compat import MAX_INSTRUCTIONS_CHARS
+
+    assert ServeConfig().body_bytes == 128 * 1024  # the default limits' largest body fits already
+    for chars in (4096, 30_000, 200_000):
+        body = json.dumps({"input": "\ud83d\ude00" * (chars // 2), "instructions": "é" * MAX_INSTRUCTIONS_CHARS})
+        assert len(body.encode()) <= ServeConfig(max_input_chars=chars).body_bytes
+
+
 def test_config_validation_and_tuned_chunking(tiny_artifact: Any) -> None:
     with pytest.raises(UserError):
         ServeConfig(first_chunk_tokens=300, chunk_tokens=200)

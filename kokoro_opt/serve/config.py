@@ -45,7 +45,7 @@ class ServeConfig:
     # (slower speech decodes more frames per token). A 4096-character paragraph of prose is ~4,700.
     max_input_tokens: int = 6000
     # every body the OpenAPI document allows fits: 4,096 characters of input and of instructions, each
-    # up to 12 bytes as JSON (an escaped surrogate pair), are 98 KB
+    # up to 12 bytes as JSON (an escaped surrogate pair), are 98 KB; a larger max_input_chars raises it (`body_bytes`)
     max_body_bytes: int = 128 * 1024
     api_key: str | None = None
     # served on a loopback address, Host names answered besides this machine's (a reverse proxy's public name;
@@ -97,6 +97,14 @@ class ServeConfig:
             )
         if self.public_metrics and not self.api_key:  # /metrics is public already
             raise UserError("--public-metrics changes nothing without --api-key", "set --api-key, or drop --public-metrics")
+
+    @property
+    def body_bytes(self) -> int:
+        """The largest request body read: `max_body_bytes`, or what `max_input_chars` of input and the instructions
+        take as JSON at 12 bytes a character, when more (an input within the character limit is never a 413)."""
+        from kokoro_opt.serve.openai_compat import MAX_INSTRUCTIONS_CHARS
+
+        return max(self.max_body_bytes, 12 * (self.max_input_chars + MAX_INSTRUCTIONS_CHARS) + 4096)
 
     @property
     def pieces(self) -> int:

@@ -219,7 +219,7 @@ class SpeechHandler:
         service = self.service
         config = service.config
         try:  # refused before it has a slot: counted here, as `close` counts the others
-            self.req = req = parse(await read_json(self.request, config.max_body_bytes, config.body_timeout), config)
+            self.req = req = parse(await read_json(self.request, config.body_bytes, config.body_timeout), config)
             service.require_ready()
             pack = service.pack(req.voice)
             directives = self.request.headers.get("cache-control", "").lower()
