@@ -18,7 +18,7 @@ _UNICODE = {
     0x2212: " minus ",  # between digits a range's dash: clean_unicode puts "-" there first
 }
 
-# C0, DEL and C1 but line ends: a blank line ends a heading (chunking.py)
+# C0, DEL and C1 but line ends: a blank line ends a heading (text_spans.py)
 _CONTROLS = {c: " " for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in "\n\r"}
 
 

@@ -53,6 +53,7 @@ class Chunk:
     token_ids: list[int]  # without the 0 pads, len <= max_tokens
     behind: list[int] = field(default_factory=list)
     ahead: list[int] = field(default_factory=list)
+    in_word: bool = False  # it ends inside a spoken word (`cut_phonemes`): the next chunk goes on with that word
 
 
 # Kokoro's pause and quote symbols: a chunk of these alone is spoken as a breath, so it has nothing to say
@@ -67,13 +68,15 @@ def says_something(chunk: Chunk) -> bool:
 # ---- chunking -------------------------------------------------------------------------------------------
 
 
-def cut_phonemes(phonemes: str, vocab: dict[str, int], limit: int) -> list[str]:
+def cut_phonemes(phonemes: str, vocab: dict[str, int], limit: int) -> list[tuple[str, bool]]:
     """Phonemes of one written word over `limit` tokens ("1,250" spoken as four words, a URL) in parts of at most
-    `limit` tokens, each ending after the last space that fits, spoken with the part before it (as at every cut, so
-    parts joined again are the phonemes as they were); inside a spoken word only where a part has no space."""
-    parts: list[str] = []
+    `limit` tokens, each ending after the last space that fits (spoken with the part before it, as at every cut), or
+    before a space the limit falls on (the space dropped: a job merging the parts puts it back, `plan.take_job`); inside
+    a spoken word only where a part has no space. Each part with whether it ends inside a word, so a merge adds no
+    space there: merged, the parts are the phonemes as they were."""
+    parts: list[tuple[str, bool]] = []
     start = 0
-    while True:
+    while start < len(phonemes):
         count, end, after_space = 0, len(phonemes), None
         for k in range(start, len(phonemes)):
             if phonemes[k] not in vocab:
@@ -85,10 +88,15 @@ def cut_phonemes(phonemes: str, vocab: dict[str, int], limit: int) -> list[str]:
             if phonemes[k] == SPACE and k > start:
                 after_space = k + 1
         if end == len(phonemes):
-            return [*parts, phonemes[start:]]
-        cut = after_space if after_space is not None else end
-        parts.append(phonemes[start:cut])
-        start = cut
+            return [*parts, (phonemes[start:], False)]
+        if after_space is not None:
+            parts.append((phonemes[start:after_space], False))
+            start = after_space
+        else:
+            on_space = phonemes[end] == SPACE
+            parts.append((phonemes[start:end], not on_space))
+            start = end + on_space
+    return parts
 
 
 class _Chunker:
@@ -169,7 +177,10 @@ class _Chunker:
         # A single "word" longer than the limit (a long URL, a number normalisation spells out): cut its phonemes.
         whole = self.chunk(*span)
         parts = cut_phonemes(whole.phonemes, self.vocab, limit)
-        return [Chunk(whole.text if k == 0 else "", part, tokenize(part, self.vocab)) for k, part in enumerate(parts)]
+        return [
+            Chunk(whole.text if k == 0 else "", part, tokenize(part, self.vocab), in_word=in_word)
+            for k, (part, in_word) in enumerate(parts)
+        ]
 
     def first(self, sentence: Span, limit: int, word_limit: int, context_words: int = 0) -> tuple[int, Chunk] | None:
         """A small first chunk: up to the first clause boundary with a few words, else as many words as fit, ending

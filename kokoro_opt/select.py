@@ -43,7 +43,7 @@ TUNED_FILE = "tuned.json"
 class Selection:
     artifact: Artifact
     settings: SessionSettings = field(default_factory=SessionSettings)
-    chunking: dict[str, Any] = field(default_factory=dict)  # first_chunk_tokens, chunk_tokens, crossfade_ms
+    chunking: dict[str, Any] = field(default_factory=dict)  # tune's: chunk sizes, crossfade, first window, context words
     reason: str = ""
 
 

@@ -95,6 +95,9 @@ def test_synthesize_checks_its_input(tiny_artifact) -> None:
     assert synthesize(tiny_artifact, "Hi.", voice="tiny_0", speed=Decimal("1.5")).seconds > 0
     with pytest.raises(UserError, match="speed must be a number, not str"):  # not "out of range"
         synthesize(tiny_artifact, "Hello.", voice="tiny_0", speed="1")
+    for huge in (10**400, Decimal("sNaN")):  # compared as given: float() would overflow or refuse
+        with pytest.raises(UserError, match="out of range"):
+            synthesize(tiny_artifact, "Hello.", voice="tiny_0", speed=huge)
     for name, bad in (("text", {"text": b"Hi."}), ("phonemes", {"phonemes": 5}), ("text", {"text": "caf\udce9"})):
         with pytest.raises(UserError, match=f"^{name} (must be a string|has an invalid character at position 3)"):
             synthesize(tiny_artifact, voice="tiny_0", **bad)

@@ -362,9 +362,10 @@ def test_retry_after_prices_the_queue_with_what_whole_windowed_jobs_took() -> No
         engine.submit([[1] * 100] * 3, np.zeros((510, 1, 256), np.float32), 1.0, _FakeEncoder(), True)
         before = engine.retry_after(2)
         engine.mode.seconds_per_token = 0.01  # a whole job: 10 ms a token
-        planning = Engine(cast(Selection, None), ServeConfig())  # admitted requests not yet planned: long inputs
+        planning = Engine(cast(Selection, None), ServeConfig())  # admitted requests not yet cut into pieces
         planning.mode = engine.mode
-        assert planning.retry_after(2) == 60  # half the 6,000-token limit each, shared by two: 60 s at most
+        assert planning.retry_after(2) == 1  # nothing known: a slot frees as soon as a response is sent
+        assert planning.retry_after(2, [4000, 3000]) == 60  # 3,000 characters shared by two: 60 s at most
         return before, engine.retry_after(2)
 
     assert asyncio.run(retry_after()) == (1, 6)  # 300 tokens left, shared by two requests: 0.42 s -> 1 s; 6 s

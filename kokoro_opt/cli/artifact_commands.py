@@ -112,7 +112,7 @@ def not_utf8(argument: str) -> int | None:
     try:
         argument.encode("utf-8")
     except UnicodeEncodeError as exc:
-        return exc.start
+        return len(argument[: exc.start].encode("utf-8", "surrogateescape"))  # the byte offset, as given
     return None
 
 

@@ -78,8 +78,13 @@ class Speaker:
             raise UserError("give exactly one of text or phonemes")
         if not isinstance(speed, numbers.Real | decimal.Decimal) or isinstance(speed, bool):
             raise UserError(f"speed must be a number, not {type(speed).__name__}", "e.g. speed=1.2")
-        if not 0.25 <= (speed := float(speed)) <= 4.0:
+        try:  # compared as given: float() of 10**400 overflows, a signalling Decimal NaN refuses to compare
+            in_range = 0.25 <= speed <= 4.0
+        except ArithmeticError:
+            in_range = False
+        if not in_range:
             raise UserError(f"speed {speed!r} is out of range", "use a speed between 0.25 and 4.0")
+        speed = float(speed)
         if not isinstance(voice, str):
             raise UserError(f"voice must be a name or a blend, not {type(voice).__name__}", "e.g. voice='alloy'")
         pack = blend_voice(voice, self.packs)

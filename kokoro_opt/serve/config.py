@@ -45,7 +45,8 @@ class ServeConfig:
     # (slower speech decodes more frames per token). A 4096-character paragraph of prose is ~4,700.
     max_input_tokens: int = 6000
     # every body the OpenAPI document allows fits: 4,096 characters of input and of instructions, each
-    # up to 12 bytes as JSON (an escaped surrogate pair), are 98 KB; a larger max_input_chars raises it (`body_bytes`)
+    # up to 12 bytes as JSON (an escaped surrogate pair), are 98 KB; the limit is at least what
+    # max_input_chars needs (`body_bytes`)
     max_body_bytes: int = 128 * 1024
     api_key: str | None = None
     # served on a loopback address, Host names answered besides this machine's (a reverse proxy's public name;

@@ -238,14 +238,12 @@ class Engine:
     def busy(self) -> bool:
         return bool(self._running)
 
-    def retry_after(self, active: int) -> int:
-        """Seconds until a slot likely frees: the smallest remaining work, shared fairly among `active`. A request still
-        being planned (a long input: short ones plan in milliseconds) is priced as the largest known, or as half the
-        input limit when none is known: Retry-After 1 sent clients back into the same 429s for seconds."""
+    def retry_after(self, active: int, planning: Sequence[int] = ()) -> int:
+        """Seconds until a slot likely frees: the smallest remaining work, shared fairly among `active`. `planning`: the
+        input characters of requests still being cut into pieces (not yet streams), priced as that many tokens: with
+        long inputs planning, Retry-After 1 sent clients back into the same 429s for seconds."""
         with self.cond:
-            left = [sum(map(len, s.pieces)) for s in self.streams]
-            unknown = max(left, default=self.config.max_input_tokens // 2)
-            left += [unknown] * max(active - len(left), 0)
+            left = [sum(map(len, s.pieces)) for s in self.streams] + list(planning)
             seconds = self.mode.seconds_for(min(left, default=0)) * max(active, 1)
         return int(min(60, max(1, round(seconds))))
 

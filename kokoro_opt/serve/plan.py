@@ -30,6 +30,7 @@ class Piece:
     tokens: list[int]
     behind: list[int] = field(default_factory=list)
     ahead: list[int] = field(default_factory=list)
+    in_word: bool = False  # it ends inside a spoken word: merged with the next piece without a space (`take_job`)
 
     def __len__(self) -> int:
         """The tokens the front runs over: what the job costs."""
@@ -71,23 +72,25 @@ def make_pieces(
     """
     chunks = chunk_text(text, vocab, first_chunk_tokens, piece_tokens, max_tokens, context_words)
     # the space after a cut is spoken before it: its frames are the pause between the two words
-    return [Piece([*c.token_ids, *c.ahead[:1]], c.behind, c.ahead[1:]) for c in chunks]
+    return [Piece([*c.token_ids, *c.ahead[:1]], c.behind, c.ahead[1:], c.in_word) for c in chunks]
 
 
 def take_job(pieces: deque[Piece], budget_tokens: int, space_id: int | None) -> Piece:
     """Pop the first piece and merge following ones while the job, its context included, stays within the
-    budget (and 510). A piece cut at words already ends with the space its next piece follows."""
+    budget (and 510). A space goes between two pieces, unless one is there already (a piece cut at words ends with
+    the space its next piece follows) or the first ends inside a word."""
     first = pieces.popleft()
-    tokens, ahead = list(first.tokens), first.ahead
+    tokens, ahead, in_word = list(first.tokens), first.ahead, first.in_word
     limit = min(budget_tokens, CONTEXT_TOKENS)
     while pieces:
-        glue = [space_id] if space_id is not None and tokens[-1:] != [space_id] else []
         following = pieces[0]
+        spaced = in_word or space_id is None or space_id in (*tokens[-1:], *following.tokens[:1])
+        glue = [] if spaced else [space_id]
         if len(first.behind) + len(tokens) + len(glue) + len(following.tokens) + len(following.ahead) > limit:
             break
         tokens += glue + pieces.popleft().tokens
-        ahead = following.ahead
-    return Piece(tokens, first.behind, ahead)
+        ahead, in_word = following.ahead, following.in_word
+    return Piece(tokens, first.behind, ahead, in_word)
 
 
 @dataclass

@@ -34,6 +34,7 @@ class Service:
     def __init__(self, selection: Selection, config: ServeConfig, engine: Engine, metrics: Metrics) -> None:
         self.selection, self.config, self.engine, self.metrics = selection, config, engine, metrics
         self.inflight = 0  # admitted speech requests (queue slots)
+        self.planning: list[int] = []  # the input length of each admitted request still being cut into pieces
         self.open_requests = 0  # /v1 requests in progress, from their headers on (what a drain waits for)
         self.cache = AudioCache(int(config.audio_cache_mb * 1024 * 1024))
         self.draining = False
@@ -47,7 +48,7 @@ class Service:
         if self.inflight >= self.config.max_queue:
             raise ApiError(429, f"server busy: {self.inflight} requests in progress (limit {self.config.max_queue})",
                            type_="rate_limit_error", code="rate_limit_exceeded",
-                           headers={"Retry-After": str(self.engine.retry_after(self.inflight))})  # fmt: skip
+                           headers={"Retry-After": str(self.engine.retry_after(self.inflight, self.planning))})  # fmt: skip
         self.inflight += 1
 
     def release(self) -> None:

@@ -255,10 +255,14 @@ class SpeechHandler:
         return await self._streaming(key, tokens=sum(p.spoken for p in pieces))
 
     async def _plan(self, req: SpeechRequest) -> list[Piece]:
+        planning = self.service.planning
+        planning.append(len(req.input))  # what a 429 meanwhile prices it at (`Engine.retry_after`)
         try:
             pieces = await asyncio.to_thread(self.service.engine.plan, req.input, req.speed)
         except UserError as exc:
             raise ApiError(400, str(exc), param="input") from None
+        finally:
+            planning.remove(len(req.input))
         # what the input asks for: the context a cut adds is a few words (and its frames are not decoded)
         check_cost(sum(p.spoken for p in pieces), req.speed, self.service.config.max_input_tokens)
         return pieces
