@@ -110,6 +110,7 @@ def test_the_document_describes_the_api(served: tuple[str, str | None, str]) -> 
     assert ("401" in metrics) == bool(key) and ("security" in speech) == bool(key)
     allowed = httpx.request("PATCH", f"{url}/v1/audio/speech")
     assert allowed.status_code == 405 and allowed.headers["allow"] == "POST"
+    assert allowed.json()["error"]["message"] == "PATCH is not allowed on /v1/audio/speech: use POST"
 
 
 # ---- the text path, property-tested --------------------------------------------------------------------

@@ -174,7 +174,12 @@ def _error_handlers(app: FastAPI, metrics: Metrics) -> None:
         headers = exc.headers
         if exc.status_code == 405 and request.url.path in _HEAD_TOO:  # Starlette's Allow names one route's methods
             headers = {**(headers or {}), "Allow": "GET, HEAD"}
-        return fail(ApiError(exc.status_code, str(exc.detail), code=str(exc.status_code), headers=headers))
+        message, path = str(exc.detail), request.url.path[:200]  # quoted back: a client's path may be any length
+        if exc.status_code == 404:  # as OpenAI words it
+            message = f"Invalid URL ({request.method} {path})"
+        elif exc.status_code == 405 and headers and "Allow" in headers:
+            message = f"{request.method} is not allowed on {path}: use {headers['Allow']}"
+        return fail(ApiError(exc.status_code, message, headers=headers))
 
 
 def create_app(selection: Selection, config: ServeConfig | None = None, *, engine: Engine | None = None) -> FastAPI:
