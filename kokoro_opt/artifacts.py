@@ -322,6 +322,12 @@ def checked_kokoro(meta: dict[str, Any], path: Path) -> dict[str, Any]:
         problem = "windows is not a map of settings to numbers"
     elif steps := [k for k, v in windows.items() if k in WINDOW_STEP_SETTINGS and not _steps(k, v)]:
         problem = f"windows.{steps[0]} is {windows[steps[0]]!r}, not a number of steps"
+    elif "edges" in meta and not (
+        isinstance(edges := meta["edges"], dict) and all(_steps(k, edges.get(k)) for k in ("lead_frames", "trail_frames"))
+    ):
+        problem = "edges is not a map of lead_frames and trail_frames to numbers of frames"
+    elif not (isinstance(weights := meta.get("weights", {}), dict) and isinstance(weights.get("source", ""), str)):
+        problem = "weights is not a map with a source name"
     if problem:
         raise UserError(f"{path}: {problem}", _FETCH_AGAIN)
     return meta

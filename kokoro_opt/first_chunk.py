@@ -75,7 +75,11 @@ class DurationModel:
 
         from kokoro_opt.runtime.session import make_session
 
-        model = onnx.load(str(artifact.model_file))
+        try:  # a fetched artifact's graph: external data outside its folder, or no protobuf at all
+            model = onnx.load(str(artifact.model_file))
+        except Exception as exc:  # onnx raises its checker's, protobuf's and OS errors alike
+            raise UserError(f"{artifact.model_file} is not a loadable ONNX model ({type(exc).__name__}: {exc})"[:500],
+                            "rebuild the artifact, or fetch it again") from None  # fmt: skip
         if "durations" not in {o.name for o in model.graph.output}:
             raise UserError(f"{artifact.path} has no durations output", "measure a kokoro-opt ONNX artifact")
         constants = {i.name for i in model.graph.initializer}

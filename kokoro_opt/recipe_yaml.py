@@ -57,6 +57,8 @@ class _UniqueKeys(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
+            if not isinstance(key, str | int | float | bool | None):  # `? [a, b]`: no recipe field is named so
+                raise yaml.constructor.ConstructorError(None, None, f"a key on line {line} is a {type(key).__name__}, not a name")
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"'{key}' is given twice (lines {seen[key]} and {line})")
             seen[key] = line
@@ -73,6 +75,8 @@ def read_yaml_mapping(path: Path, kind: str, example: str) -> dict[str, Any]:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys)
     except yaml.YAMLError as exc:
         raise UserError(f"{path} is not valid YAML: {exc}".replace("\n", " "), "fix the YAML syntax") from exc
+    except RecursionError:
+        raise UserError(f"{path} nests too deep to read", "a recipe is a few levels of mappings and lists") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"{path} is not UTF-8 text (byte {exc.start})", "save it as UTF-8") from None
     if data is None:  # an empty file (or comments only) would build or tune the defaults, unasked

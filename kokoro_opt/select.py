@@ -22,9 +22,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.errors import UserError, read_validated
@@ -107,6 +107,26 @@ class _TunedChunking(BaseModel):
     context_words: int | None = None
 
 
+class _TunedSession(BaseModel):
+    """tune's session settings (SessionSettings), of the values ONNX Runtime takes: a level it does not know was a
+    KeyError when the server made its sessions."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    intra_op_num_threads: int = Field(0, ge=0, le=4096)
+    inter_op_num_threads: int = Field(1, ge=1, le=4096)
+    execution_mode: Literal["sequential", "parallel"] = "sequential"
+    graph_optimization_level: Literal["disabled", "basic", "extended", "all"] = "all"
+    providers: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z]+ExecutionProvider$")]] = Field(
+        default_factory=lambda: ["CPUExecutionProvider"], min_length=1, max_length=8
+    )
+    provider_options: list[dict[str, str | int | float | bool]] = Field(default_factory=list, max_length=8)
+    enable_profiling: bool = False
+
+    def settings(self) -> SessionSettings:
+        return SessionSettings(**{**self.model_dump(), "providers": tuple(self.providers),
+                                  "provider_options": tuple(self.provider_options)})  # fmt: skip
+
+
 class _TunedFile(BaseModel):
     model_config = ConfigDict(extra="allow")
     artifact_id: str
@@ -114,7 +134,7 @@ class _TunedFile(BaseModel):
     applied: bool = True
     not_applied: str | None = None
     study: str = "?"
-    session: SessionSettings = Field(default_factory=SessionSettings)
+    session: _TunedSession = Field(default_factory=_TunedSession)
     chunking: _TunedChunking = Field(default_factory=_TunedChunking)
 
 
@@ -124,7 +144,7 @@ def read_tuned(path: Path) -> dict[str, Any]:
     hint = f"delete {path}, or tune again: kokoro-opt tune <recipe> --artifacts {path.parent}"
     tuned = read_validated(path, _TunedFile, hint)
     kept = tuned.model_dump(include={"artifact_id", "machine", "applied", "not_applied", "study"})
-    return {**kept, "session": tuned.session, "chunking": tuned.chunking.model_dump(exclude_none=True)}
+    return {**kept, "session": tuned.session.settings(), "chunking": tuned.chunking.model_dump(exclude_none=True)}
 
 
 def evaluated_selection(root: Path, tracking_uri: str | None) -> Selection | None:

@@ -37,6 +37,19 @@ def test_the_front_only_model_gives_the_whole_models_durations(tiny_artifact: An
         assert np.array_equal(front(ids, voice), whole.run_tokens(ids, voice).durations)
 
 
+def test_a_graph_that_is_none_is_one_clear_error(tiny_artifact: Any, tmp_path: Path) -> None:
+    """tune times first chunks on candidates that may have been fetched: a model.onnx that is no graph is one line."""
+    from kokoro_opt.artifacts import open_artifact
+    from kokoro_opt.errors import UserError
+
+    folder = tmp_path / "tiny" / tiny_artifact.id
+    link_or_copy(tiny_artifact.path, folder)
+    (folder / "model.onnx").unlink()  # a hard link to the fixture's file: replaced, not written through
+    (folder / "model.onnx").write_bytes(b"\x08\x07garbage")
+    with pytest.raises(UserError, match=r"model\.onnx is not a loadable ONNX model"):
+        DurationModel(open_artifact(folder))
+
+
 def test_tune_drops_the_first_chunk_sizes_timed_beyond_the_budget(tiny_artifact: Any, tmp_path: Path) -> None:
     root = tmp_path / "artifacts"
     link_or_copy(tiny_artifact.path, root / "tiny" / tiny_artifact.id)

@@ -65,6 +65,10 @@ def test_missing_recipe_file_and_missing_weights_folder(tmp_path: Path) -> None:
 def test_bad_yaml_and_self_extension(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not valid YAML"):
         load_recipe(write(tmp_path, "name: [x\n"))
+    with pytest.raises(UserError, match="a key on line 1 is a list, not a name"):
+        load_recipe(write(tmp_path, "? [a, b]\n: 1\n"))
+    with pytest.raises(UserError, match="nests too deep to read"):
+        load_recipe(write(tmp_path, "stages: " + "[" * 3000 + "]" * 3000 + "\n"))
     with pytest.raises(UserError, match="extends itself"):
         load_recipe(write(tmp_path, "extends: loop.yaml\nname: loop\n", "loop.yaml"))
     # a key given twice: PyYAML would keep the last, so a second `stages:` would replace the first unsaid

@@ -425,7 +425,10 @@ def test_showing_a_study_that_was_never_run_makes_no_storage(tmp_path: Path) -> 
      ('{"artifact_id": "a", "chunking": {"max_queue": 1e9}}', "field 'chunking.max_queue'"),
      ('{"artifact_id": "a", "chunking": {"first_chunk_tokens": "40"}}', "field 'chunking.first_chunk_tokens'"),
      ('{"artifact_id": "a", "chunking": {"context_words": 2.5}}', "field 'chunking.context_words'"),
-     ('{"artifact_id": "a", "session": {"intra_op_num_threads": "many"}}', "field 'session.intra_op_num_threads'")],
+     ('{"artifact_id": "a", "session": {"intra_op_num_threads": "many"}}', "field 'session.intra_op_num_threads'"),
+     ('{"artifact_id": "a", "session": {"graph_optimization_level": "bogus"}}', "field 'session.graph_optimization_level'"),
+     ('{"artifact_id": "a", "session": {"intra_op_num_threads": -3}}', "field 'session.intra_op_num_threads'"),
+     ('{"artifact_id": "a", "session": {"providers": ["../lib.so"]}}', "field 'session.providers.0'")],
 )  # fmt: skip
 def test_a_tuned_file_that_is_not_one_is_a_clear_error(tmp_path: Path, content: str, match: str) -> None:
     """tuned.json is a file anyone can edit: it sets the serving settings tune writes, of their types, and nothing

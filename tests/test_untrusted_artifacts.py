@@ -273,6 +273,9 @@ def test_the_window_settings_kokoro_json_checks_are_the_decoder_s() -> None:
      ("kokoro.json", b'{"vocab": {"a": 1}, "windows": {"overlap_steps": -100000}}', "windows.overlap_steps is -100000"),
      ("kokoro.json", b'{"vocab": {"a": 1}, "windows": {"steps": 80.5}}', "windows.steps is 80.5"),
      ("kokoro.json", b'{"vocab": {"a": "1"}}', "vocab is not a map"),
+     ("kokoro.json", b'{"vocab": {"a": 1}, "edges": "zz"}', "edges is not a map"),
+     ("kokoro.json", b'{"vocab": {"a": 1}, "edges": {"lead_frames": 1e30, "trail_frames": 8}}', "edges is not a map"),
+     ("kokoro.json", b'{"vocab": {"a": 1}, "weights": "str"}', "weights is not a map with a source name"),
      ("kokoro.json", b"[" * 100_000, "is not readable JSON"),
      ("voices.npz", "strings", "does not hold voice style tables"),
      ("voices.npz", "two shapes", "does not hold voice style tables"),
@@ -382,3 +385,14 @@ def test_symlinks_in_the_store_are_refused(tracking: str, tiny_artifact: Artifac
     fetched = fetch_artifact(tiny_artifact.id, root, tracking, say=lambda _: None)  # not trusted: fetched again
     assert fetched is not None and not (fetched.path / "voices.npz").is_symlink()
     assert (outside / "voices.npz").read_bytes() == (fetched.path / "voices.npz").read_bytes()  # left as it was
+
+
+def test_text_others_wrote_is_printed_as_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """A build record's reasons and MLflow tags reach serve's start lines and errors: brackets in them are text, not
+    Rich markup (`[/]` stopped serve with a MarkupError), and escape sequences are dropped, not sent to the terminal."""
+    from kokoro_opt.cli.app import _print_error, say_line
+
+    say_line("windowed on request: PESQ 3.1 [/] \x1b]0;retitled\x07done")
+    _print_error("ambiguous: \x1b[2Jabc [bold]", "give more")
+    said = capsys.readouterr().err
+    assert "PESQ 3.1 [/] ]0;retitleddone" in said and "abc [bold]" in said and "\x1b" not in said and "\x07" not in said

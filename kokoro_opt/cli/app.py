@@ -37,9 +37,15 @@ ARTIFACT_HELP = "'best' (what serve picks), an artifact folder, a recipe's folde
 TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking URI (default: SQLite in experiments/)")]
 
 
+# C0 and C1 controls but tab and line end: text from MLflow tags or a build record could move the cursor or retitle
+# the terminal with escape sequences
+_CONTROLS = {c: None for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in "\t\n"}
+
+
 def _print_error(message: str, hint: str | None = None) -> None:
     # escaped: messages carry paths and pip extras like kokoro-opt[coreml], which are not markup
-    err.print(f"[bold red]error:[/] {escape(message + (f' — {hint}' if hint else ''))}", highlight=False)
+    said = (message + (f" — {hint}" if hint else "")).translate(_CONTROLS)  # messages may quote what others wrote
+    err.print(f"[bold red]error:[/] {escape(said)}", highlight=False)
 
 
 # what an interrupted command keeps, for the commands that keep something
@@ -94,5 +100,5 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def say_line(message: str) -> None:
-    """A progress line on stderr, printed as it is (no markup: it may carry paths)."""
-    err.print(message, markup=False, highlight=False)
+    """A line on stderr, printed as it is: no markup (it may carry paths, or text others wrote) and no controls."""
+    err.print(message.translate(_CONTROLS), markup=False, highlight=False)

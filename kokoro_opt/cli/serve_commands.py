@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kokoro_opt.cli.app import ARTIFACT_HELP, ArtifactsRoot, app, console, err, user_errors
+from kokoro_opt.cli.app import ARTIFACT_HELP, ArtifactsRoot, app, console, err, say_line, user_errors
 
 
 @app.command()
@@ -76,7 +76,8 @@ def serve(
     ServeConfig(api_key=api_key, public_metrics=public_metrics)  # flags wrong on their own: before any artifact is sought
     selection = resolve_artifact(artifact, artifacts, tracking_uri)
     chosen = selection.artifact
-    err.print(f"serving {chosen.name} artifact {chosen.id} ({chosen.path}): {selection.reason}")
+    # the reason and the mode's quote text from MLflow tags and build.json, which others write: no markup
+    say_line(f"serving {chosen.name} artifact {chosen.id} ({chosen.path}): {selection.reason}")
     config = ServeConfig.for_selection(
         selection,
         api_key=api_key,
@@ -98,7 +99,7 @@ def serve(
         audio_cache_mb=audio_cache_mb,
         workers=workers,
     )
-    err.print(f"mode: {config.mode()}" + mode_reason(chosen, windowed, config.windowed, config.cap_edges))
+    say_line(f"mode: {config.mode()}" + mode_reason(chosen, windowed, config.windowed, config.cap_edges))
     err.print(config.admission(selection, asked=max_queue is not None))
     serve_forever(selection, config, host, port)
 
