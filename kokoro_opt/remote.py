@@ -259,6 +259,9 @@ def _check_listing(listed: dict[str, int | None], manifest: Manifest, origin: st
 
 
 def _read_manifest(client: Any, run_id: str, download: str, origin: str) -> Manifest:
+    size = _listing(client, run_id, origin).get(MANIFEST)
+    if size is None or size > _MANIFEST_LIMIT:  # the listing's size, before a byte is downloaded: a server may send any
+        raise UserError(f"{origin}: its {MANIFEST} is {'of no stated size' if size is None else f'{size} bytes'}", _PUSH_AGAIN)
     path = Path(download_quietly(client, run_id, f"{FOLDER}/{MANIFEST}", download))
     if path.stat().st_size > _MANIFEST_LIMIT:
         raise UserError(f"{origin}: its {MANIFEST} is {path.stat().st_size} bytes", _PUSH_AGAIN)
@@ -280,8 +283,6 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say, kind: str | None = N
         listed = _listing(client, run.info.run_id, origin)
         if MANIFEST not in listed:
             raise UserError(f"{origin}: no {MANIFEST} in its files", "push it again with this version of kokoro-opt")
-        if (listed[MANIFEST] or 0) > _MANIFEST_LIMIT:  # the listing's size, before a byte of it is downloaded
-            raise UserError(f"{origin}: its {MANIFEST} is {listed[MANIFEST]} bytes", _PUSH_AGAIN)
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=tmp) as download:  # a killed fetch's goes with tmp
             manifest = _read_manifest(client, run.info.run_id, download, origin)
             if manifest.id != artifact_id:

@@ -262,6 +262,25 @@ def test_pytorch_eager_peer_runs_the_same_weights(tiny_artifact: Artifact) -> No
     assert np.array_equal(durations, ref_durations) and len(audio) == len(ref_audio) and is_speechlike(audio)
 
 
+def test_pytorch_eager_loads_no_weights_a_fetched_manifest_chose(tiny_artifact: Artifact, tmp_path: Path) -> None:
+    """A pushed manifest is written by whoever pushed it: its recipe's repository (or folder) is not downloaded and
+    loaded for the eager peer of a fetched artifact; the official weights would be."""
+    import json
+
+    from kokoro_opt.artifacts import link_or_copy, open_artifact
+    from kokoro_opt.evaluate.runners import reference_folder, torch_peer
+
+    folder = tmp_path / "tiny" / tiny_artifact.id
+    link_or_copy(tiny_artifact.path, folder)
+    for name, edit in (("manifest.json", lambda m: m | {"recipe": m["recipe"] | {"weights": {"repo_id": "someone/else"}},
+                                                        "weights": m["weights"] | {"source": "huggingface"}}),
+                       ("build.json", lambda b: b | {"fetched_from": "MLflow run 0123"})):  # fmt: skip
+        data = edit(json.loads((folder / name).read_text()))
+        (folder / name).unlink()  # a hard link to the fixture's file: replaced, not written through
+        (folder / name).write_text(json.dumps(data))
+    assert torch_peer(open_artifact(folder), reference_folder(tiny_artifact)) is None  # no download was tried
+
+
 def test_compare_cli_prints_one_table_as_json_and_logs_it(
     tiny_artifact: Artifact, artifacts_root: Path, store: str, tmp_path: Path
 ) -> None:

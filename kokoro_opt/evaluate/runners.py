@@ -249,15 +249,26 @@ def import_kokoro_onnx(root: Path) -> Artifact:
 
 
 def torch_peer(artifact: Artifact, reference: Path) -> Runner | None:
-    """PyTorch eager on the weights the artifact was built from; None if they cannot be found again."""
+    """PyTorch eager on the weights the artifact was built from; None if they cannot be found again, or if a fetched
+    artifact's manifest names weights other than the official ones (a folder or a repository its pusher chose, which
+    this machine would download and load)."""
+    from pydantic import ValidationError
+
     from kokoro_opt.recipe import WeightsConfig
     from kokoro_opt.weights.sources import resolve_weights
 
     recipe_weights = (artifact.manifest.recipe or {}).get("weights")
     built_from = artifact.manifest.weights
-    if not recipe_weights or built_from is None:
+    if not isinstance(recipe_weights, dict) or built_from is None:
         return None
-    weights = resolve_weights(WeightsConfig(**{**recipe_weights, "source": built_from.source}), log=lambda _: None)
+    try:
+        config = WeightsConfig(**{**recipe_weights, "source": built_from.source})
+    except (ValidationError, TypeError):
+        return None
+    fetched = artifact.build is not None and bool(artifact.build.fetched_from)
+    if fetched and (config.source == "path" or config.repo_id != WeightsConfig().repo_id):
+        return None
+    weights = resolve_weights(config, log=lambda _: None)
     if weights.sha256 != built_from.sha256:
         return None
     ref = open_artifact(reference)
