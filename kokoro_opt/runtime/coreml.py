@@ -16,6 +16,7 @@ import numpy as np
 from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.runtime.availability import coreml_problem
 from kokoro_opt.runtime.feeds import model_feeds
+from kokoro_opt.runtime.session import make_session
 from kokoro_opt.runtime.synth import Speaker, SynthesisResult
 from kokoro_opt.voices import blend_voice, style_for
 
@@ -29,12 +30,11 @@ class CoreMLSynthesizer(Speaker):
         if problem is not None:
             raise problem
         import coremltools as ct
-        import onnxruntime as ort
 
         meta = self.artifact.kokoro
-        self.vocab, self.sample_rate = meta["vocab"], int(meta["sample_rate"])
+        self.vocab, self.sample_rate = meta["vocab"], int(meta.get("sample_rate", 24_000))  # as checked_kokoro allows
         self.packs = self.artifact.voice_packs()
-        self.front = ort.InferenceSession(str(self.artifact.path / "front.onnx"), providers=["CPUExecutionProvider"])
+        self.front = make_session(self.artifact.path / "front.onnx")  # its refusals as one line, as every session's
         self.decoder = ct.models.MLModel(
             str(self.artifact.path / "model.mlpackage"), compute_units=getattr(ct.ComputeUnit, compute_units)
         )
