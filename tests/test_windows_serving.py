@@ -371,6 +371,31 @@ def test_retry_after_prices_the_queue_with_what_whole_windowed_jobs_took() -> No
     assert asyncio.run(retry_after()) == (1, 6)  # 300 tokens left, shared by two requests: 0.42 s -> 1 s; 6 s
 
 
+def test_a_burst_of_new_listeners_prices_each_first_window_at_the_size_it_gets() -> None:
+    """Eight listeners starting together: the first one's first window must last while the other seven start, and
+    each of their first windows grows to last while the ones after it start. Priced at the smallest first window,
+    the first listeners of a burst of eight ran 40-80 ms dry (26 underruns in 6 runs against 7 now)."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from kokoro_opt.runtime.windowed import WindowSettings
+    from kokoro_opt.select import Selection
+    from kokoro_opt.serve import ServeConfig
+    from kokoro_opt.serve.engine import Engine
+    from kokoro_opt.serve.modes import WindowedJobs
+
+    engine = Engine(cast(Selection, None), ServeConfig())
+    settings = WindowSettings()
+    mode = WindowedJobs(engine, cast(Any, SimpleNamespace(settings=settings)))
+    engine.window_cost.calibrate((12, 0.016), (80, 0.05))  # ~9.6 ms a window and 0.5 ms a step, as on 2 cores
+    first = engine.window_cost.predict(settings.first_steps)
+    assert mode.starts_seconds([0.045]) == pytest.approx(0.045 + first)  # the last to start: the smallest window
+    seven = mode.starts_seconds([0.045] * 7)
+    assert seven > 7 * (0.045 + first) + 0.02  # the earlier ones' windows are larger: 20 ms and more of them
+    # and no more than if each of the seven had the largest window
+    assert seven < 7 * (0.045 + engine.window_cost.predict(settings.steps))
+
+
 @pytest.mark.parametrize("kind", ["windowed", "fused_artifact"])
 def test_the_server_finishes_short_jobs_with_the_whole_generator(kind: str, request: pytest.FixtureRequest) -> None:
     """A request nobody hears before it ends: each short job is one whole-generator run, no window. A listener:
