@@ -73,6 +73,16 @@ def clean_unicode(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
+def lone_surrogate(text: str) -> int | None:
+    """Where `text` holds a lone surrogate, or None: no Unicode text, though Python strings carry them (bytes decoded
+    with surrogateescape, JSON's "\\ud800"), and espeak cannot take one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
 def latin_share(text: str) -> float:
     """The share of the text's letters that are Latin (1.0 without letters): Kokoro-82M here speaks English, and
     espeak reads another script by its letters' names ("Japanese letter")."""

@@ -11,6 +11,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from kokoro_opt.characters import lone_surrogate
 from kokoro_opt.errors import UserError
 from kokoro_opt.phrasing import phrase_end
 from kokoro_opt.text import CONTEXT_TOKENS, JOB_TOKENS, phonemize, tokenize
@@ -326,13 +327,11 @@ def _check_text(text: object, name: str) -> None:
     is none, and espeak cannot take it."""
     if not isinstance(text, str):
         raise UserError(f"{name} must be a string, got {type(text).__name__}", f"pass the {name} to speak as str")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
+    if (position := lone_surrogate(text)) is not None:
         raise UserError(
-            f"{name} has an invalid character at position {exc.start} (a lone surrogate, not Unicode text)",
+            f"{name} has an invalid character at position {position} (a lone surrogate, not Unicode text)",
             "decode bytes as UTF-8 before passing them, e.g. data.decode('utf-8', errors='replace')",
-        ) from None
+        )
 
 
 def chunk_phonemes(phonemes: str, vocab: dict[str, int], max_tokens: int = CONTEXT_TOKENS) -> list[Chunk]:

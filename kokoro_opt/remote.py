@@ -189,7 +189,8 @@ def _say_if_other_bytes(client: Any, run: Any, artifact: Artifact, say: Say) -> 
     byte for byte reproducible, `.ort` conversion, built again on this machine), say so rather than claim them."""
     run_id = str(run.info.run_id)
     with tempfile.TemporaryDirectory(prefix=".kokoro-opt-push-") as download:
-        pushed = _read_manifest(client, run_id, download, f"artifact {artifact.id} (MLflow run {run_id})")
+        origin = f"artifact {artifact.id} (MLflow run {run_id})"
+        pushed = _read_manifest(client, run_id, download, origin, _listing(client, run_id, origin))
     differ = sorted(n for n in {*pushed.files, *artifact.manifest.files} if pushed.files.get(n) != artifact.manifest.files.get(n))
     if differ:
         files = ", ".join(differ[:3]) + (" ..." if len(differ) > 3 else "")
@@ -258,8 +259,8 @@ def _check_listing(listed: dict[str, int | None], manifest: Manifest, origin: st
             raise UserError(f"{origin}: {name} is {size} bytes on the server; its manifest says {want}", _PUSH_AGAIN)
 
 
-def _read_manifest(client: Any, run_id: str, download: str, origin: str) -> Manifest:
-    size = _listing(client, run_id, origin).get(MANIFEST)
+def _read_manifest(client: Any, run_id: str, download: str, origin: str, listed: dict[str, int | None]) -> Manifest:
+    size = listed.get(MANIFEST)  # the run's `_listing`
     if size is None or size > _MANIFEST_LIMIT:  # the listing's size, before a byte is downloaded: a server may send any
         raise UserError(f"{origin}: its {MANIFEST} is {'of no stated size' if size is None else f'{size} bytes'}", _PUSH_AGAIN)
     path = Path(download_quietly(client, run_id, f"{FOLDER}/{MANIFEST}", download))
@@ -284,7 +285,7 @@ def _fetch_run(client: Any, run: Any, root: Path, say: Say, kind: str | None = N
         if MANIFEST not in listed:
             raise UserError(f"{origin}: no {MANIFEST} in its files", "push it again with this version of kokoro-opt")
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=tmp) as download:  # a killed fetch's goes with tmp
-            manifest = _read_manifest(client, run.info.run_id, download, origin)
+            manifest = _read_manifest(client, run.info.run_id, download, origin, listed)
             if manifest.id != artifact_id:
                 raise UserError(f"{origin}: its manifest is for artifact {manifest.id}", "push it again")
             place, expected = _store_place(final), _place_of(manifest)

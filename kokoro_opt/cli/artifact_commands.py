@@ -109,11 +109,11 @@ STDIO = "-"  # say's text and output: standard input, standard output
 
 def not_utf8(argument: str) -> int | None:
     """Where a command-line argument was not UTF-8: Python keeps such bytes as lone surrogates (surrogateescape)."""
-    try:
-        argument.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return len(argument[: exc.start].encode("utf-8", "surrogateescape"))  # the byte offset, as given
-    return None
+    from kokoro_opt.characters import lone_surrogate
+
+    if (position := lone_surrogate(argument)) is None:
+        return None
+    return len(argument[:position].encode("utf-8", "surrogateescape"))  # the byte offset, as given
 
 
 def piped_text() -> str:

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from kokoro_opt.characters import lone_surrogate
 from kokoro_opt.errors import UserError
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.connections import SlicedResponse, abort_connection
@@ -132,10 +133,8 @@ def parse(data: dict[str, Any], config: ServeConfig) -> SpeechRequest:
     if len(req.input) > config.max_input_chars:
         raise ApiError(400, f"input is {len(req.input)} characters; the limit is {config.max_input_chars}",
                        param="input", code="string_above_max_length")  # fmt: skip
-    try:
-        req.input.encode("utf-8")
-    except UnicodeEncodeError as exc:  # JSON can carry a lone surrogate ("\ud800"); it is no text
-        raise ApiError(400, f"input has an invalid character at position {exc.start} (a lone surrogate)", param="input") from None
+    if (position := lone_surrogate(req.input)) is not None:  # JSON can carry one ("\ud800"); it is no text
+        raise ApiError(400, f"input has an invalid character at position {position} (a lone surrogate)", param="input")
     return req
 
 
