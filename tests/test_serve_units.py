@@ -157,6 +157,9 @@ def test_window_sizes_follow_who_is_listening() -> None:
     # three buffers running dry together leave less room than the tightest one alone suggests
     assert queue_seconds([0.3, 0.3, 0.3], 0.06) == pytest.approx(0.7 * 0.3 - 3 * 0.06)
     assert queue_seconds([2.0, 0.3], 0.06) == pytest.approx(0.7 * 0.3 - 0.06)
+    # each priced at its own next unit: a front and a window for one whose job is done
+    assert queue_seconds([0.3, 0.4], [0.1, 0.05]) == pytest.approx(min(0.7 * 0.3 - 0.1, 0.7 * 0.4 - 0.15))
+    assert queue_seconds([0.4, 0.3], [0.05, 0.1]) == queue_seconds([0.3, 0.4], [0.1, 0.05])  # paired, in any order
 
 
 def test_a_first_window_lasts_while_the_next_one_runs() -> None:
@@ -188,6 +191,51 @@ def test_a_first_window_lasts_while_the_next_one_runs() -> None:
     assert fitted > fast  # at the fitted cost the floor would not last
     assert fitted * step * SAFETY >= next_window > (fitted - 1) * step * SAFETY
     assert slow * step * SAFETY >= slow_next and slow > fitted
+
+
+def test_a_heard_listeners_next_job_leaves_room_for_the_others_next_fronts() -> None:
+    """Listeners who start together reach their next jobs together: each next job was sized to the tightest
+    buffer alone, and eight fronts of 158 tokens in a row (~150 ms each) left the last listeners 40-100 ms short.
+    A job's front is now priced with its own first window and, for every other listener, its next unit: the
+    front of its next piece and a window when its job is done, a window when it is decoding one."""
+    from types import SimpleNamespace
+
+    from kokoro_opt.runtime.windowed import WindowSettings
+    from kokoro_opt.serve.modes import WholeJobs, WindowedJobs
+
+    async def budgets() -> dict[str, int]:
+        engine = Engine(cast(Selection, None), ServeConfig(chunk_tokens=400))
+        engine.mode = WindowedJobs(engine, cast(Any, SimpleNamespace(settings=WindowSettings())))
+        engine.cost.calibrate((40, 0.05), (400, 0.35))  # a front: ~17 ms + 0.83 ms a token
+        engine.window_cost.calibrate((12, 0.016), (80, 0.05))
+        pack = np.zeros((510, 1, 256), np.float32)
+        now = time.monotonic()
+        streams = [engine.submit([[1] * 40] * 10, pack, 1.0, _FakeEncoder(), True) for _ in range(4)]
+        for s in streams:
+            s.jobs, s.first_out, s.audio_out = 1, now, 0.5  # each 0.5 s of audio ahead
+        for s in streams[1:]:
+            s.job = cast(Any, SimpleNamespace())  # decoding a job: a window next
+        out = {"others decoding a job": engine._budget(streams[0], now)}
+        others = engine.mode.others_seconds(streams[0], now)
+        new = engine.submit([[1] * 40] * 10, pack, 1.0, _FakeEncoder(), True)  # not heard yet: its first job goes first
+        out["a new listener leaves the others' share"] = engine.mode.others_seconds(streams[0], now) == others
+        engine.streams.remove(new)
+        for s in streams[1:]:
+            s.job = None  # their jobs are done: each needs a front next
+        out["others needing fronts"] = engine._budget(streams[0], now)
+        engine._running.update(streams[1:])  # workers run their fronts: each a window next
+        out["others' fronts running"] = engine._budget(streams[0], now)
+        engine._running.clear()
+        engine.mode = WholeJobs(engine)
+        out["whole jobs"] = engine._budget(streams[0], now)
+        out["tightest buffer alone"] = engine.cost.tokens_within(0.7 * 0.5)
+        return out
+
+    out = asyncio.run(budgets())
+    assert out["whole jobs"] > out["others decoding a job"] > out["others needing fronts"] >= 40
+    assert out["others decoding a job"] == out["others' fronts running"]
+    assert out["a new listener leaves the others' share"]
+    assert out["whole jobs"] == out["tightest buffer alone"]
 
 
 class _FakeEncoder:

@@ -228,6 +228,11 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
         out["bridges, both 0.1 s from running dry"] = mode.bridges(listener, job)
         other.audio_out = 3.0
         out["bridges, the other listener 3 s ahead"] = mode.bridges(listener, job)
+        # the other's audio lasts while the finish runs, not while the bridge runs first
+        half_bridge = out["cost"](mode.bridge_steps(listener, job)) / 2
+        other.audio_out = (out["run"] + mode.next_unit_seconds(other) + half_bridge) / SAFETY + (time.monotonic() - now)
+        out["bridges, the other listener's audio lasting the finish alone"] = mode.bridges(listener, job)
+        other.audio_out = 3.0
         job.windows, job.decoded_share, listener.audio_out, other.audio_out = 2, 0.4, 3.0, 3.0
         out["a window later, 40% sent, both 3 s ahead"] = mode.finishes(listener, job)
         job.decoded_share = 0.6
@@ -253,6 +258,7 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
     assert fewest <= out["bridge"] <= out["bridge, buffer read after"]
     assert out["bridges, 0.1 s buffered"] and not out["bridges, both 0.1 s from running dry"]  # the other can't wait
     assert out["bridges, the other listener 3 s ahead"]
+    assert not out["bridges, the other listener's audio lasting the finish alone"]  # a bridge it would not follow
     assert out["a window later, 40% sent, both 3 s ahead"] and not out["60% sent, both 3 s ahead"]
     assert out["60% sent, the last window its bridge"]  # a short phrase's bridge: the finish it was made for
 

@@ -250,14 +250,16 @@ class Engine:
     # ---- the worker ---------------------------------------------------------------------------------
 
     def _budget(self, stream: Stream, now: float) -> int:
-        """Tokens the next job may hold: what fits in the tightest streaming listener's buffered audio."""
+        """Tokens the next job may hold: what fits in the tightest streaming listener's buffered audio, and within the
+        mode's bound for a listener (`job_seconds`: windowed, room for the others' next units)."""
         if stream.streaming and stream.jobs == 0:
             return FIRST_JOB_BUDGET  # just the first piece: the first audio is what users wait for
         largest = frames_bound(self.config.chunk_tokens, stream.speed)
         slack = [s.deadline() - now for s in self.streams if s.streaming and s.pieces]
         if not slack:
             return largest  # nobody is listening live: biggest jobs, best throughput
-        return min(largest, self.cost.tokens_within(SAFETY * min(slack), stream.speed))
+        seconds = min(SAFETY * min(slack), self.mode.job_seconds(stream, now) if stream.streaming else math.inf)
+        return min(largest, self.cost.tokens_within(seconds, stream.speed))
 
     def _pick(self) -> tuple[Stream, Piece, bool] | None:
         """The stream to work for next and, unless it continues a windowed job, its next job."""

@@ -9,6 +9,7 @@ not even for type checking: tests/test_store.py).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -45,6 +46,10 @@ class WholeJobs:
     def defers(self, stream: Any) -> bool:
         """Never: a job nobody hears is already sized to the tightest listener's buffered audio (`Engine._budget`)."""
         return False
+
+    def job_seconds(self, stream: Any, now: float) -> float:
+        """No bound besides the tightest listener's buffered audio (`Engine._budget`): a job is one unit."""
+        return math.inf
 
     def seconds_for(self, tokens: int) -> float:
         """Seconds the synthesis of `tokens` more takes (Retry-After): the job cost model."""
@@ -199,8 +204,8 @@ class WindowedJobs:
     def defers(self, stream: Any) -> bool:
         """Whether a request nobody hears before it ends waits for the listeners (call it holding the engine's lock):
         while its next unit (a job's front; then the whole-generator run that finishes the job, or its next window
-        when it cannot finish) is priced to end after some listener, served after it with a window each, runs out of
-        audio (`others_seconds`). A whole answer's deadline is its arrival, so it would otherwise go before every
+        when it cannot finish) is priced to end after some listener, served after it with its next unit each, runs
+        out of audio (`others_seconds`). A whole answer's deadline is its arrival, so it would otherwise go before every
         heard listener with an unpriced finish of up to a whole chunk; held back, it goes as soon as their buffers
         cover it (they grow with every window), when no listener has a unit to run (`Engine._pick`), or after
         MAX_HOLD seconds: past capacity the listeners' buffers never grow, and it goes in arrival order again."""
@@ -229,12 +234,18 @@ class WindowedJobs:
     def bridges(self, stream: Any, job: WindowedJob) -> bool:
         """Whether `job`'s next unit is a bridge (call it holding the engine's lock, after `finishes` said no):
         right after the first window of a job that finishes, when its own listener's audio is what runs short
-        and the other listeners' would last while the finish runs. Held back by them, the job goes on in windows
-        of the usual size instead (and may finish later: `finishes`)."""
+        and the other listeners' would last while the bridge and then the finish run. Held back by them, the job goes
+        on in windows of the usual size instead (and may finish later: `finishes`)."""
         if not (job.finish and job.windows == 1 and stream.streaming):
             return False
         finish, now = self.finish_seconds(job), time.monotonic()
-        return SAFETY * (stream.deadline() - now) < finish <= self.others_seconds(stream, now)
+        if SAFETY * (stream.deadline() - now) >= finish:
+            return False
+        # the others' audio must last while the bridge runs too: else the finish no longer fits after it, and the
+        # job goes on in windows after a bridge of a few steps (~13 ms for 3-4 steps) that bought nothing
+        steps = self._bridge(finish, stream.deadline() - now)
+        bridge = self.engine.window_cost.predict(steps + self.decoder.settings.bridge_extra_steps)
+        return finish + bridge <= self.others_seconds(stream, now)
 
     def bridge_steps(self, stream: Any, job: WindowedJob) -> int:
         """Steps of the window between `job`'s first window and its finish, when the finish does not fit yet
@@ -279,22 +290,38 @@ class WindowedJobs:
                 first,
             )
 
-    def fit_seconds(self, stream: Any) -> float:
+    def fit_seconds(self, stream: Any, now: float | None = None) -> float:
         """Seconds this stream's next unit may take: every other heard listener, served after it in deadline
-        order with a first window each, and its own listener still hear audio in time (`plan.queue_seconds`)."""
-        now = time.monotonic()
+        order with its next unit, and its own listener still hear audio in time (`plan.queue_seconds`)."""
+        now = time.monotonic() if now is None else now
         return min(self.others_seconds(stream, now), SAFETY * (stream.deadline() - now))
 
     def others_seconds(self, stream: Any, now: float) -> float:
         """Seconds a unit for `stream` may take so that every other heard listener, served after it in deadline
-        order with a first window each, still hears audio in time (`plan.queue_seconds`)."""
-        engine, settings = self.engine, self.decoder.settings
-        slacks = [s.deadline() - now for s in engine.streams if s.streaming and s.first_out is not None and s is not stream]
-        # each priced at the smallest window a heard listener gets, not a first window: six listeners after a
-        # burst each got 40 steps where 12 were priced, and the last of them ran dry (capacity log)
-        return queue_seconds(
-            slacks, engine.window_cost.predict(smallest_heard_window(settings.first_steps, settings.steps)), SAFETY
-        )
+        order with its next unit, still hears audio in time (`plan.queue_seconds`)."""
+        others = [s for s in self.engine.streams if s.streaming and s.first_out is not None and s is not stream]
+        return queue_seconds([s.deadline() - now for s in others], [self.next_unit_seconds(s) for s in others], SAFETY)
+
+    def next_unit_seconds(self, stream: Any) -> float:
+        """What a heard listener's next unit is priced at (call it holding the engine's lock): the smallest window
+        a heard listener gets (not a first window: six listeners after a burst each got 40 steps where 12 were
+        priced, and the last of them ran dry), after the front of its next piece when its job is done and no
+        worker is starting the next one. Listeners who start together reach their next jobs together: eight
+        fronts in a row left the last ones short (capacity log, 2026-12-07)."""
+        starting = stream.job is None and stream in self.engine._running  # its front runs now: a window next
+        if stream.job is not None or starting or not stream.pieces:
+            return self.heard_window_seconds()
+        return self.engine.cost.predict(len(stream.pieces[0]), stream.speed) + self.heard_window_seconds()
+
+    def heard_window_seconds(self) -> float:
+        """The price of the smallest window a listener already hearing audio gets."""
+        settings = self.decoder.settings
+        return self.engine.window_cost.predict(smallest_heard_window(settings.first_steps, settings.steps))
+
+    def job_seconds(self, stream: Any, now: float) -> float:
+        """Seconds a heard listener's next job's front may take (`Engine._budget`): its first window after it, and
+        every other heard listener's next unit, still in time (`fit_seconds`)."""
+        return self.fit_seconds(stream, now) - self.heard_window_seconds()
 
     def time_job(self, tokens: list[int], pack: np.ndarray) -> tuple[float, dict[int, float]]:
         """A job's front (and per-job part: it cannot be interleaved), and each window's seconds by its steps; a

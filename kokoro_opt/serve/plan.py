@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kokoro_opt.chunking import CONTEXT_WORDS, chunk_text
@@ -128,11 +128,17 @@ class CostModel:
         return max(0, math.floor(spare * min(speed, 1.0) / self.per_token))
 
 
-def queue_seconds(slacks: list[float], min_window: float, safety: float = 0.7) -> float:
-    """Seconds the next window may take so that every other listener, served after it in deadline order
-    with a minimal window each, still hears audio before its buffer runs out (`slacks`: their buffered
-    seconds). Bounding by the tightest listener alone lets four buffers run dry together."""
-    return min((safety * s - k * min_window for k, s in enumerate(sorted(slacks), start=1)), default=math.inf)
+def queue_seconds(slacks: Sequence[float], unit: float | Sequence[float], safety: float = 0.7) -> float:
+    """Seconds the next unit may take so that every other listener, served after it in deadline order with
+    its own next unit, still hears audio before its buffer runs out (`slacks`: their buffered seconds; `unit`:
+    the seconds of each one's next unit, in the same order, or one price for all). Bounding by the tightest
+    listener alone lets four buffers run dry together."""
+    units = [float(unit)] * len(slacks) if isinstance(unit, int | float) else list(unit)
+    queued, least = 0.0, math.inf
+    for slack, price in sorted(zip(slacks, units, strict=True)):
+        queued += price
+        least = min(least, safety * slack - queued)
+    return least
 
 
 def bridge_steps(
