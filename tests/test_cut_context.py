@@ -102,7 +102,7 @@ def test_serve_plans_context_as_configured(plain) -> None:
     none = Engine(cast(Selection, None), ServeConfig(warmup=False, context_words=0))
     none.attach(Synthesizer(plain))
     assert all(p.context == (0, 0) for p in none.plan(LONG_FIRST))
-    with pytest.raises(UserError, match="context_words must be 0 to 8"):
+    with pytest.raises(UserError, match="--context-words must be 0 to 8"):
         ServeConfig(context_words=9)
 
 

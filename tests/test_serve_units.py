@@ -312,10 +312,17 @@ def test_the_body_limit_holds_every_input_the_character_limit_allows() -> None:
 
 
 def test_config_validation_and_tuned_chunking(tiny_artifact: Any) -> None:
-    with pytest.raises(UserError):
+    """Each wrong setting is named as the user typed it (the `serve` option), with its value."""
+    with pytest.raises(UserError, match="--first-chunk-tokens 300 is larger than --chunk-tokens 200"):
         ServeConfig(first_chunk_tokens=300, chunk_tokens=200)
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match=r"--chunk-tokens must be at most 510.*not 600"):
         ServeConfig(chunk_tokens=600)
+    with pytest.raises(UserError, match="--timeout must be > 0 seconds, not -1"):
+        ServeConfig(request_timeout=-1)
+    with pytest.raises(UserError, match="--max-queue must be at least 1, not 0"):
+        ServeConfig(max_queue=0)
+    with pytest.raises(UserError, match="--audio-cache-mb must be >= 0"):
+        ServeConfig(audio_cache_mb=-1)
     selection = Selection(tiny_artifact, chunking={"first_chunk_tokens": 30, "crossfade_ms": 5, "other": 1})
     config = ServeConfig.for_selection(selection, chunk_tokens=150, crossfade_ms=None)
     assert (config.first_chunk_tokens, config.chunk_tokens, config.crossfade_ms) == (30, 150, 5)
@@ -527,7 +534,9 @@ def test_serve_settings_are_numbers_of_their_kind(setting: dict[str, Any]) -> No
     from kokoro_opt.errors import UserError
     from kokoro_opt.serve import ServeConfig
 
-    with pytest.raises(UserError, match=f"^{next(iter(setting))} must be"):
+    name = next(iter(setting))
+    flag = "--timeout" if name == "request_timeout" else "--" + name.replace("_", "-")
+    with pytest.raises(UserError, match=f"^{flag} must be"):
         ServeConfig(**setting)
 
 

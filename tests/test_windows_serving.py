@@ -130,7 +130,7 @@ def test_serve_streams_windowed_where_the_artifact_can_unless_told_not_to(window
     assert mode_reason(streams.artifact, False, False) == " (--no-windowed)"
     tuned = ServeConfig.for_selection(streams, first_window_steps=20)
     assert tuned.first_window_steps == 20 and "streaming windowed" in tuned.mode()
-    with pytest.raises(UserError, match="first_window_steps must be 4 to 400"):
+    with pytest.raises(UserError, match="--first-window-steps must be 4 to 400"):
         ServeConfig(first_window_steps=2)
     with pytest.raises(UserError, match="drop --first-window-steps"):  # whole jobs have no first window to size
         ServeConfig.for_selection(streams, windowed=False, first_window_steps=20)

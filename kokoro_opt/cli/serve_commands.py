@@ -40,13 +40,13 @@ def serve(
     ] = 30.0,
     public_metrics: Annotated[bool, typer.Option(help="with --api-key, serve /metrics without the key")] = False,
     first_chunk_tokens: Annotated[int | None, typer.Option(help="first chunk size (default: tuned, else 40)")] = None,
-    chunk_tokens: Annotated[int | None, typer.Option(help="largest later chunk (default: tuned, else 200)")] = None,
+    chunk_tokens: Annotated[int | None, typer.Option(help="largest later chunk, at most 510 (default: tuned, else 200)")] = None,
     crossfade_ms: Annotated[float | None, typer.Option(help="crossfade at chunk seams (default: tuned, else 10)")] = None,
     context_words: Annotated[
         int | None,
         typer.Option(
             help="words fed on each side of a cut inside a sentence, so neither side is spoken as an utterance's "
-            "end or start (default 2; 0: none)"
+            "end or start, 0 to 8 (default 2; 0: none)"
         ),
     ] = None,
     cap_edges: Annotated[
@@ -61,11 +61,13 @@ def serve(
         ),
     ] = None,
     first_window_steps: Annotated[
-        int | None, typer.Option(help="a new listener's first window in 12.5 ms steps (default: tuned, else the artifact's)")
+        int | None,
+        typer.Option(help="a new listener's first window in 12.5 ms steps, 4 to 400 (default: tuned, else the artifact's)"),
     ] = None,
     audio_cache_mb: Annotated[float, typer.Option(help="responses kept to answer repeats at once; 0: off")] = 8.0,
     workers: Annotated[
-        int, typer.Option(help="streams worked for at once; 2 (windowed): more listeners, half the threads each, more memory")
+        int,
+        typer.Option(help="streams worked for at once, 1 or 2; 2 (windowed): more listeners, half the threads each, more memory"),
     ] = 1,
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (POST /v1/audio/speech), streaming."""

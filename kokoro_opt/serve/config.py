@@ -23,6 +23,14 @@ _COUNTS = ("first_chunk_tokens", "chunk_tokens", "piece_tokens", "first_window_s
            "max_input_chars", "max_input_tokens", "max_body_bytes", "context_words")  # fmt: skip
 _OPTIONAL = ("piece_tokens", "first_window_steps")
 _SECONDS_AND_SIZES = ("crossfade_ms", "request_timeout", "body_timeout", "drain_timeout", "audio_cache_mb")
+_NO_FLAG = ("piece_tokens", "max_body_bytes")  # settings with no `serve` option (tuned.json, the library)
+
+
+def _flag(name: str) -> str:
+    """How a user names a setting: its `serve` option, else the field (request_timeout is `--timeout`)."""
+    if name in _NO_FLAG:
+        return name
+    return "--timeout" if name == "request_timeout" else "--" + name.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -61,21 +69,23 @@ class ServeConfig:
         # settings also come from files (tuned.json): a NaN limit would compare False and switch its check off
         for name in _COUNTS:
             if not (type(value := getattr(self, name)) is int or (value is None and name in _OPTIONAL)):
-                raise UserError(f"{name} must be a whole number, not {value!r}")
+                raise UserError(f"{_flag(name)} must be a whole number, not {value!r}")
         for name in _SECONDS_AND_SIZES:
             if not (type(value := getattr(self, name)) in (int, float) and math.isfinite(value)):
-                raise UserError(f"{name} must be a finite number, not {value!r}")
+                raise UserError(f"{_flag(name)} must be a finite number, not {value!r}")
         for name in ("first_chunk_tokens", "chunk_tokens", "max_queue", "max_input_chars", "max_input_tokens", "max_body_bytes"):
             if getattr(self, name) < 1:
-                raise UserError(f"{name} must be at least 1", "use a positive number")
+                raise UserError(f"{_flag(name)} must be at least 1, not {getattr(self, name)}", "use a positive number")
         if not 0 <= self.context_words <= MAX_CONTEXT_WORDS:
-            raise UserError(f"context_words must be 0 to {MAX_CONTEXT_WORDS}, not {self.context_words}", "use e.g. 2; 0: none")
+            raise UserError(f"--context-words must be 0 to {MAX_CONTEXT_WORDS}, not {self.context_words}", "use e.g. 2; 0: none")
         if self.crossfade_ms > MAX_CROSSFADE_MS:
-            raise UserError(f"crossfade_ms must be at most {MAX_CROSSFADE_MS}, not {self.crossfade_ms}", "use e.g. 10")
-        if not self.first_chunk_tokens <= self.chunk_tokens <= CONTEXT_TOKENS:
+            raise UserError(f"--crossfade-ms must be at most {MAX_CROSSFADE_MS:g}, not {self.crossfade_ms:g}", "use e.g. 10")
+        if self.chunk_tokens > CONTEXT_TOKENS:
+            raise UserError(f"--chunk-tokens must be at most {CONTEXT_TOKENS} (Kokoro's context), not {self.chunk_tokens}")
+        if self.first_chunk_tokens > self.chunk_tokens:
             raise UserError(
-                f"chunk sizes {self.first_chunk_tokens}/{self.chunk_tokens} are out of order",
-                f"use first_chunk_tokens <= chunk_tokens <= {CONTEXT_TOKENS}",
+                f"--first-chunk-tokens {self.first_chunk_tokens} is larger than --chunk-tokens {self.chunk_tokens}",
+                "the first chunk is the smallest job: lower it, or raise --chunk-tokens",
             )
         if not 1 <= self.workers <= MAX_WORKERS:
             raise UserError(f"workers must be 1 to {MAX_WORKERS}, not {self.workers}", "use --workers 1, or 2 with --windowed")
@@ -86,11 +96,13 @@ class ServeConfig:
                 "add --windowed with an artifact built with the windows stage, or drop --workers",
             )
         if self.first_window_steps is not None and not 4 <= self.first_window_steps <= 400:
-            raise UserError(f"first_window_steps must be 4 to 400, not {self.first_window_steps}", "use e.g. 12 (0.15 s)")
-        if self.crossfade_ms < 0 or self.audio_cache_mb < 0 or self.drain_timeout < 0:
-            raise UserError("crossfade_ms, audio_cache_mb and drain_timeout must be >= 0")
-        if not (self.request_timeout > 0 and self.body_timeout > 0):
-            raise UserError("request_timeout and body_timeout must be > 0 seconds")
+            raise UserError(f"--first-window-steps must be 4 to 400, not {self.first_window_steps}", "use e.g. 12 (0.15 s)")
+        for name in ("crossfade_ms", "audio_cache_mb", "drain_timeout"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{_flag(name)} must be >= 0, not {getattr(self, name):g}", "use 0 to switch it off")
+        for name in ("request_timeout", "body_timeout"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{_flag(name)} must be > 0 seconds, not {getattr(self, name):g}", "use e.g. 30")
         key = self.api_key
         if key is not None and not (key and key.isascii() and key.isprintable() and key.strip() == key):
             raise UserError(  # HTTP clients send headers in ASCII: any other key could never be sent
