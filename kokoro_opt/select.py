@@ -201,6 +201,15 @@ def superseded_by(artifact: Artifact) -> Artifact | None:
     return None if newest.path == artifact.path else newest
 
 
+def no_artifacts(root: Path) -> UserError:
+    """The error for an artifacts folder with nothing built in it: the folder is relative to where the command runs,
+    so a user who built in the checkout and runs elsewhere is told where it looked and how to point it there."""
+    return UserError(
+        f"no artifacts under {Path(root).resolve()}",
+        "build the flagship with `make build` in the checkout, and run from there or pass --artifacts DIR",
+    )
+
+
 def resolve_artifact(
     spec: str, root: Path = Path("artifacts"), tracking_uri: str | None = None, runs_here: bool = True
 ) -> Selection:
@@ -271,7 +280,7 @@ def _resolve(spec: str, root: Path, tracking_uri: str | None) -> Selection:
         return pick
     every = Store(root).artifacts()
     if not every:
-        raise UserError(f"no artifacts under {root}", "build one first: kokoro-opt build recipes/fp32.yaml")
+        raise no_artifacts(root)
     fp32 = [a for a in every if a.name == "fp32"]
     runnable = [a for a in every if _runs_here(a)]
     chosen = (fp32 or runnable or every)[-1]

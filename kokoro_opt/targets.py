@@ -6,8 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kokoro_opt.errors import UserError
-
 
 def evaluation_targets(
     targets: list[str], root: Path, tracking_uri: str | None, console: Any, say: Callable[[str], None]
@@ -15,7 +13,7 @@ def evaluation_targets(
     """Artifacts for each target: `all` (every one under `root`), a recipe (built; cheap when every stage
     is cached), an artifact folder, or an artifact id (here, or pushed from another machine)."""
     from kokoro_opt.artifacts import open_artifact
-    from kokoro_opt.select import artifact_by_id, names_a_path
+    from kokoro_opt.select import artifact_by_id, names_a_path, no_artifacts
     from kokoro_opt.store import Store
 
     found = []
@@ -33,5 +31,5 @@ def evaluation_targets(
         else:
             found.append(artifact_by_id(target, root, tracking_uri, say=say))
     if not found:
-        raise UserError(f"no artifacts under {root}", "build one first: kokoro-opt build recipes/fp32.yaml")
+        raise no_artifacts(root)
     return found
