@@ -107,6 +107,20 @@ def test_pieces_cover_long_text(vocab: dict[str, int]) -> None:
     assert whole > 510 and abs(sum(len(p.tokens) for p in pieces) - whole) <= 0.05 * whole  # nothing truncated
 
 
+def test_a_request_s_spoken_tokens_are_the_same_however_it_is_cut(vocab: dict[str, int]) -> None:
+    """What a 413 counts: a slow request is cut into smaller pieces, and the pieces' own tokens alone counted fewer
+    the finer the cut (a cut on a space drops it; merging puts it back)."""
+    from kokoro_opt.serve.plan import spoken_tokens
+
+    text = " ".join(["Sentence number one is here, and it keeps going on without a stop for a while."] * 5)
+    cuts = {size: make_pieces(text, vocab, first_chunk_tokens=size // 2, piece_tokens=size) for size in (200, 80, 40, 20)}
+    merged = take_job(deque(cuts[200]), 10**6, vocab[" "])  # one job of everything, as the decoder would merge it
+    assert len(merged.tokens) < 510 and merged.tokens[-1] != vocab[" "]
+    own = {size: sum(p.spoken for p in pieces) for size, pieces in cuts.items()}
+    assert len(set(own.values())) > 1  # the pieces' own tokens differ with the cut
+    assert {spoken_tokens(pieces, vocab[" "]) for pieces in cuts.values()} == {len(merged.tokens)}
+
+
 def test_slow_speech_gets_jobs_of_no_more_frames_than_at_speed_1() -> None:
     """Below speed 1 a token makes 1/speed frames, and a job's memory grows with its frames: pieces and jobs
     of a slow request hold speed x the tokens (inputs at speed 0.25-0.5 took a server 200 MB above its

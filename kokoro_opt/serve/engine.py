@@ -43,7 +43,7 @@ from kokoro_opt.serve.config import ServeConfig, edges_missing, windows_missing
 from kokoro_opt.serve.encoders import Encoder
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.modes import SAFETY, WholeJobs, WindowedJobs
-from kokoro_opt.serve.plan import CostModel, Piece, make_pieces, take_job
+from kokoro_opt.serve.plan import CostModel, Piece, make_pieces, spoken_tokens, take_job
 from kokoro_opt.serve.stream import Stream
 
 log = logging.getLogger("kokoro_opt.serve")
@@ -200,6 +200,10 @@ class Engine:
         # a piece and its context in no more frames than the largest job (`frames_bound`)
         largest = frames_bound(self.config.chunk_tokens, speed)
         return make_pieces(text, self.synth.vocab, first, pieces, self._context_words, max(largest, pieces))
+
+    def spoken_tokens(self, pieces: Sequence[Piece]) -> int:
+        """The tokens a request's pieces speak, merged as jobs merge them (`plan.spoken_tokens`): what a 413 counts."""
+        return spoken_tokens(pieces, self._space)
 
     def submit(
         self, pieces: Sequence[Piece | list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool

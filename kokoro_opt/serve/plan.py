@@ -84,13 +84,30 @@ def take_job(pieces: deque[Piece], budget_tokens: int, space_id: int | None) -> 
     limit = min(budget_tokens, CONTEXT_TOKENS)
     while pieces:
         following = pieces[0]
-        spaced = in_word or space_id is None or space_id in (*tokens[-1:], *following.tokens[:1])
-        glue = [] if spaced else [space_id]
+        glue = _glue(tokens, following, in_word, space_id)
         if len(first.behind) + len(tokens) + len(glue) + len(following.tokens) + len(following.ahead) > limit:
             break
         tokens += glue + pieces.popleft().tokens
         ahead, in_word = following.ahead, following.in_word
     return Piece(tokens, first.behind, ahead, in_word)
+
+
+def _glue(tokens: list[int], following: Piece, in_word: bool, space_id: int | None) -> list[int]:
+    """The space a merge puts between `tokens` and the next piece: none where one is there already or a word goes on."""
+    spaced = in_word or space_id is None or space_id in (*tokens[-1:], *following.tokens[:1])
+    return [] if spaced else [space_id]
+
+
+def spoken_tokens(pieces: Sequence[Piece], space_id: int | None) -> int:
+    """The tokens a request speaks: its pieces' own, and the spaces merging them puts back (`take_job`). The same for
+    any cut: a slow request is cut into smaller pieces, and the pieces' own tokens alone counted 1% fewer at speed
+    0.25 than at 1."""
+    count, last, in_word = 0, [], False
+    for piece in pieces:
+        count += len(_glue(last, piece, in_word, space_id)) if count else 0
+        count += len(piece.tokens)
+        last, in_word = piece.tokens, piece.in_word
+    return count
 
 
 @dataclass

@@ -263,7 +263,7 @@ class SpeechHandler:
         finally:
             planning.remove(len(req.input))
         # what the input asks for: the context a cut adds is a few words (and its frames are not decoded)
-        check_cost(sum(p.spoken for p in pieces), req.speed, self.service.config.max_input_tokens)
+        check_cost(self.service.engine.spoken_tokens(pieces), req.speed, self.service.config.max_input_tokens)
         return pieces
 
     def close(self) -> None:
