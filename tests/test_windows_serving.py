@@ -129,7 +129,8 @@ def test_serve_streams_windowed_where_the_artifact_can_unless_told_not_to(window
     assert mode_reason(streams.artifact, None, True).startswith(" (by default: random weights")
     assert mode_reason(streams.artifact, False, False) == " (--no-windowed)"
     tuned = ServeConfig.for_selection(streams, first_window_steps=20)
-    assert tuned.first_window_steps == 20 and "streaming windowed" in tuned.mode()
+    assert tuned.first_window_steps == 20 and "streaming windowed" in tuned.mode() and "workers" not in tuned.mode()
+    assert "2 workers" in ServeConfig.for_selection(streams, workers=2).mode()  # the startup line says so
     with pytest.raises(UserError, match="--first-window-steps must be 4 to 400"):
         ServeConfig(first_window_steps=2)
     with pytest.raises(UserError, match="drop --first-window-steps"):  # whole jobs have no first window to size

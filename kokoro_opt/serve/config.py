@@ -138,7 +138,8 @@ class ServeConfig:
     def mode(self) -> str:
         """What a listener gets, for the start-up line."""
         if self.windowed:
-            return "streaming windowed: the front once per job, the generator in windows sent as they are decoded"
+            workers = f", {self.workers} workers with a share of the threads each" if self.workers > 1 else ""
+            return "streaming windowed: the front once per job, the generator in windows sent as they are decoded" + workers
         return "whole jobs" + (" with capped edges" if self.cap_edges else "")
 
     @classmethod
