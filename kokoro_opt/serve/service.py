@@ -46,8 +46,8 @@ class Service:
     def admit(self) -> None:
         """Take a queue slot (give it back with `release`), or 429 with when one likely frees."""
         if self.inflight >= self.config.max_queue:
-            raise ApiError(429, f"server busy: {self.inflight} requests in progress (limit {self.config.max_queue})",
-                           type_="rate_limit_error", code="rate_limit_exceeded",
+            busy = f"server busy: {self.inflight} requests in progress (the server's --max-queue is {self.config.max_queue})"
+            raise ApiError(429, busy + "; retry after Retry-After seconds", type_="rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(self.engine.retry_after(self.inflight, self.planning))})  # fmt: skip
         self.inflight += 1
 
