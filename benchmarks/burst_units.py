@@ -1,13 +1,15 @@
 """Listeners who start in the same instant: every unit the server runs for them, in order, with its times.
 
-    python benchmarks/burst_units.py [ARTIFACT] [--clients 8] [--units 24]   (default: artifacts/int8-mixed)
+    python benchmarks/burst_units.py [ARTIFACT] [--clients 8] [--units 24] [--rounds 1]   (default: artifacts/int8-mixed)
 
 Starts the server in this process on a free loopback port (as `serve --artifact` would serve the artifact) and
 the clients in another, one HTTP connection each, which send the default paragraph of `bench-serve` all at once,
 streaming. Prints the first units the engine ran (a job's front with its per-job part, a window, a finish; the job each
 belongs to), when each began and ended, when each client's first audio arrived, and every moment a listener's
 playback caught up with its bytes (ran dry), with the units around it: where the last listener's first audio
-goes, and which unit came late (docs/measurements/2026-11-29-capacity.md).
+goes, and which unit came late (docs/measurements/2026-11-29-capacity.md). With `--rounds N` the clients send N
+bursts in turn, and the server's own count of audio it sent after its listener's deadline (first audio plus the
+seconds sent before) is printed for all of them: what the capacity log's in-process comparisons count.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def main() -> None:
     from kokoro_opt.runtime.windowed import WindowedDecoder
     from kokoro_opt.select import resolve_artifact
     from kokoro_opt.serve.config import ServeConfig
+    from kokoro_opt.serve.engine import Engine
     from kokoro_opt.serve.server import running
     from kokoro_opt.tables import print_table
 
@@ -50,7 +53,10 @@ def main() -> None:
     parser.add_argument("artifact", nargs="?", default="artifacts/int8-mixed")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--units", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=1, help="bursts sent in turn (the table shows the first)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     units: list[tuple[float, float, str, str]] = []
     began = [0.0]
@@ -72,13 +78,22 @@ def main() -> None:
     traced("start", lambda tokens, made: f"{job(made)}: {len(tokens)} tokens, {made.front.steps} steps")
     traced("next_window", lambda made, audio: f"{job(made)}: {len(audio) // STEP_SAMPLES} steps, to step {made.cursor}")
     traced("finish", lambda made, audio: f"{job(made)}: {len(audio) // STEP_SAMPLES} steps")
+    late: list[float] = []  # seconds past its listener's deadline, for each audio sent after it
+    emit = Engine.emit
+
+    def counted(engine: Any, stream: Any, out: Any, last: bool) -> None:
+        if stream.first_out is not None and (behind := time.monotonic() - stream.deadline()) > 0:
+            late.append(behind)
+        emit(engine, stream, out, last)
+
+    Engine.emit = counted  # type: ignore[method-assign]
 
     selection = resolve_artifact(args.artifact)
     config = ServeConfig.for_selection(selection, max_queue=max(args.clients, 1))
     spawn = multiprocessing.get_context("spawn")
     ready, go, heard = spawn.Barrier(2), spawn.Event(), spawn.Queue()
     with running(selection, config) as url:
-        listeners = spawn.Process(target=_listeners, args=(url, args.clients, ready, go, heard))
+        listeners = spawn.Process(target=_listeners, args=(url, args.clients, ready, go, heard, args.rounds))
         listeners.start()
         ready.wait()  # connections open
         units.clear()
@@ -100,6 +115,8 @@ def main() -> None:
         (when - began[0], who, audio, wait) for who, chunks in enumerate(arrivals) for when, audio, wait in dry_spells(chunks)
     )
     console.print(f"ran dry: {len(spells)} time(s)" + ("" if spells else " (every listener was fed)"))
+    console.print(f"audio sent after its listener's deadline, {args.rounds} burst(s): {len(late)} time(s)"
+                  + (f", up to {max(late) * 1e3:.0f} ms" if late else ""))  # fmt: skip
     for when, who, audio, wait in spells:
         console.print(
             f"  listener {who} at {when * 1e3:.0f} ms, {audio:.2f} s into its audio, waited {wait * 1e3:.0f} ms; units then:"
@@ -109,9 +126,10 @@ def main() -> None:
                 console.print(f"    {start * 1e3:8.1f} {end * 1e3:8.1f}  {name:<11} {what}", highlight=False)
 
 
-def _listeners(url: str, count: int, ready: Any, go: Any, heard: Any) -> None:
+def _listeners(url: str, count: int, ready: Any, go: Any, heard: Any, rounds: int = 1) -> None:
     """`count` streaming clients in their own process (in the server's, their threads would take its cores): each
-    sends the paragraph when `go` is set; puts every client's chunks (time.monotonic, bytes) on `heard`."""
+    sends the paragraph when `go` is set, `rounds` times in turn; puts every client's chunks of the first round
+    (time.monotonic, bytes) on `heard` once all are done."""
     import httpx
 
     from kokoro_opt.serve.bench import PARAGRAPH
@@ -122,18 +140,21 @@ def _listeners(url: str, count: int, ready: Any, go: Any, heard: Any) -> None:
     body = {"model": "tts-1", "input": PARAGRAPH, "voice": "alloy", "response_format": "pcm", "stream": True}
     chunks: list[list[tuple[float, int]]] = [[] for _ in clients]
 
-    def listen(who: int, client: Any) -> None:
+    def listen(who: int, client: Any, first: bool) -> None:
         go.wait()
         with client.stream("POST", "/v1/audio/speech", json=body, headers={"Cache-Control": "no-cache"}) as reply:
             for part in reply.iter_raw():
-                chunks[who].append((time.monotonic(), len(part)))
+                if first:
+                    chunks[who].append((time.monotonic(), len(part)))
 
-    threads = [threading.Thread(target=listen, args=(who, client)) for who, client in enumerate(clients)]
-    for thread in threads:
-        thread.start()
-    ready.wait()
-    for thread in threads:
-        thread.join()
+    for burst in range(rounds):
+        threads = [threading.Thread(target=listen, args=(who, client, burst == 0)) for who, client in enumerate(clients)]
+        for thread in threads:
+            thread.start()
+        if burst == 0:
+            ready.wait()
+        for thread in threads:
+            thread.join()
     heard.put(chunks)
 
 

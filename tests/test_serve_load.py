@@ -80,7 +80,7 @@ def test_beyond_the_queue_limit_gets_429(url: str) -> None:
             assert rejected.status_code == 429
             assert int(rejected.headers["retry-after"]) >= 1
             assert rejected.json()["error"]["code"] == "rate_limit_exceeded", extra
-            assert "4 requests in progress (the server's --max-queue is 4)" in rejected.json()["error"]["message"]
+            assert "4 of 4 request slots in use (serve --max-queue)" in rejected.json()["error"]["message"]
     wait_for(lambda: idle(url), 10)  # closing the held streams freed every slot
     assert httpx.post(f"{url}/v1/audio/speech", json=body(SHORT), timeout=120).status_code == 200
 

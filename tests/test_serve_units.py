@@ -209,7 +209,7 @@ def test_a_first_window_lasts_while_the_next_one_runs() -> None:
 
 def test_a_heard_listeners_next_job_leaves_room_for_the_others_next_fronts() -> None:
     """Listeners who start together reach their next jobs together: each next job was sized to the tightest
-    buffer alone, and eight fronts of 158 tokens in a row (~150 ms each) left the last listeners 40-100 ms short.
+    buffer alone, and a 158-token front and then four 67-token ones in a row left the last three 38-102 ms short.
     A job's front is now priced with its own first window and, for every other listener, its next unit: the
     front of its next piece and a window when its job is done, a window when it is decoding one."""
     from types import SimpleNamespace
@@ -237,7 +237,10 @@ def test_a_heard_listeners_next_job_leaves_room_for_the_others_next_fronts() -> 
         for s in streams[1:]:
             s.job = None  # their jobs are done: each needs a front next
         out["others needing fronts"] = engine._budget(streams[0], now)
-        engine._running.update(streams[1:])  # workers run their fronts: each a window next
+        engine._running.update(streams[1:])  # a worker sends a job's last audio: its next unit is still a front
+        out["others sending their jobs' last audio"] = engine._budget(streams[0], now)
+        for s in streams[1:]:
+            s.starting = True  # workers picked their next jobs and run their fronts: each a window next
         out["others' fronts running"] = engine._budget(streams[0], now)
         engine._running.clear()
         engine.mode = WholeJobs(engine)
@@ -248,6 +251,7 @@ def test_a_heard_listeners_next_job_leaves_room_for_the_others_next_fronts() -> 
     out = asyncio.run(budgets())
     assert out["whole jobs"] > out["others decoding a job"] > out["others needing fronts"] >= 40
     assert out["others decoding a job"] == out["others' fronts running"]
+    assert out["others sending their jobs' last audio"] == out["others needing fronts"]
     assert out["a new listener leaves the others' share"]
     assert out["whole jobs"] == out["tightest buffer alone"]
 
@@ -340,6 +344,11 @@ def test_config_validation_and_tuned_chunking(tiny_artifact: Any) -> None:
     selection = Selection(tiny_artifact, chunking={"first_chunk_tokens": 30, "crossfade_ms": 5, "other": 1})
     config = ServeConfig.for_selection(selection, chunk_tokens=150, crossfade_ms=None)
     assert (config.first_chunk_tokens, config.chunk_tokens, config.crossfade_ms) == (30, 150, 5)
+    # a tuned value the user never typed is said to come from tuning, with what overrides it
+    with pytest.raises(UserError, match=r"larger than --chunk-tokens 20 \(.*first_chunk_tokens=30 came from tuning\)"):
+        ServeConfig.for_selection(selection, chunk_tokens=20)
+    with pytest.raises(UserError, match=r"^--chunk-tokens must be at most 510 \(Kokoro's context\), not 600$"):
+        ServeConfig.for_selection(Selection(tiny_artifact), chunk_tokens=600)  # nothing tuned: the message as it was
 
 
 @pytest.mark.parametrize("fmt", supported_formats())
@@ -539,17 +548,17 @@ def test_a_capacity_record_that_is_not_one_is_passed_over(tmp_path: Path, entry:
 
 
 @pytest.mark.parametrize(
-    "setting",
-    [{"max_queue": math.nan}, {"max_queue": 2.5}, {"max_queue": True}, {"first_chunk_tokens": "40"},
-     {"crossfade_ms": math.nan}, {"crossfade_ms": 2e5}, {"request_timeout": math.inf}, {"first_window_steps": 12.0}],
+    ("setting", "flag"),
+    [({"max_queue": math.nan}, "--max-queue"), ({"max_queue": 2.5}, "--max-queue"), ({"max_queue": True}, "--max-queue"),
+     ({"first_chunk_tokens": "40"}, "--first-chunk-tokens"), ({"crossfade_ms": math.nan}, "--crossfade-ms"),
+     ({"crossfade_ms": 2e5}, "--crossfade-ms"), ({"request_timeout": math.inf}, "--timeout"),
+     ({"first_window_steps": 12.0}, "--first-window-steps"), ({"max_body_bytes": 1.5}, "max_body_bytes")],  # no option
 )  # fmt: skip
-def test_serve_settings_are_numbers_of_their_kind(setting: dict[str, Any]) -> None:
+def test_serve_settings_are_numbers_of_their_kind(setting: dict[str, Any], flag: str) -> None:
     """A NaN limit compares False and would switch its check off; a string would fail on first use."""
     from kokoro_opt.errors import UserError
     from kokoro_opt.serve import ServeConfig
 
-    name = next(iter(setting))
-    flag = "--timeout" if name == "request_timeout" else "--" + name.replace("_", "-")
     with pytest.raises(UserError, match=f"^{flag} must be"):
         ServeConfig(**setting)
 

@@ -533,7 +533,7 @@ def test_more_workers_need_windowed_serving(plain) -> None:
     from tests.test_build import run_cli
 
     result = run_cli("serve", "--artifact", str(plain.path), "--workers", "2")  # refused before it binds a port
-    assert result.returncode == 2 and "workers=2 needs windowed serving" in result.stderr, result.stderr
+    assert result.returncode == 2 and "--workers 2 needs windowed serving" in result.stderr, result.stderr
     assert "--windowed" in result.stderr and "Traceback" not in result.stderr
     for count in (0, 3):  # 3 and more: not measured
         with pytest.raises(UserError, match="workers must be 1 to 2"):

@@ -88,10 +88,10 @@ class ServeConfig:
                 "the first chunk is the smallest job: lower it, or raise --chunk-tokens",
             )
         if not 1 <= self.workers <= MAX_WORKERS:
-            raise UserError(f"workers must be 1 to {MAX_WORKERS}, not {self.workers}", "use --workers 1, or 2 with --windowed")
+            raise UserError(f"--workers must be 1 to {MAX_WORKERS}, not {self.workers}", "use --workers 1, or 2 with --windowed")
         if self.workers > 1 and not self.windowed:
             raise UserError(
-                f"workers={self.workers} needs windowed serving: whole-graph jobs run one at a time "
+                f"--workers {self.workers} needs windowed serving: whole-graph jobs run one at a time "
                 "(two at once measured slower)",
                 "add --windowed with an artifact built with the windows stage, or drop --workers",
             )
@@ -153,12 +153,21 @@ class ServeConfig:
         chosen = {k: v for k, v in overrides.items() if v is not None}
         if "windowed" not in chosen:
             chosen["windowed"] = selection.artifact.windowed_by_default and not chosen.get("cap_edges", False)
-        config = cls(**{**tuned, **chosen})
+        try:
+            config = cls(**{**tuned, **chosen})
+        except UserError as exc:
+            if not (from_tuning := sorted(set(tuned) - set(chosen))):
+                raise
+            raise UserError(  # the message names options the user may never have typed: say where the values came from
+                f"{exc.message} ({', '.join(f'{k}={tuned[k]!r}' for k in from_tuning)} came from tuning"
+                + (f": {selection.reason})" if selection.reason else ")"),
+                "pass the option to override the tuned value, or run kokoro-opt tune again",
+            ) from None
         if "max_queue" not in chosen and (measured := config.measured_capacity(selection)) is not None:
             config = replace(config, max_queue=max(measured.streams, 1))  # what this machine sustains in this mode
         if "first_window_steps" in chosen and not config.windowed:  # a tuned value rides along; an asked one must act
             raise UserError(
-                f"first_window_steps={chosen['first_window_steps']} sets the first window of windowed serving, "
+                f"--first-window-steps {chosen['first_window_steps']} sets the first window of windowed serving, "
                 f"and this server decodes {config.mode_name} jobs",
                 "add --windowed (an artifact built with the windows stage), or drop --first-window-steps",
             )

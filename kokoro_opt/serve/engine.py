@@ -277,6 +277,7 @@ class Engine:
         if stream.job is not None:
             return stream, stream.job[0], stream.job[1]
         piece, last = self.next_job(stream.pieces, self._budget(stream, time.monotonic()))
+        stream.starting = True  # its front runs next: what the other worker prices it at (`WindowedJobs.next_unit_seconds`)
         return stream, piece, last
 
     def _serve(self) -> None:

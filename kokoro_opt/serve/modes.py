@@ -111,7 +111,7 @@ class WindowedJobs:
         own_next = settings.steps if waiting else smallest_heard_window(settings.first_steps, settings.steps)
         cover = engine.window_cost.predict(own_next)
         if waiting:  # their fronts and first windows, shared among the workers
-            fronts = [engine.cost.predict(len(s.pieces[0]) if s.pieces else 0, s.speed) for s in waiting]
+            fronts = [self.front_seconds(s) for s in waiting]
             cover += self.starts_seconds(fronts) / engine.workers
         fit = self.fit_seconds(stream)
         return window_steps(
@@ -143,7 +143,7 @@ class WindowedJobs:
         engine = self.engine
         if stream.job is None:
             job = self.decoder.start(piece.feed, stream.pack, stream.speed, stream.run_options, stream.streaming, piece.context)
-            stream.job = (piece, last, job)
+            stream.job, stream.starting = (piece, last, job), False
             if job.stats is not None:  # the front model prices a front with its per-job part
                 with engine.cond:  # two workers observe
                     engine.cost.observe(len(piece), stream.speed, job.front_seconds)
@@ -213,7 +213,7 @@ class WindowedJobs:
             return False
         now = time.monotonic()
         if stream.job is None:
-            price = self.engine.cost.predict(len(stream.pieces[0]) if stream.pieces else 0, stream.speed)
+            price = self.front_seconds(stream)
         elif self.finishes(stream, job := stream.job[2]):
             price = self.finish_seconds(job)
         else:
@@ -306,12 +306,15 @@ class WindowedJobs:
         """What a heard listener's next unit is priced at (call it holding the engine's lock): the smallest window
         a heard listener gets (not a first window: six listeners after a burst each got 40 steps where 12 were
         priced, and the last of them ran dry), after the front of its next piece when its job is done and no
-        worker is starting the next one. Listeners who start together reach their next jobs together: eight
-        fronts in a row left the last ones short (capacity log, 2026-12-07)."""
-        starting = stream.job is None and stream in self.engine._running  # its front runs now: a window next
-        if stream.job is not None or starting or not stream.pieces:
+        worker is starting the next one. Listeners who start together reach their next jobs together: a 158-token
+        front and then four 67-token ones in a row left the last three 38-102 ms short (capacity log, 2026-12-07)."""
+        if stream.job is not None or stream.starting or not stream.pieces:
             return self.heard_window_seconds()
-        return self.engine.cost.predict(len(stream.pieces[0]), stream.speed) + self.heard_window_seconds()
+        return self.front_seconds(stream) + self.heard_window_seconds()
+
+    def front_seconds(self, stream: Any) -> float:
+        """What the front of a stream's next piece (with its per-job part) is priced at."""
+        return self.engine.cost.predict(len(stream.pieces[0]) if stream.pieces else 0, stream.speed)
 
     def heard_window_seconds(self) -> float:
         """The price of the smallest window a listener already hearing audio gets."""

@@ -46,8 +46,9 @@ class Service:
     def admit(self) -> None:
         """Take a queue slot (give it back with `release`), or 429 with when one likely frees."""
         if self.inflight >= self.config.max_queue:
-            busy = f"server busy: {self.inflight} requests in progress (the server's --max-queue is {self.config.max_queue})"
-            raise ApiError(429, busy + "; retry after Retry-After seconds", type_="rate_limit_error", code="rate_limit_exceeded",
+            busy = f"server busy: {self.inflight} of {self.config.max_queue} request slots in use (serve --max-queue)"
+            raise ApiError(429, f"{busy}; retry after the Retry-After header's seconds",
+                           type_="rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(self.engine.retry_after(self.inflight, self.planning))})  # fmt: skip
         self.inflight += 1
 

@@ -251,7 +251,7 @@ class SpeechHandler:
             return self._silence(req)
         if not req.stream:
             return await self._whole(key)
-        return await self._streaming(key, tokens=sum(p.spoken for p in pieces))
+        return await self._streaming(key, tokens=self.service.engine.spoken_tokens(pieces))
 
     async def _plan(self, req: SpeechRequest) -> list[Piece]:
         planning = self.service.planning

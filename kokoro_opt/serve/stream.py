@@ -46,6 +46,7 @@ class Stream:
         self.finished = False
         self.run_options: Any = None
         self.job: tuple[Piece, bool, WindowedJob] | None = None  # a windowed job with windows still to decode
+        self.starting = False  # a worker picked its next job and runs its front: no `job` yet, a window next
         self.held_since: float | None = None  # a whole answer held back for listeners since (WindowedJobs.defers)
 
     def deadline(self) -> float:
