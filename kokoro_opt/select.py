@@ -22,14 +22,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from kokoro_opt.artifacts import Artifact, open_artifact
 from kokoro_opt.errors import UserError, read_validated
 from kokoro_opt.runtime.availability import runtime_problem
-from kokoro_opt.runtime.session import SessionSettings
+from kokoro_opt.runtime.session import ExecutionMode, GraphLevel, SessionSettings
 from kokoro_opt.store import Store
 
 QUALITY_BUDGET_PESQ = 3.8
@@ -114,8 +114,8 @@ class _TunedSession(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     intra_op_num_threads: int = Field(0, ge=0, le=4096)
     inter_op_num_threads: int = Field(1, ge=1, le=4096)
-    execution_mode: Literal["sequential", "parallel"] = "sequential"
-    graph_optimization_level: Literal["disabled", "basic", "extended", "all"] = "all"
+    execution_mode: ExecutionMode = "sequential"
+    graph_optimization_level: GraphLevel = "all"
     providers: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z]+ExecutionProvider$")]] = Field(
         default_factory=lambda: ["CPUExecutionProvider"], min_length=1, max_length=8
     )

@@ -15,6 +15,8 @@ from kokoro_opt.errors import UserError
 from kokoro_opt.machine import usable_cores
 
 THREADS_ENV = "KOKORO_OPT_THREADS"
+GraphLevel = Literal["disabled", "basic", "extended", "all"]  # ONNX Runtime's graph optimization levels (GRAPH_LEVELS)
+ExecutionMode = Literal["sequential", "parallel"]
 
 
 @dataclass(frozen=True)
@@ -23,8 +25,8 @@ class SessionSettings:
 
     intra_op_num_threads: int = 0  # 0 = default_threads()
     inter_op_num_threads: int = 1
-    execution_mode: str = "sequential"  # or "parallel"
-    graph_optimization_level: str = "all"  # disabled | basic | extended | all
+    execution_mode: ExecutionMode = "sequential"
+    graph_optimization_level: GraphLevel = "all"
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     provider_options: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     enable_profiling: bool = False
@@ -74,7 +76,7 @@ def shared_by(settings: SessionSettings, runs: int) -> SessionSettings:
     return replace(settings, intra_op_num_threads=max(1, budget // runs))
 
 
-GRAPH_LEVELS = {
+GRAPH_LEVELS: dict[GraphLevel, str] = {
     "disabled": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",
     "extended": "ORT_ENABLE_EXTENDED",

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.recipe_yaml import NAME_PATTERN, explain, name_from_file, read_yaml_mapping, require_kind
+from kokoro_opt.runtime.session import ExecutionMode, GraphLevel
 from kokoro_opt.select import QUALITY_BUDGET_PESQ, QUALITY_BUDGET_PHRASE_PESQ
 from kokoro_opt.serve.bench import PARAGRAPH
 from kokoro_opt.serve.config import MAX_CROSSFADE_MS
@@ -23,7 +24,6 @@ from kokoro_opt.text import CONTEXT_TOKENS
 
 DEFAULT_STORAGE = "sqlite:///experiments/optuna.db"
 RTF_TEXT = "The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background."
-Level = Literal["disabled", "basic", "extended", "all"]
 
 
 class Strict(BaseModel):
@@ -42,10 +42,8 @@ class SpaceConfig(Strict):
     )
     intra_op_num_threads: list[int] = Field(default_factory=lambda: [1, 2, 4], min_length=1)
     inter_op_num_threads: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, description="used in parallel mode")
-    execution_mode: list[Literal["sequential", "parallel"]] = Field(
-        default_factory=lambda: ["sequential", "parallel"], min_length=1
-    )
-    graph_optimization_level: list[Level] = Field(default_factory=lambda: ["basic", "extended", "all"], min_length=1)
+    execution_mode: list[ExecutionMode] = Field(default_factory=lambda: ["sequential", "parallel"], min_length=1)
+    graph_optimization_level: list[GraphLevel] = Field(default_factory=lambda: ["basic", "extended", "all"], min_length=1)
     first_chunk_tokens: list[int] = Field(default_factory=lambda: [24, 32, 40, 56], min_length=1)
     chunk_tokens: list[int] = Field(default_factory=lambda: [100, 150, 200, 300], min_length=1)
     crossfade_ms: list[float] = Field(default_factory=lambda: [10.0], min_length=1)
