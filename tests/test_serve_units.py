@@ -166,11 +166,11 @@ def test_window_sizes_follow_who_is_listening() -> None:
     assert size(cover_seconds=0.01) == 24
     # later windows: cut short so each other listener, served in deadline order, still gets audio in time
     assert size(heard=True, fit_steps=50) == 50 and size(heard=True, fit_steps=3) == 40  # half of `steps` at least
-    assert queue_seconds([], 0.06) == math.inf
-    assert queue_seconds([1.0], 0.06) == pytest.approx(0.7 - 0.06)
+    assert queue_seconds([], []) == math.inf
+    assert queue_seconds([1.0], [0.06]) == pytest.approx(0.7 - 0.06)
     # three buffers running dry together leave less room than the tightest one alone suggests
-    assert queue_seconds([0.3, 0.3, 0.3], 0.06) == pytest.approx(0.7 * 0.3 - 3 * 0.06)
-    assert queue_seconds([2.0, 0.3], 0.06) == pytest.approx(0.7 * 0.3 - 0.06)
+    assert queue_seconds([0.3, 0.3, 0.3], [0.06] * 3) == pytest.approx(0.7 * 0.3 - 3 * 0.06)
+    assert queue_seconds([2.0, 0.3], [0.06] * 2) == pytest.approx(0.7 * 0.3 - 0.06)
     # each priced at its own next unit: a front and a window for one whose job is done
     assert queue_seconds([0.3, 0.4], [0.1, 0.05]) == pytest.approx(min(0.7 * 0.3 - 0.1, 0.7 * 0.4 - 0.15))
     assert queue_seconds([0.4, 0.3], [0.05, 0.1]) == queue_seconds([0.3, 0.4], [0.1, 0.05])  # paired, in any order

@@ -103,9 +103,8 @@ def spoken_tokens(pieces: Sequence[Piece], space_id: int | None) -> int:
     any cut: a slow request is cut into smaller pieces, and the pieces' own tokens alone counted 1% fewer at speed
     0.25 than at 1."""
     count, last, in_word = 0, [], False
-    for piece in pieces:
-        count += len(_glue(last, piece, in_word, space_id)) if count else 0
-        count += len(piece.tokens)
+    for i, piece in enumerate(pieces):
+        count += len(piece.tokens) + (len(_glue(last, piece, in_word, space_id)) if i else 0)
         last, in_word = piece.tokens, piece.in_word
     return count
 
@@ -145,12 +144,11 @@ class CostModel:
         return max(0, math.floor(spare * min(speed, 1.0) / self.per_token))
 
 
-def queue_seconds(slacks: Sequence[float], unit: float | Sequence[float], safety: float = 0.7) -> float:
+def queue_seconds(slacks: Sequence[float], units: Sequence[float], safety: float = 0.7) -> float:
     """Seconds the next unit may take so that every other listener, served after it in deadline order with
-    its own next unit, still hears audio before its buffer runs out (`slacks`: their buffered seconds; `unit`:
-    the seconds of each one's next unit, in the same order, or one price for all). Bounding by the tightest
-    listener alone lets four buffers run dry together."""
-    units = [float(unit)] * len(slacks) if isinstance(unit, int | float) else list(unit)
+    its own next unit, still hears audio before its buffer runs out (`slacks`: their buffered seconds; `units`:
+    the seconds of each one's next unit, in the same order). Bounding by the tightest listener alone lets four
+    buffers run dry together."""
     queued, least = 0.0, math.inf
     for slack, price in sorted(zip(slacks, units, strict=True)):
         queued += price

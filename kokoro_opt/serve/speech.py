@@ -236,7 +236,7 @@ class SpeechHandler:
             self._observe(whole=False)
             return SlicedResponse(cached, media_type=MEDIA_TYPES[req.response_format])
         try:
-            pieces = await self._plan(req)
+            pieces, tokens = await self._plan(req)
             if pieces:
                 engine = service.engine
                 encoder = make_encoder(req.response_format, engine.sample_rate, streaming=req.stream)
@@ -251,9 +251,10 @@ class SpeechHandler:
             return self._silence(req)
         if not req.stream:
             return await self._whole(key)
-        return await self._streaming(key, tokens=self.service.engine.spoken_tokens(pieces))
+        return await self._streaming(key, tokens=tokens)
 
-    async def _plan(self, req: SpeechRequest) -> list[Piece]:
+    async def _plan(self, req: SpeechRequest) -> tuple[list[Piece], int]:
+        """The request's pieces, and the tokens they speak (what a 413 and SSE's usage count)."""
         planning = self.service.planning
         planning.append(len(req.input))  # what a 429 meanwhile prices it at (`Engine.retry_after`)
         try:
@@ -263,8 +264,9 @@ class SpeechHandler:
         finally:
             planning.remove(len(req.input))
         # what the input asks for: the context a cut adds is a few words (and its frames are not decoded)
-        check_cost(self.service.engine.spoken_tokens(pieces), req.speed, self.service.config.max_input_tokens)
-        return pieces
+        tokens = self.service.engine.spoken_tokens(pieces)
+        check_cost(tokens, req.speed, self.service.config.max_input_tokens)
+        return pieces, tokens
 
     def close(self) -> None:
         """Give the queue slot back and stop the synthesis (a no-op when it finished): once, however it ended."""
