@@ -334,8 +334,8 @@ def checked_kokoro(meta: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 # kokoro.json's window settings (runtime.windowed.WindowSettings' fields, tests/test_untrusted_artifacts.py)
-WINDOW_STEP_SETTINGS = ("first_steps", "steps", "overlap_steps", "lead_frames", "trail_frames", "finish_steps",
-                        "bridge_overlap_steps")  # fmt: skip
+WINDOW_STEP_SETTINGS = ("first_steps", "steps", "overlap_steps", "lead_overlap_steps", "lead_frames", "trail_frames",
+                        "finish_steps", "bridge_overlap_steps")  # fmt: skip
 
 
 def _steps(name: str, value: Any) -> bool:

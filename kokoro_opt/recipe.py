@@ -247,6 +247,9 @@ class WindowsStage(SpeechGate):
     first_steps: int = Field(12, ge=4, le=400, description="generator steps (12.5 ms) in a new listener's first window, at least")
     steps: int = Field(80, ge=8, le=800, description="generator steps in a later window (serve shortens it under load)")
     overlap_steps: int = Field(4, ge=0, le=64, description="steps of context decoded and dropped on each side")
+    lead_overlap_steps: int = Field(
+        2, ge=0, le=64, description="steps of context before the first window of a job that starts its utterance (leading pad)"
+    )
     lead_frames: int = Field(2, ge=1, le=40, description="frames (25 ms) of the leading pad decoded before the speech")
     trail_frames: int = Field(6, ge=1, le=60, description="frames of the final pause decoded after the speech")
     finish_steps: int = Field(

@@ -3,6 +3,7 @@ own frames and a step past the cut, and overlaps the job beside it there, crossf
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
 import numpy as np
@@ -114,3 +115,31 @@ def test_a_model_without_durations_speaks_every_chunk_alone(artifacts_root) -> N
     engine.attach(Synthesizer(import_kokoro_onnx(artifacts_root)))
     assert not engine.synth.gives_durations
     assert len(engine.plan(LONG_FIRST)) == 2 and all(p.context == (0, 0) for p in engine.plan(LONG_FIRST))
+
+
+def test_only_the_leading_pad_before_a_first_window_is_decoded_with_less_context(windowed) -> None:
+    """Before the first window of a job that starts its utterance there is only the leading pad, which nobody hears:
+    `lead_overlap_steps` of context are decoded there (the first sound comes sooner), the usual overlap everywhere
+    else. Before a job cut inside its sentence is speech: its first window keeps the usual overlap."""
+    decoder = WindowedDecoder.of_artifact(Synthesizer(windowed))
+    pack = windowed.voice_packs()["tiny_0"]
+    default = decoder.settings
+    slow = 0.5  # the tiny model's leading pad is then longer than the frames decoded of it
+
+    def first_window(lead: int, context: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray]:
+        decoder.settings = replace(default, lead_overlap_steps=lead)
+        job = decoder.start(FEED, pack, slow, context=context)
+        a = job.speech[0]
+        audio = decoder.next_window(job)
+        full = decoder.window(job.front, a, job.cursor, job.stats, constants=job.constants)  # the usual overlap
+        return audio, full
+
+    try:
+        assert decoder.start(FEED, pack, slow).speech[0] > 0  # a leading pad to decode context in
+        lean, full = first_window(0)
+        assert lean.shape == full.shape and not np.array_equal(lean, full)  # the context reaches the window
+        np.testing.assert_array_equal(*first_window(default.overlap_steps))  # as many steps: the usual window
+        cut, full_cut = first_window(0, CONTEXT)
+        np.testing.assert_array_equal(cut, full_cut)
+    finally:
+        decoder.settings = default

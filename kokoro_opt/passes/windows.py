@@ -184,6 +184,7 @@ def run_windows(source: Artifact, cfg: WindowsStage, out: Path, decisions: dict[
         first_steps=cfg.first_steps,
         steps=cfg.steps,
         overlap_steps=cfg.overlap_steps,
+        lead_overlap_steps=cfg.lead_overlap_steps,
         lead_frames=cfg.lead_frames,
         trail_frames=cfg.trail_frames,
         finish_steps=cfg.finish_steps,
@@ -259,8 +260,8 @@ PASS = Pass(
     produces=(WINDOWS_DIR,),
     carries=CARRIED,  # the model is the input's, unchanged
     grants=("windowed",),
-    # how jobs finish changes what the gate hears, not the fitted statistics: the lock still applies
-    judged_by=(*SpeechGate.model_fields, "default_budget", "finish_steps"),
+    # how jobs start and finish changes what the gate hears, not the fitted statistics: the lock still applies
+    judged_by=(*SpeechGate.model_fields, "default_budget", "finish_steps", "lead_overlap_steps"),
     keeps=("edges",),
     reads=("kokoro_opt/data/eval_corpus.yaml", "calibration/sentences.txt"),
     decides=True,

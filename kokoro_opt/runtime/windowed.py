@@ -45,6 +45,10 @@ class WindowSettings:
     first_steps: int = 12
     steps: int = 80
     overlap_steps: int = 4
+    # Context before a job's first window when the job starts its utterance: only the leading pad is there, which
+    # nobody hears, so fewer steps than `overlap_steps` score the same and make the first sound sooner
+    # (docs/measurements/2026-12-07-first-window-context.md)
+    lead_overlap_steps: int = 2
     lead_frames: int = 2
     trail_frames: int = 6
     finish_steps: int = 320  # jobs of at most this many steps finish with the whole generator (0: never)
@@ -107,6 +111,7 @@ class WindowedJob:
     finish: bool = False  # short enough to finish with one whole-generator run (`WindowedDecoder.finish`)
     whole: np.ndarray | None = None  # the whole generator's audio, once the job finished with it
     bridged: bool = False  # its second window was a bridge to its finish (serve/modes.py)
+    starts_utterance: bool = True  # its speech begins after the leading pad, not at a cut inside a sentence
 
     @property
     def done(self) -> bool:
@@ -277,11 +282,13 @@ class WindowedDecoder:
         run_options: Any = None,
         constants: dict[str, np.ndarray] | None = None,
         overlap: int | None = None,
+        before: int | None = None,
     ) -> np.ndarray:
         """Audio of steps [start, end), decoded with `overlap` (by default the settings') steps of context each
-        side; `constants` are the job's (`job_constants`), computed here when not given."""
+        side, or `before` steps of it before `start`; `constants` are the job's (`job_constants`), computed here
+        when not given."""
         overlap = self.settings.overlap_steps if overlap is None else overlap
-        lo, hi = max(start - overlap, 0), min(end + overlap, front.steps)
+        lo, hi = max(start - (overlap if before is None else before), 0), min(end + overlap, front.steps)
         feeds = {
             FRONT_OUTPUTS[0]: np.ascontiguousarray(front.features[:, :, lo:hi]),
             FRONT_OUTPUTS[1]: np.ascontiguousarray(front.f0[:, :, lo:hi]),
@@ -315,7 +322,7 @@ class WindowedDecoder:
         s = self.settings
         speech = speech_steps(front.durations, token_ids, self.synth.symbols, s.lead_frames, s.trail_frames)
         start, end = spoken_steps(front.durations, context, speech)
-        job = WindowedJob(front, None, (start, end), cursor=start)
+        job = WindowedJob(front, None, (start, end), cursor=start, starts_utterance=context[0] == 0)
         job.finish = self.decodes_whole and front.steps <= s.finish_steps
         if windows or not job.finish:
             job.stats = self.statistics.for_job(front, pack, self.synth.packs)
@@ -327,7 +334,8 @@ class WindowedDecoder:
         self, job: WindowedJob, steps: int | None = None, run_options: Any = None, overlap: int | None = None
     ) -> np.ndarray:
         """Decode the job's next window: `steps` long, or by default the settings' first / later window size;
-        `overlap`: steps of context each side, by default the settings'."""
+        `overlap`: steps of context each side, by default the settings' (before the first window of a job that
+        starts its utterance, `lead_overlap_steps`)."""
         if job.stats is None:
             raise UserError("this job was started without windows", "finish it, or start it with windows=True")
         began = time.perf_counter()
@@ -335,7 +343,9 @@ class WindowedDecoder:
         size = steps if steps is not None else (s.first_steps if job.windows == 0 else s.steps)
         a = job.cursor
         b = window_end(a, job.speech[1], size, s.steps // 4)
-        return _advance(job, b, began, self.window(job.front, a, b, job.stats, run_options, job.constants, overlap))
+        before = s.lead_overlap_steps if job.windows == 0 and job.starts_utterance and overlap is None else None
+        audio = self.window(job.front, a, b, job.stats, run_options, job.constants, overlap, before)
+        return _advance(job, b, began, audio)
 
     def whole_audio(self, front: FrontOutput, run_options: Any = None) -> np.ndarray:
         """The utterance's audio from one run of the whole generator on `front`, normalized with its own
