@@ -90,6 +90,35 @@ def test_first_bytes_before_last_chunk(served) -> None:
     assert waiting > 0
 
 
+def test_the_worker_goes_on_once_a_streamed_request_s_first_audio_is_sent(served) -> None:
+    """After the unit that made a streamed request's first audio, the worker waits until the server has sent it on (the
+    event loop and the client then have the cores), once per request; a whole answer has nothing to wait for. Here
+    the worker waits as long as it takes, so what is asserted is the server's signal and the order, not timing."""
+    url, engine = served
+    order: list[str] = []
+    step, let_out = engine.mode.step, engine._let_first_audio_out
+
+    def unit(stream, tokens, last):
+        order.append("unit")
+        return step(stream, tokens, last)
+
+    def waited(stream):
+        if stream.first_out is not None and stream.first_sent is not None:
+            order.append(f"sent: {stream.first_sent.wait(60)}")
+        let_out(stream)
+
+    engine.mode.step, engine._let_first_audio_out = unit, waited
+    try:
+        streamed = speech(url, input=LONG, response_format="pcm", speed=2)
+        assert streamed.status_code == 200 and order[:2] == ["unit", "sent: True"], order
+        assert order.count("sent: True") == 1 and order.count("unit") > 2
+        order.clear()
+        whole = speech(url, input=LONG, response_format="pcm", speed=2, stream=False)
+        assert whole.status_code == 200 and whole.content and set(order) == {"unit"}, order
+    finally:
+        engine.mode.step, engine._let_first_audio_out = step, let_out
+
+
 def test_curl_no_buffer_streams(served) -> None:
     needs.program("curl", "install it (Debian: apt-get install curl)")
     url, engine = served

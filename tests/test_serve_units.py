@@ -23,10 +23,11 @@ from kokoro_opt.runtime.join import END_KEEP, LEAD_KEEP, PAUSES, Joiner, boundar
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.encoders import make_encoder, supported_formats
-from kokoro_opt.serve.engine import Engine, frames_bound
+from kokoro_opt.serve.engine import Engine, frames_bound, waits_for_first_send
 from kokoro_opt.serve.openai_compat import voice_entries
 from kokoro_opt.serve.plan import CostModel, Piece, as_pieces, make_pieces, queue_seconds, take_job, window_steps
 from kokoro_opt.serve.scenario import playback
+from kokoro_opt.serve.stream import Stream
 from kokoro_opt.voices import OPENAI_VOICES, openai_voice_map
 
 SR = 24_000
@@ -262,6 +263,23 @@ class _FakeEncoder:
 
     def finish(self) -> bytes:
         return b""
+
+
+def test_a_worker_waits_for_a_first_audio_to_be_sent_only_when_no_other_listener_waits_for_theirs() -> None:
+    """A lone listener's first bytes go out while the cores are free; listeners who start together are not made to
+    wait for each other's sends (the next unit is the next listener's front). A whole answer is no listener."""
+
+    async def streams() -> list[Stream]:
+        encoder = make_encoder("pcm", SR, True)
+        return [Stream([[1, 2, 3]], np.zeros(1), 1.0, encoder, streaming, Joiner(SR, 10.0)) for streaming in (True, True, False)]
+
+    heard, starting, whole = asyncio.run(streams())
+    heard.first_out = time.monotonic()
+    assert waits_for_first_send(heard, [heard])
+    assert waits_for_first_send(heard, [heard, whole])  # a whole answer waiting: not a listener's first sound
+    assert not waits_for_first_send(heard, [heard, starting, whole])
+    starting.first_out = time.monotonic()
+    assert waits_for_first_send(heard, [heard, starting, whole])
 
 
 def test_scheduler_first_chunks_then_earliest_deadline() -> None:

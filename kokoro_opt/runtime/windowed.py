@@ -47,7 +47,7 @@ class WindowSettings:
     overlap_steps: int = 4
     # Context before a job's first window when the job starts its utterance: only the leading pad is there, which
     # nobody hears, so fewer steps than `overlap_steps` score the same and make the first sound sooner
-    # (docs/measurements/2026-12-07-first-window-context.md)
+    # (docs/measurements/2026-12-07-first-sound.md)
     lead_overlap_steps: int = 2
     lead_frames: int = 2
     trail_frames: int = 6

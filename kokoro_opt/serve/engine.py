@@ -49,6 +49,10 @@ from kokoro_opt.serve.stream import Stream
 log = logging.getLogger("kokoro_opt.serve")
 
 FIRST_JOB_BUDGET = 0  # a streaming request's first job: its first piece alone (see `_budget`)
+# How long a worker waits, at most, for a listener's first audio to be sent before it runs the next unit: the event
+# loop and the client then have the cores, and the first bytes arrive ~1.5 ms sooner than beside the next unit
+# (docs/measurements/2026-12-07-first-sound.md)
+FIRST_SEND_WAIT = 0.005
 _WARMUP_TEXT = "Warming up, so that the first listener never waits for a cold start."
 
 
@@ -58,6 +62,13 @@ def frames_bound(tokens: int, speed: float) -> int:
     frames. So slow speech gets proportionally smaller jobs and never more frames than a job at speed 1:
     the peak memory a server reaches under its load holds for every speed."""
     return max(1, math.floor(tokens * min(speed, 1.0)))
+
+
+def waits_for_first_send(stream: Stream, streams: Sequence[Stream]) -> bool:
+    """Whether a worker waits for `stream`'s first audio to be sent before its next unit: not while another listener
+    still waits for its first audio (that listener's front is next, and listeners who start together would each
+    wait for the ones before them)."""
+    return not any(other.first_out is None and other is not stream and other.streaming for other in streams)
 
 
 class Engine:
@@ -206,9 +217,16 @@ class Engine:
         return spoken_tokens(pieces, self._space)
 
     def submit(
-        self, pieces: Sequence[Piece | list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool
+        self,
+        pieces: Sequence[Piece | list[int]],
+        pack: np.ndarray,
+        speed: float,
+        encoder: Encoder,
+        streaming: bool,
+        first_sent: threading.Event | None = None,
     ) -> Stream:
-        stream = Stream(pieces, pack, speed, encoder, streaming, self.new_joiner())
+        """Queue a request. `first_sent`: set by its sender once the stream's first audio is sent on (`Stream`)."""
+        stream = Stream(pieces, pack, speed, encoder, streaming, self.new_joiner(), first_sent)
         with self.cond:
             self.streams.append(stream)
             self.cond.notify()
@@ -307,6 +325,19 @@ class Engine:
                     self.cond.notify_all()  # the stream's next unit may go to a waiting worker
                 if stream.cancelled and self.metrics:
                     self.metrics.cancel_release.observe(time.monotonic() - stream.cancelled_at)
+            self._let_first_audio_out(stream)
+
+    def _let_first_audio_out(self, stream: Stream) -> None:
+        """Once per stream, after the unit that made its first audio: wait (FIRST_SEND_WAIT at most) until that
+        audio is sent, unless another listener waits for its own (`waits_for_first_send`). On a small machine the
+        next unit's threads would otherwise hold every core while the event loop and the client handle those bytes."""
+        if stream.first_out is None or (sent := stream.first_sent) is None:
+            return
+        stream.first_sent = None
+        with self.cond:
+            wait = waits_for_first_send(stream, self.streams)
+        if wait:
+            sent.wait(FIRST_SEND_WAIT)
 
     # ---- one job: the worker's steps, which `first_audio` also runs on the caller's thread ------------
 

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -209,6 +210,7 @@ class SpeechHandler:
         self.status = "cancelled"  # what the request counts as in kokoro_requests_total, if nothing else is set
         self.stream: Stream | None = None
         self.req: SpeechRequest | None = None
+        self.first_sent = threading.Event()  # the first audio is on its connection (Engine._let_first_audio_out)
 
     @property
     def label(self) -> str:
@@ -240,7 +242,7 @@ class SpeechHandler:
             if pieces:
                 engine = service.engine
                 encoder = make_encoder(req.response_format, engine.sample_rate, streaming=req.stream)
-                self.stream = engine.submit(pieces, pack, req.speed, encoder, req.stream)
+                self.stream = engine.submit(pieces, pack, req.speed, encoder, req.stream, self.first_sent if req.stream else None)
         except BaseException as exc:
             self.status = str(exc.status) if isinstance(exc, ApiError) else "500"
             self.close()
@@ -271,6 +273,7 @@ class SpeechHandler:
     def close(self) -> None:
         """Give the queue slot back and stop the synthesis (a no-op when it finished): once, however it ended."""
         self.service.release()
+        self.first_sent.set()  # nothing more will be sent: the worker need not wait for it
         if self.stream is not None:
             self.service.engine.cancel(self.stream)
         assert self.req is not None
@@ -350,6 +353,7 @@ class SpeechHandler:
         async def audio() -> AsyncIterator[bytes]:
             if first is not None:
                 yield first
+                self.first_sent.set()  # resumed once the server handed it to the connection
                 async for data in chunks:
                     yield data
 

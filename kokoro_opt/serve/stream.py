@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ class Stream:
         encoder: Encoder,
         streaming: bool,
         joiner: Joiner,
+        first_sent: threading.Event | None = None,
     ) -> None:
         self.id = next(self._ids)
         self.pieces: deque[Piece] = deque(as_pieces(pieces))
@@ -48,6 +50,9 @@ class Stream:
         self.job: tuple[Piece, bool, WindowedJob] | None = None  # a windowed job with windows still to decode
         self.starting = False  # a worker picked its next job and runs its front: no `job` yet, a window next
         self.held_since: float | None = None  # a whole answer held back for listeners since (WindowedJobs.defers)
+        # set by whoever sends the stream's first audio on (an HTTP response) once it has: until then the worker
+        # leaves the cores to it (Engine._let_first_audio_out). The worker takes it; the sender keeps its own.
+        self.first_sent = first_sent
 
     def deadline(self) -> float:
         return self.arrival if self.first_out is None else self.first_out + self.audio_out
