@@ -23,11 +23,11 @@ from kokoro_opt.runtime.join import END_KEEP, LEAD_KEEP, PAUSES, Joiner, boundar
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.config import ServeConfig
 from kokoro_opt.serve.encoders import make_encoder, supported_formats
-from kokoro_opt.serve.engine import Engine, frames_bound, waits_for_first_send
+from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.openai_compat import voice_entries
-from kokoro_opt.serve.plan import CostModel, Piece, as_pieces, make_pieces, queue_seconds, take_job, window_steps
+from kokoro_opt.serve.plan import CostModel, Piece, as_pieces, frames_bound, make_pieces, queue_seconds, take_job, window_steps
 from kokoro_opt.serve.scenario import playback
-from kokoro_opt.serve.stream import Stream
+from kokoro_opt.serve.stream import Stream, waits_for_first_send
 from kokoro_opt.voices import OPENAI_VOICES, openai_voice_map
 
 SR = 24_000

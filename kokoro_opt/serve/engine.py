@@ -1,22 +1,20 @@
 """The synthesis engine: one loaded artifact, worker threads, a fair queue of text pieces.
 
-By default one worker does all synthesis (and encoding): with 2 cores one ORT run using every intra-op
-thread beats two runs fighting over them (benchmarks/concurrent_units.py: two whole-graph jobs at once
-took 1.03-1.04x the time of the same two in turn). Windowed (`--windowed --workers 2`), two workers may
-run two streams' units at once on the same sessions: fronts and windows are small graphs that leave
-cores idle (1.04-1.18x the throughput), so four streams together underran less and finished sooner, at
-~50 MB more memory and a later median first audio (docs/serving.md). The event loop only moves bytes.
-Requests share the workers in this order: first chunks first (oldest request first), so every new
-listener hears audio early; then *earliest playback deadline first*, where a stream's deadline is when
-its listener runs out of audio (first byte time + seconds sent), so a stream about to underrun goes
-before one that is ahead; windowed, a whole answer waits while its next unit would leave a listener without
-audio (`WindowedJobs.defers`). A stream runs on one worker at a time. Admission is bounded, so first chunks
-cannot starve running streams for long. Job size adapts to the same deadlines (see `plan.py` and
-`_budget`). How a worker decodes what it picked is the engine's mode (modes.py): whole jobs, or
-windowed, where the unit of work is a job's front plus its first window, or one more window, and
-window sizes follow the deadlines too (`plan.window_steps`): a new listener's first window lasts while
-its next one runs and the others waiting get theirs, and a later one is cut short when it would leave
-another listener without audio.
+By default one worker does all synthesis (and encoding): with 2 cores one ORT run using every intra-op thread beats
+two runs fighting over them (benchmarks/concurrent_units.py: two whole-graph jobs at once took 1.03-1.04x the time of
+the same two in turn). Windowed (`--windowed --workers 2`), two workers may run two streams' units at once on the same
+sessions: fronts and windows are small graphs that leave cores idle (1.04-1.18x the throughput), so four streams
+together underran less and finished sooner, at ~50 MB more memory and a later median first audio (docs/serving.md).
+The event loop only moves bytes. Requests share the workers in this order: first chunks first (oldest request first),
+so every new listener hears audio early; then *earliest playback deadline first*, where a stream's deadline is when
+its listener runs out of audio (first byte time + seconds sent), so a stream about to underrun goes before one that is
+ahead; windowed, a whole answer waits while its next unit would leave a listener without audio
+(`WindowedJobs.defers`). A stream runs on one worker at a time. Admission is bounded, so first chunks cannot starve
+running streams for long. Job size adapts to the same deadlines (see `plan.py` and `_budget`). How a worker decodes
+what it picked is the engine's mode (modes.py): whole jobs, or windowed, where the unit of work is a job's front plus
+its first window, or one more window, and window sizes follow the deadlines too (`plan.window_steps`): a new
+listener's first window lasts while its next one runs and the others waiting get theirs, and a later one is cut short
+when it would leave another listener without audio.
 """
 
 from __future__ import annotations
@@ -43,32 +41,13 @@ from kokoro_opt.serve.config import ServeConfig, edges_missing, windows_missing
 from kokoro_opt.serve.encoders import Encoder
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.modes import SAFETY, WholeJobs, WindowedJobs
-from kokoro_opt.serve.plan import CostModel, Piece, make_pieces, spoken_tokens, take_job
-from kokoro_opt.serve.stream import Stream
+from kokoro_opt.serve.plan import CostModel, Piece, frames_bound, make_pieces, spoken_tokens, take_job
+from kokoro_opt.serve.stream import FIRST_SEND_WAIT, Stream, waits_for_first_send
 
 log = logging.getLogger("kokoro_opt.serve")
 
 FIRST_JOB_BUDGET = 0  # a streaming request's first job: its first piece alone (see `_budget`)
-# How long a worker waits, at most, for a listener's first audio to be sent before it runs the next unit: the event
-# loop and the client then have the cores, and the first bytes arrive ~1.5 ms sooner than beside the next unit
-# (docs/measurements/2026-12-07-first-sound.md)
-FIRST_SEND_WAIT = 0.005
 _WARMUP_TEXT = "Warming up, so that the first listener never waits for a cold start."
-
-
-def frames_bound(tokens: int, speed: float) -> int:
-    """The tokens a piece or job of `tokens` may hold at `speed`: below speed 1 each token makes 1/speed as
-    many frames, and a job's memory (the decoder's activations; windowed, the front's) grows with its
-    frames. So slow speech gets proportionally smaller jobs and never more frames than a job at speed 1:
-    the peak memory a server reaches under its load holds for every speed."""
-    return max(1, math.floor(tokens * min(speed, 1.0)))
-
-
-def waits_for_first_send(stream: Stream, streams: Sequence[Stream]) -> bool:
-    """Whether a worker waits for `stream`'s first audio to be sent before its next unit: not while another listener
-    still waits for its first audio (that listener's front is next, and listeners who start together would each
-    wait for the ones before them)."""
-    return not any(other.first_out is None and other is not stream and other.streaming for other in streams)
 
 
 class Engine:
@@ -217,16 +196,12 @@ class Engine:
         return spoken_tokens(pieces, self._space)
 
     def submit(
-        self,
-        pieces: Sequence[Piece | list[int]],
-        pack: np.ndarray,
-        speed: float,
-        encoder: Encoder,
-        streaming: bool,
-        first_sent: threading.Event | None = None,
+        self, pieces: Sequence[Piece | list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool
     ) -> Stream:
-        """Queue a request. `first_sent`: set by its sender once the stream's first audio is sent on (`Stream`)."""
-        stream = Stream(pieces, pack, speed, encoder, streaming, self.new_joiner(), first_sent)
+        return self.enqueue(Stream(pieces, pack, speed, encoder, streaming, self.new_joiner()))
+
+    def enqueue(self, stream: Stream) -> Stream:
+        """Queue a request made as a `Stream` (one whose sender says when its first audio is sent, `first_sent`)."""
         with self.cond:
             self.streams.append(stream)
             self.cond.notify()
@@ -328,16 +303,13 @@ class Engine:
             self._let_first_audio_out(stream)
 
     def _let_first_audio_out(self, stream: Stream) -> None:
-        """Once per stream, after the unit that made its first audio: wait (FIRST_SEND_WAIT at most) until that
-        audio is sent, unless another listener waits for its own (`waits_for_first_send`). On a small machine the
-        next unit's threads would otherwise hold every core while the event loop and the client handle those bytes."""
-        if stream.first_out is None or (sent := stream.first_sent) is None:
-            return
-        stream.first_sent = None
-        with self.cond:
-            wait = waits_for_first_send(stream, self.streams)
-        if wait:
-            sent.wait(FIRST_SEND_WAIT)
+        """Once per stream, after the unit that made its first audio: wait until that audio is sent (FIRST_SEND_WAIT at
+        most), unless another listener waits for its own (stream.py's `waits_for_first_send`)."""
+        if stream.first_out is not None and (sent := stream.first_sent) is not None:
+            stream.first_sent = None
+            with self.cond:
+                wait = waits_for_first_send(stream, self.streams)
+            sent.wait(FIRST_SEND_WAIT if wait else 0)
 
     # ---- one job: the worker's steps, which `first_audio` also runs on the caller's thread ------------
 

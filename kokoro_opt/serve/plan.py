@@ -75,6 +75,14 @@ def make_pieces(
     return [Piece([*c.token_ids, *c.ahead[:1]], c.behind, c.ahead[1:], c.in_word) for c in chunks]
 
 
+def frames_bound(tokens: int, speed: float) -> int:
+    """The tokens a piece or job of `tokens` may hold at `speed`: below speed 1 each token makes 1/speed as
+    many frames, and a job's memory (the decoder's activations; windowed, the front's) grows with its
+    frames. So slow speech gets proportionally smaller jobs and never more frames than a job at speed 1:
+    the peak memory a server reaches under its load holds for every speed."""
+    return max(1, math.floor(tokens * min(speed, 1.0)))
+
+
 def take_job(pieces: deque[Piece], budget_tokens: int, space_id: int | None) -> Piece:
     """Pop the first piece and merge following ones while the job, its context included, stays within the
     budget (and 510). A space goes between two pieces, unless one is there already (a piece cut at words ends with

@@ -242,7 +242,8 @@ class SpeechHandler:
             if pieces:
                 engine = service.engine
                 encoder = make_encoder(req.response_format, engine.sample_rate, streaming=req.stream)
-                self.stream = engine.submit(pieces, pack, req.speed, encoder, req.stream, self.first_sent if req.stream else None)
+                sent = self.first_sent if req.stream else None
+                self.stream = engine.enqueue(Stream(pieces, pack, req.speed, encoder, req.stream, engine.new_joiner(), sent))
         except BaseException as exc:
             self.status = str(exc.status) if isinstance(exc, ApiError) else "500"
             self.close()

@@ -18,6 +18,11 @@ from kokoro_opt.runtime.windowed import WindowedJob
 from kokoro_opt.serve.encoders import Encoder
 from kokoro_opt.serve.plan import Piece, as_pieces
 
+# How long a worker waits, at most, for a listener's first audio to be sent before it runs the next unit. On two cores
+# that unit's threads would otherwise take both from the event loop and the client, and the first bytes arrived ~2 ms
+# later (docs/measurements/2026-12-07-first-sound.md).
+FIRST_SEND_WAIT = 0.005
+
 
 class Stream:
     """One request in the engine. The worker thread owns the synthesis state; the loop reads `queue`."""
@@ -64,3 +69,10 @@ class Stream:
     def put(self, item: bytes | BaseException | None) -> None:
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+def waits_for_first_send(stream: Stream, streams: Sequence[Stream]) -> bool:
+    """Whether a worker waits for `stream`'s first audio to be sent before its next unit: not while another listener
+    still waits for its first audio (that listener's front is next, and listeners who start together would each
+    wait for the ones before them)."""
+    return not any(other.first_out is None and other is not stream and other.streaming for other in streams)
