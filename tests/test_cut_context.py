@@ -12,7 +12,7 @@ import pytest
 from kokoro_opt.errors import UserError
 from kokoro_opt.runtime.steps import SEAM_STEPS, STEPS_PER_FRAME
 from kokoro_opt.runtime.synth import Synthesizer
-from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder
+from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowSettings
 from kokoro_opt.select import Selection
 from kokoro_opt.serve import ServeConfig
 from kokoro_opt.serve.engine import Engine
@@ -132,6 +132,8 @@ def test_only_the_leading_pad_before_a_first_window_is_decoded_with_less_context
         a = job.speech[0]
         audio = decoder.next_window(job)
         full = decoder.window(job.front, a, job.cursor, job.stats, constants=job.constants)  # the usual overlap
+        lean = min(lead, default.overlap_steps, a) - min(default.overlap_steps, a) if context == (0, 0) else 0
+        assert job.extra_steps == lean  # what the server's window cost model counts the window as
         return audio, full
 
     try:
@@ -143,3 +145,6 @@ def test_only_the_leading_pad_before_a_first_window_is_decoded_with_less_context
         np.testing.assert_array_equal(cut, full_cut)
     finally:
         decoder.settings = default
+    # an artifact built before the setting was gated with the usual overlap there, and keeps it
+    assert WindowSettings.of({"overlap_steps": 6}).lead_overlap_steps == 6
+    assert WindowSettings.of({"overlap_steps": 6, "lead_overlap_steps": 2}).lead_overlap_steps == 2

@@ -65,7 +65,10 @@ class WindowSettings:
     def of(cls, meta: dict[str, Any]) -> WindowSettings:
         """The settings an artifact's kokoro.json stores (checked when it is read: artifacts.checked_kokoro)."""
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: int(v) for k, v in meta.items() if k in known})
+        values = {k: int(v) for k, v in meta.items() if k in known}
+        # an artifact built before `lead_overlap_steps` was gated with the usual overlap there: it keeps it
+        values.setdefault("lead_overlap_steps", values.get("overlap_steps", cls.overlap_steps))
+        return cls(**values)
 
 
 @dataclass
@@ -111,7 +114,8 @@ class WindowedJob:
     finish: bool = False  # short enough to finish with one whole-generator run (`WindowedDecoder.finish`)
     whole: np.ndarray | None = None  # the whole generator's audio, once the job finished with it
     bridged: bool = False  # its second window was a bridge to its finish (serve/modes.py)
-    starts_utterance: bool = True  # its speech begins after the leading pad, not at a cut inside a sentence
+    starts_utterance: bool = False  # its speech begins after the leading pad, not at a cut inside a sentence (`start`)
+    extra_steps: int = 0  # context its last window decoded beyond the usual overlap: a bridge's more, a lean first window's less
 
     @property
     def done(self) -> bool:
@@ -343,8 +347,12 @@ class WindowedDecoder:
         size = steps if steps is not None else (s.first_steps if job.windows == 0 else s.steps)
         a = job.cursor
         b = window_end(a, job.speech[1], size, s.steps // 4)
-        before = s.lead_overlap_steps if job.windows == 0 and job.starts_utterance and overlap is None else None
-        audio = self.window(job.front, a, b, job.stats, run_options, job.constants, overlap, before)
+        after = s.overlap_steps if overlap is None else overlap
+        before = s.lead_overlap_steps if job.windows == 0 and job.starts_utterance and overlap is None else after
+        audio = self.window(job.front, a, b, job.stats, run_options, job.constants, after, before)
+        steps = job.front.steps  # what the window decoded, against the same window with the usual overlap
+        decoded = min(b + after, steps) - max(a - before, 0)
+        job.extra_steps = decoded - (min(b + s.overlap_steps, steps) - max(a - s.overlap_steps, 0))
         return _advance(job, b, began, audio)
 
     def whole_audio(self, front: FrontOutput, run_options: Any = None) -> np.ndarray:

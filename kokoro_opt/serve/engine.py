@@ -289,6 +289,7 @@ class Engine:
                 self.most_running = max(self.most_running, len(self._running))
             try:
                 self.mode.step(stream, piece, last)
+                self._let_first_audio_out(stream)  # still running: no other worker takes its next unit meanwhile
             except Exception as exc:
                 if not stream.cancelled:  # a cancelled job fails by design (terminate flag)
                     log.exception("synthesis failed for request %d", stream.id)
@@ -300,12 +301,11 @@ class Engine:
                     self.cond.notify_all()  # the stream's next unit may go to a waiting worker
                 if stream.cancelled and self.metrics:
                     self.metrics.cancel_release.observe(time.monotonic() - stream.cancelled_at)
-            self._let_first_audio_out(stream)
 
     def _let_first_audio_out(self, stream: Stream) -> None:
         """Once per stream, after the unit that made its first audio: wait until that audio is sent (FIRST_SEND_WAIT at
         most), unless another listener waits for its own (stream.py's `waits_for_first_send`)."""
-        if stream.first_out is not None and (sent := stream.first_sent) is not None:
+        if stream.bytes_out and (sent := stream.first_sent) is not None:
             stream.first_sent = None
             with self.cond:
                 wait = waits_for_first_send(stream, self.streams)
@@ -386,6 +386,7 @@ class Engine:
                 stream.first_out = time.monotonic()
             stream.audio_out += len(out) / self.sample_rate
         if data:
+            stream.bytes_out += len(data)
             stream.put(data)
         if last:
             self._finish(stream, None)

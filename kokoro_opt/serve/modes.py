@@ -170,9 +170,8 @@ class WindowedJobs:
                 self.finish_ratio *= 0.7 + 0.3 * min(max(seen, 0.2), 5.0)
         else:
             audio = self.decoder.next_window(job, steps, stream.run_options, overlap)
-            with engine.cond:  # a bridge's wider context counted as steps
-                wider = 0 if overlap is None else self.decoder.settings.bridge_extra_steps
-                engine.window_cost.observe(job.cursor - first + wider, 1.0, job.compute - spent)
+            with engine.cond:  # context beyond the usual (a bridge's, a lean first window's) counted as steps
+                engine.window_cost.observe(job.cursor - first + job.extra_steps, 1.0, job.compute - spent)
         closes = job.done
         if closes:
             stream.job = None
@@ -334,7 +333,7 @@ class WindowedJobs:
         while not job.done:
             spent, first = job.compute, job.cursor
             self.decoder.next_window(job)
-            windows[job.cursor - first] = job.compute - spent
+            windows[job.cursor - first + job.extra_steps] = job.compute - spent
         if job.finish:
             started = time.perf_counter()
             self.decoder.whole_audio(job.front)

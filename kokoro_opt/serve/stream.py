@@ -47,6 +47,7 @@ class Stream:
         self.arrival = time.monotonic()
         self.first_out: float | None = None
         self.audio_out = 0.0  # seconds of audio handed out
+        self.bytes_out = 0  # bytes of it queued for the sender (an encoder may hold the first audio back)
         self.jobs = 0
         self.cancelled = False
         self.cancelled_at = 0.0  # when `cancelled` was set (monotonic): how long its running unit took to stop
