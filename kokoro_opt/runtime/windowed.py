@@ -350,9 +350,9 @@ class WindowedDecoder:
         after = s.overlap_steps if overlap is None else overlap
         before = s.lead_overlap_steps if job.windows == 0 and job.starts_utterance and overlap is None else after
         audio = self.window(job.front, a, b, job.stats, run_options, job.constants, after, before)
-        steps = job.front.steps  # what the window decoded, against the same window with the usual overlap
-        decoded = min(b + after, steps) - max(a - before, 0)
-        job.extra_steps = decoded - (min(b + s.overlap_steps, steps) - max(a - s.overlap_steps, 0))
+        total = job.front.steps  # what the window decoded, against the same window with the usual overlap
+        decoded = min(b + after, total) - max(a - before, 0)
+        job.extra_steps = decoded - (min(b + s.overlap_steps, total) - max(a - s.overlap_steps, 0))
         return _advance(job, b, began, audio)
 
     def whole_audio(self, front: FrontOutput, run_options: Any = None) -> np.ndarray:
