@@ -292,7 +292,7 @@ class WindowedDecoder:
         side, or `before` steps of it before `start`; `constants` are the job's (`job_constants`), computed here
         when not given."""
         overlap = self.settings.overlap_steps if overlap is None else overlap
-        lo, hi = max(start - (overlap if before is None else before), 0), min(end + overlap, front.steps)
+        lo, hi = _decoded_span(start, end, overlap if before is None else before, overlap, front.steps)
         feeds = {
             FRONT_OUTPUTS[0]: np.ascontiguousarray(front.features[:, :, lo:hi]),
             FRONT_OUTPUTS[1]: np.ascontiguousarray(front.f0[:, :, lo:hi]),
@@ -350,9 +350,9 @@ class WindowedDecoder:
         after = s.overlap_steps if overlap is None else overlap
         before = s.lead_overlap_steps if job.windows == 0 and job.starts_utterance and overlap is None else after
         audio = self.window(job.front, a, b, job.stats, run_options, job.constants, after, before)
-        total = job.front.steps  # what the window decoded, against the same window with the usual overlap
-        decoded = min(b + after, total) - max(a - before, 0)
-        job.extra_steps = decoded - (min(b + s.overlap_steps, total) - max(a - s.overlap_steps, 0))
+        lo, hi = _decoded_span(a, b, before, after, job.front.steps)
+        usual_lo, usual_hi = _decoded_span(a, b, s.overlap_steps, s.overlap_steps, job.front.steps)
+        job.extra_steps = (hi - lo) - (usual_hi - usual_lo)  # what the server's window cost model counts it as
         return _advance(job, b, began, audio)
 
     def whole_audio(self, front: FrontOutput, run_options: Any = None) -> np.ndarray:
@@ -383,6 +383,11 @@ class WindowedDecoder:
         while not job.done:
             parts.append(self.finish(job) if job.finish else self.next_window(job))
         return np.concatenate(parts), job
+
+
+def _decoded_span(start: int, end: int, before: int, after: int, steps: int) -> tuple[int, int]:
+    """The steps a window of [start, end) decodes with its context, within the job's `steps`."""
+    return max(start - before, 0), min(end + after, steps)
 
 
 def _advance(job: WindowedJob, end: int, began: float, audio: np.ndarray) -> np.ndarray:
