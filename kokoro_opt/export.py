@@ -176,4 +176,5 @@ PASS = Pass(
     ExportConfig,
     run_export,
     libraries=("torch", "kokoro", "onnx", "onnxruntime", "transformers", "phonemizer-fork", "espeakng-loader"),
+    judged_by=("validate_export", "validation"),  # the export gate: it judges the graph and decides nothing after it
 )

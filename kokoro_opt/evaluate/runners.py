@@ -21,7 +21,7 @@ from rich.console import Console
 from kokoro_opt.artifacts import Artifact, link_or_copy, open_artifact
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.corpus import Corpus, Utterance
-from kokoro_opt.manifest import Manifest
+from kokoro_opt.manifest import Manifest, WeightsInfo
 from kokoro_opt.recipe import EvaluateConfig
 from kokoro_opt.runtime.availability import runtime_problem
 from kokoro_opt.store import Store, store_of
@@ -269,7 +269,11 @@ def torch_peer(artifact: Artifact, reference: Path) -> Runner | None:
     if fetched and (config.source == "path" or config.repo_id != WeightsConfig().repo_id):
         return None
     weights = resolve_weights(config, log=lambda _: None)
-    if not weights.is_recorded({**artifact.kokoro.get("weights", {}), "sha256": built_from.sha256}):
+    try:
+        recorded = {**artifact.kokoro.get("weights", {}), "sha256": built_from.sha256}
+    except UserError:  # a fetched artifact's kokoro.json that does not read
+        return None
+    if not weights.is_recorded(recorded):
         return None
     ref = open_artifact(reference)
     manifest = Manifest(
@@ -277,7 +281,8 @@ def torch_peer(artifact: Artifact, reference: Path) -> Runner | None:
         kind="peer",
         external=True,
         recipe={"name": PEER_TORCH},
-        weights=built_from,
+        # the weights it runs: rebuilt here, they may differ from the artifact's in the last bits (is_recorded)
+        weights=WeightsInfo(source=weights.source, sha256=weights.sha256, int8_rounded=weights.int8_rounded, note=weights.note),
         inputs="torch eager, KModel",
     )
     return Runner(

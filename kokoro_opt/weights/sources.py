@@ -6,6 +6,7 @@ voices/<name>.pt), so nothing downstream cares which one was used.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,8 @@ MODEL_FILE = "kokoro-v1_0.pth"
 # four English voices, and the three the evaluation corpus speaks with (kokoro_opt/data/eval_corpus.yaml), so an
 # evaluation on these weights uses the voices it uses on the offline ones
 HF_DEFAULT_VOICES = ["af_heart", "af_bella", "am_michael", "bf_emma", "jf_alpha", "jm_kumo", "jf_nezumi"]
-# Bump when the rebuild changes, so cached rebuilt weights are not reused across versions.
+# Bump when the rebuild changes, so cached rebuilt weights are not reused across versions, nor the decisions locked
+# on them (ResolvedWeights.rebuilt_from).
 REBUILD_VERSION = "1"
 
 
@@ -43,7 +45,8 @@ class ResolvedWeights:
     # the weights config that resolves them again on any machine (no folder of this one, but a `path` source's)
     found_again: dict[str, Any] = field(default_factory=dict)
     # what rebuilt weights were rebuilt from: the rebuild takes each weight norm from this machine's torch kernel
-    # (bit-exact here), so the rebuilt file's own hash differs between kernel paths while what it holds does not
+    # (bit-exact here), so the rebuilt file differs between kernel paths in the last bits; what it was rebuilt from
+    # does not
     rebuilt_from: str = ""
 
     @property
@@ -68,8 +71,10 @@ class ResolvedWeights:
 
     def decision_key(self) -> str:
         """What these weights are, the same on every machine: a lock's decisions measured on them apply wherever
-        they resolve to the same thing, whatever kernels rebuilt them."""
-        return content_key(self.rebuilt_from or self.sha256, self.voices_sha256())
+        they resolve to the same thing, whatever kernels rebuilt them. The voices by their arrays: the bytes
+        `torch.save` writes around them follow torch's version."""
+        voices = {name: [pack.shape, hashlib.sha256(pack.tobytes()).hexdigest()] for name, pack in self.load_voices().items()}
+        return content_key(self.rebuilt_from or self.sha256, voices)
 
 
 def load_voice_pack(path: Path) -> np.ndarray:
