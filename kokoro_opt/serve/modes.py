@@ -17,6 +17,7 @@ import numpy as np
 
 from kokoro_opt.runtime.windowed import STEP_SAMPLES, WindowedDecoder, WindowedJob
 from kokoro_opt.serve.plan import Piece, bridge_steps, queue_seconds, smallest_heard_window, window_steps
+from kokoro_opt.serve.stream import new_listeners
 
 log = logging.getLogger("kokoro_opt.serve")
 
@@ -105,7 +106,7 @@ class WindowedJobs:
         """`plan.window_steps` for this stream, with the other listeners priced by the cost models (call it
         holding the engine's lock)."""
         engine, settings = self.engine, self.decoder.settings
-        waiting = [s for s in engine.streams if s.streaming and s.first_out is None and s is not stream]
+        waiting = new_listeners(engine.streams, stream)
         # A first window lasts while this stream's next window runs (alone: the smallest a heard stream
         # gets), and while every other new listener gets its front and first window.
         own_next = settings.steps if waiting else smallest_heard_window(settings.first_steps, settings.steps)

@@ -72,8 +72,13 @@ class Stream:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
+def new_listeners(streams: Sequence[Stream], besides: Stream) -> list[Stream]:
+    """The streamed requests of `streams` other than `besides` whose listeners still wait for their first audio."""
+    return [other for other in streams if other.streaming and other.first_out is None and other is not besides]
+
+
 def waits_for_first_send(stream: Stream, streams: Sequence[Stream]) -> bool:
     """Whether a worker waits for `stream`'s first audio to be sent before its next unit: not while another listener
     still waits for its first audio (that listener's front is next, and listeners who start together would each
     wait for the ones before them)."""
-    return not any(other.first_out is None and other is not stream and other.streaming for other in streams)
+    return not new_listeners(streams, stream)
