@@ -25,6 +25,7 @@ from kokoro_opt.runtime.windowed import (
     WindowSettings,
     load_statistics,
 )
+from kokoro_opt.text import utterance_tokens
 from kokoro_opt.voices import blend_voice, style_for
 from tests.test_passes import TOKENS, build_with
 
@@ -319,6 +320,26 @@ def test_windowed_sessions_spin_within_a_run_unless_two_workers_share_the_cores(
             options = session.get_session_options()
             found = (entry(options, "session.force_spinning_stop"), entry(options, "session.intra_op.allow_spinning"))
             assert found == expected, runs
+
+
+def test_a_profiled_evaluation_of_a_windowed_artifact_leaves_no_trace_behind(windowed, tmp_path, monkeypatch) -> None:
+    """The evaluation profiles the synthesizer and reads back (then deletes) the traces it ends; the windowed decoder
+    it also loads is never profiled, or each of its sessions writes a trace into the temporary folder when freed."""
+    import gc
+    import tempfile
+
+    from kokoro_opt.runtime.session import SessionSettings
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    synth = Synthesizer(windowed, SessionSettings(intra_op_num_threads=1, enable_profiling=True))
+    decoder = WindowedDecoder.of_artifact(synth)
+    decoder.speak(utterance_tokens("Hi there.", synth.vocab), synth.packs[synth.voices[0]])
+    synth.synthesize("Hi.", voice=synth.voices[0])
+    for trace in synth.end_profiling():
+        trace.unlink()
+    del decoder, synth
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_stage_that_rewrites_the_graph_cannot_follow_windows(tiny_recipe) -> None:

@@ -16,7 +16,7 @@ does, while the listener hears the first window (docs/serving.md).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -203,9 +203,12 @@ class WindowedDecoder:
     ) -> None:
         """`fused`: an artifact's fused/ folder; whole-generator runs (finishes) then go through it (runtime/fused.py)."""
         spinning = "in_run" if runs_at_once == 1 else "never"  # runs_at_once: threads running windows at once
+        # never profiled: nothing reads their traces, and a profiled session writes one when it is freed (an
+        # evaluation profiles the synthesizer whose decoder this is, and ends only its sessions)
+        unprofiled = replace(synth.settings, enable_profiling=False)
 
         def session(graph: Path | bytes) -> Any:  # sessions that take turns share one arena
-            return make_session(graph, synth.settings, spinning=spinning, shared_arena=True)
+            return make_session(graph, unprofiled, spinning=spinning, shared_arena=True)
 
         self.synth = synth
         self.graphs = graphs
@@ -223,7 +226,7 @@ class WindowedDecoder:
 
             speaker = getattr(synth, "loaded_fused", None)  # whole decoding's, when the synthesizer made one
             one_at_a_time = speaker is not None and runs_at_once == 1
-            self.fused = speaker.generator if one_at_a_time else FusedGenerator(fused, synth.settings, spinning=spinning)
+            self.fused = speaker.generator if one_at_a_time else FusedGenerator(fused, unprofiled, spinning=spinning)
         whole = graphs.whole_generator if self.fused is None else None
         self.whole_session = session(whole) if whole is not None else None
         self._window_inputs = {i.name for i in self.generator_session.get_inputs()}
