@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from kokoro_opt.errors import UserError
+from kokoro_opt.evaluate.tracking_schema import check_schema
 from kokoro_opt.paths import sqlite_file
 
 STORE = Path("experiments")
@@ -48,9 +49,15 @@ def _answers(uri: str) -> None:
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     if (db := sqlite_file(uri)) is not None:
         _sqlite_writable(db, uri)
+        if db.is_file() and db.stat().st_size:
+            from kokoro_opt.artifacts import exclusive
+
+            with exclusive(_lock_of(db)):  # the process that finds it older migrates it, the others wait
+                check_schema(uri, str(db), db)
         return
     if scheme.split("+")[0] in _DATABASES:
         _database_answers(uri, scheme)
+        check_schema(uri, _without_password(uri, scheme), None)
         return
     if scheme in ("", "file"):
         raise UserError(f"{uri!r} is not a tracking store MLflow writes", "use sqlite:///path/to/mlflow.db or http://host:5000")
@@ -103,10 +110,20 @@ def _is_sqlite(db: Path, uri: str) -> None:
         raise UserError(f"{db} is not an SQLite database ({exc})", hint) from None
 
 
+def _without_password(uri: str, scheme: str) -> str:
+    """A database URI for a message: its host and database, no user or password."""
+    return f"{scheme}://{uri.rsplit('@', 1)[-1].split('://')[-1]}"
+
+
+def _lock_of(db: Path) -> Path:
+    """Held while a process makes or migrates the SQLite store's tables."""
+    return db.with_name(f".{db.name}.lock")
+
+
 def _database_answers(uri: str, scheme: str) -> None:
     import sqlalchemy
 
-    where = f"{scheme}://{uri.rsplit('@', 1)[-1].split('://')[-1]}"  # no password in the message
+    where = _without_password(uri, scheme)
     try:
         engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": 10})
         with engine.connect():
@@ -151,7 +168,7 @@ def open_client(uri: str) -> Any:
 
     db.parent.mkdir(parents=True, exist_ok=True)
     # MLflow makes a new store's tables on first use, and two processes doing it at once fail in its migration
-    with exclusive(db.with_name(f".{db.name}.lock")):
+    with exclusive(_lock_of(db)):
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)
     return client

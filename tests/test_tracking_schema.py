@@ -1,0 +1,102 @@
+"""A tracking store whose schema is not the installed MLflow's, as a new environment of the same project meets it
+(`mlflow>=2.14` installs the newest): the project's own SQLite store is copied aside and migrated, anything else is
+one error naming the fix. Real MLflow stores throughout: SQLite files, and a PostgreSQL server for a team's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kokoro_opt.errors import UserError
+from kokoro_opt.evaluate import tracking_store
+from kokoro_opt.evaluate.tracking_schema import mlflow_revisions, store_revision
+from tests.servers import create_database, postgres_server
+
+pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
+
+
+def _sql(uri: str, statement: str) -> None:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(uri)
+    with engine.begin() as connection:
+        connection.execute(sqlalchemy.text(statement))
+    engine.dispose()
+
+
+def _older_store(uri: str) -> str:
+    """A store as the MLflow before this one's newest migration left it (its tables made as MLflow makes them,
+    then its migrations run up to that one); that revision."""
+    import sqlalchemy
+    from alembic import command
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+    from mlflow.store.tracking.dbmodels.initial_models import Base
+
+    config = _get_alembic_config(uri)
+    script = ScriptDirectory.from_config(config)
+    down = script.get_revision(script.get_current_head()).down_revision
+    older = down if isinstance(down, str) else down[0]
+    engine = sqlalchemy.create_engine(uri)
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    command.upgrade(config, older)
+    return str(older)
+
+
+def test_the_project_s_store_from_an_older_mlflow_is_copied_aside_and_migrated(tmp_path: Path) -> None:
+    import mlflow
+
+    db = tmp_path / "experiments" / "mlflow.db"
+    db.parent.mkdir()
+    uri = f"sqlite:///{db}"
+    older = _older_store(uri)
+    _sql(uri, "INSERT INTO experiments (name, artifact_location, lifecycle_stage) VALUES ('kept', 'here', 'active')")
+    before = db.read_bytes()
+
+    client = tracking_store.open_client(uri)  # what every command that reads or logs runs does first
+
+    head = mlflow_revisions()
+    assert head is not None and store_revision(uri) == head[0] != older
+    backup = db.with_name(f"mlflow.db.before-mlflow-{mlflow.__version__}")
+    assert backup.read_bytes() == before and store_revision(f"sqlite:///{backup}") == older
+    kept = client.get_experiment_by_name("kept")
+    assert kept is not None
+    run = client.create_run(kept.experiment_id)  # and it is written to again
+    client.log_metric(run.info.run_id, "pesq_mean", 4.1)
+    assert client.get_run(run.info.run_id).data.metrics == {"pesq_mean": 4.1}
+
+
+def test_a_store_from_a_newer_mlflow_is_one_error_naming_the_upgrade_and_stays_as_it_was(tmp_path: Path) -> None:
+    """Through the CLI, as a user meets it: `evaluate` checks the store before it measures anything."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    MlflowClient(tracking_uri=uri).search_experiments()  # made by this MLflow
+    _sql(uri, "UPDATE alembic_version SET version_num = 'fedcba987654'")  # then written by a later one
+    before = db.read_bytes()
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kokoro_opt.cli", "evaluate", "all", "--tracking-uri", uri, "--artifacts", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert "was written by a newer MLflow than this one" in said and "pip install -U mlflow" in said
+    assert "Traceback" not in said
+    assert db.read_bytes() == before and not list(tmp_path.glob("mlflow.db.before-*"))  # no copy: nothing was migrated
+
+
+def test_a_shared_database_from_an_older_mlflow_is_left_to_its_owner(tmp_path: Path) -> None:
+    """Machines with the older MLflow still use a team's database: it is never migrated behind their back."""
+    with postgres_server() as pg:
+        uri = create_database(pg, "mlflow")
+        older = _older_store(uri)
+        with pytest.raises(UserError, match="has an older schema") as raised:
+            tracking_store.require_answers(uri)
+        assert "mlflow db upgrade" in str(raised.value) and store_revision(uri) == older
