@@ -229,6 +229,10 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
         out["bridges, both 0.1 s from running dry"] = mode.bridges(listener, job)
         other.audio_out = 3.0
         out["bridges, the other listener 3 s ahead"] = mode.bridges(listener, job)
+        listener.audio_out = 0.02 + (time.monotonic() - now)  # 20 ms left: less than any bridge takes
+        out["bridges, 20 ms buffered"] = mode.bridges(listener, job)
+        out["fewest bridge, 20 ms buffered"] = mode._bridge(out["run"], 0.02)
+        listener.audio_out = 0.1
         # the other's audio lasts while the finish runs, not while the bridge runs first
         half_bridge = out["cost"](mode.bridge_steps(listener, job)) / 2
         other.audio_out = (out["run"] + mode.next_unit_seconds(other) + half_bridge) / SAFETY + (time.monotonic() - now)
@@ -258,6 +262,8 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
     # however long the worker stalled, the bridge it chose lies between those for the buffer before and after
     assert fewest <= out["bridge"] <= out["bridge, buffer read after"]
     assert out["bridges, 0.1 s buffered"] and not out["bridges, both 0.1 s from running dry"]  # the other can't wait
+    # a bridge after which the finish would fit, but whose own audio would come after the listener's runs out
+    assert out["fewest bridge, 20 ms buffered"] < settings.steps and not out["bridges, 20 ms buffered"]
     assert out["bridges, the other listener 3 s ahead"]
     assert not out["bridges, the other listener's audio lasting the finish alone"]  # a bridge it would not follow
     assert out["a window later, 40% sent, both 3 s ahead"] and not out["60% sent, both 3 s ahead"]
