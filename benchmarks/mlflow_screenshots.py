@@ -144,6 +144,9 @@ class Chromium:
 
 def start_ui(uri: str, log: IO[bytes]) -> tuple[str, subprocess.Popen[bytes]]:
     """`mlflow ui` with one worker on a free loopback port, in its own session so that its children stop with it."""
+    from kokoro_opt.evaluate.tracking_store import require_answers
+
+    require_answers(uri)  # a store from an older MLflow migrated first, as kokoro-opt's commands do: `mlflow ui` refuses it
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])

@@ -27,6 +27,16 @@ def _sql(uri: str, statement: str) -> None:
     engine.dispose()
 
 
+def _names(uri: str) -> list[str]:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(uri)
+    with engine.connect() as connection:
+        names = [row[0] for row in connection.execute(sqlalchemy.text("SELECT name FROM experiments ORDER BY name"))]
+    engine.dispose()
+    return names
+
+
 def _older_store(uri: str) -> str:
     """A store as the MLflow before this one's newest migration left it (its tables made as MLflow makes them,
     then its migrations run up to that one); that revision."""
@@ -55,14 +65,16 @@ def test_the_project_s_store_from_an_older_mlflow_is_copied_aside_and_migrated(t
     uri = f"sqlite:///{db}"
     older = _older_store(uri)
     _sql(uri, "INSERT INTO experiments (name, artifact_location, lifecycle_stage) VALUES ('kept', 'here', 'active')")
-    before = db.read_bytes()
+    backup = db.with_name(f"mlflow.db.before-mlflow-{mlflow.__version__}-{older}")
+    backup.write_text("an earlier copy")  # a migration tried before: its copy is never replaced
 
     client = tracking_store.open_client(uri)  # what every command that reads or logs runs does first
 
     head = mlflow_revisions()
     assert head is not None and store_revision(uri) == head[0] != older
-    backup = db.with_name(f"mlflow.db.before-mlflow-{mlflow.__version__}")
-    assert backup.read_bytes() == before and store_revision(f"sqlite:///{backup}") == older
+    assert backup.read_text() == "an earlier copy"
+    copy = backup.with_name(backup.name + "-2")
+    assert store_revision(f"sqlite:///{copy}") == older and _names(f"sqlite:///{copy}") == ["kept"]
     kept = client.get_experiment_by_name("kept")
     assert kept is not None
     run = client.create_run(kept.experiment_id)  # and it is written to again
@@ -98,5 +110,18 @@ def test_a_shared_database_from_an_older_mlflow_is_left_to_its_owner(tmp_path: P
         uri = create_database(pg, "mlflow")
         older = _older_store(uri)
         with pytest.raises(UserError, match="has an older schema") as raised:
-            tracking_store.require_answers(uri)
-        assert "mlflow db upgrade" in str(raised.value) and store_revision(uri) == older
+            tracking_store.require_answers(uri + "?password=secret")  # a password in the query, ignored by trust auth
+        said = str(raised.value)
+        assert "mlflow db upgrade" in said and "secret" not in said and "kokoro@" not in said
+        assert store_revision(uri) == older
+
+
+def test_another_program_s_database_is_not_taken_for_a_newer_mlflow_s(tmp_path: Path) -> None:
+    """Optuna's study file sits beside MLflow's in experiments/ and has an alembic schema of its own."""
+    import optuna
+
+    study = tmp_path / "optuna.db"
+    optuna.storages.RDBStorage(f"sqlite:///{study}")
+    with pytest.raises(UserError, match="is not an MLflow tracking store") as raised:
+        tracking_store.require_answers(f"sqlite:///{study}")
+    assert "sqlite:///experiments/mlflow.db" in str(raised.value)

@@ -189,6 +189,7 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
 
     settings = WindowSettings()
     step = STEP_SAMPLES / SR
+    bridge_context = 2 * (settings.bridge_overlap_steps - settings.overlap_steps)  # a bridge's wider context
 
     async def decisions() -> dict[str, Any]:
         engine = Engine(cast(Selection, None), ServeConfig())
@@ -219,8 +220,7 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
         out["bridge, buffer read after"] = mode._bridge(out["run"], listener.deadline() - time.monotonic())
         out["fewest bridge, 0.1 s buffered"] = mode._bridge(out["run"], 0.1)
         out["bridges, 0.1 s buffered"] = mode.bridges(listener, job)
-        wider = 2 * (settings.bridge_overlap_steps - settings.overlap_steps)
-        out["cost"] = lambda steps: engine.window_cost.predict(steps + wider)
+        out["cost"] = lambda steps: engine.window_cost.predict(steps + bridge_context)
         listener.audio_out = 3.0
         other = engine.submit([[1] * 10], pack, 1.0, _FakeEncoder(), True)
         other.first_out, other.audio_out = now, 0.1
@@ -232,6 +232,12 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
         listener.audio_out = 0.02 + (time.monotonic() - now)  # 20 ms left: less than any bridge takes
         out["bridges, 20 ms buffered"] = mode.bridges(listener, job)
         out["fewest bridge, 20 ms buffered"] = mode._bridge(out["run"], 0.02)
+        out["window instead, 20 ms buffered"] = mode.window_steps(listener)
+        job.front.steps = 400  # a finish twice as long: the bridge before it outgrows the usual window
+        listener.audio_out = 0.02 + (time.monotonic() - now)
+        out["bridges, 20 ms buffered, a long finish"] = mode.bridges(listener, job)
+        out["fewest bridge, 20 ms buffered, a long finish"] = mode._bridge(mode.finish_seconds(job), 0.02)
+        job.front.steps = 200
         listener.audio_out = 0.1
         # the other's audio lasts while the finish runs, not while the bridge runs first
         half_bridge = out["cost"](mode.bridge_steps(listener, job)) / 2
@@ -262,8 +268,14 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
     # however long the worker stalled, the bridge it chose lies between those for the buffer before and after
     assert fewest <= out["bridge"] <= out["bridge, buffer read after"]
     assert out["bridges, 0.1 s buffered"] and not out["bridges, both 0.1 s from running dry"]  # the other can't wait
-    # a bridge after which the finish would fit, but whose own audio would come after the listener's runs out
-    assert out["fewest bridge, 20 ms buffered"] < settings.steps and not out["bridges, 20 ms buffered"]
+    # with 20 ms left every unit comes late: the bridge goes while it comes sooner than the usual window would
+    window = out["window instead, 20 ms buffered"]
+    assert (
+        out["cost"](out["fewest bridge, 20 ms buffered"]) < out["cost"](window - bridge_context)
+        and out["bridges, 20 ms buffered"]
+    )
+    long_bridge = out["fewest bridge, 20 ms buffered, a long finish"]
+    assert out["cost"](long_bridge) > out["cost"](window - bridge_context) and not out["bridges, 20 ms buffered, a long finish"]
     assert out["bridges, the other listener 3 s ahead"]
     assert not out["bridges, the other listener's audio lasting the finish alone"]  # a bridge it would not follow
     assert out["a window later, 40% sent, both 3 s ahead"] and not out["60% sent, both 3 s ahead"]

@@ -12,9 +12,11 @@ A store written by a *newer* MLflow cannot be read by this one: one error naming
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import shutil
+import re
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -27,17 +29,23 @@ log = logging.getLogger("kokoro_opt.tracking")
 
 def store_revision(uri: str) -> str | None:
     """The schema revision a tracking database records (alembic's), or None for a store MLflow has not made yet."""
+    return _inspect(uri)[0]
+
+
+def _inspect(uri: str) -> tuple[str | None, bool]:
+    """(the schema revision the database records, whether it has MLflow's `experiments` table)."""
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(uri)
     try:
         with engine.connect() as connection:
-            if not sqlalchemy.inspect(connection).has_table("alembic_version"):
-                return None
-            row = connection.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).first()
+            tables = sqlalchemy.inspect(connection)
+            row = None
+            if tables.has_table("alembic_version"):
+                row = connection.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).first()
+            return (str(row[0]) if row else None), tables.has_table("experiments")
     finally:
         engine.dispose()
-    return str(row[0]) if row else None
 
 
 def mlflow_revisions() -> tuple[str, set[str]] | None:
@@ -64,10 +72,15 @@ def check_schema(uri: str, where: str, db: Path | None) -> None:
     it (no password); `db`: the SQLite file when it is the local store, which is then migrated when older."""
     import mlflow
 
-    found, known = store_revision(uri), mlflow_revisions()
+    (found, has_experiments), known = _inspect(uri), mlflow_revisions()
     if found is None or known is None or found == known[0]:
         return
     version = mlflow.__version__
+    if found not in known[1] and not has_experiments:  # another program's alembic schema (an Optuna study's file)
+        raise UserError(
+            f"{where} is not an MLflow tracking store: its schema {found} is another program's",
+            "point --tracking-uri at MLflow's store, e.g. sqlite:///experiments/mlflow.db",
+        )
     if found not in known[1]:
         raise UserError(
             f"the tracking store {where} was written by a newer MLflow than this one ({version}): its schema "
@@ -80,23 +93,49 @@ def check_schema(uri: str, where: str, db: Path | None) -> None:
             "back it up, then migrate it once for every machine: mlflow db upgrade <its URI>; or install the MLflow "
             "the other machines use",
         )
-    migrate_sqlite(db, uri, version)
+    migrate_sqlite(db, uri, version, found)
 
 
-def migrate_sqlite(db: Path, uri: str, version: str) -> Path:
-    """Copy the local store aside (`<name>.before-mlflow-<version>`), then migrate it with `mlflow db upgrade`;
-    the copy's path. Run under the store's lock (tracking_store.open_client): one process migrates."""
-    backup = db.with_name(f"{db.name}.before-mlflow-{version}")
+def migrate_sqlite(db: Path, uri: str, version: str, found: str) -> Path:
+    """Copy the local store aside (`<name>.before-mlflow-<version>-<its revision>`, never over an earlier copy), then
+    migrate it with `mlflow db upgrade`; the copy's path. Run under the store's lock (tracking_store): one process
+    migrates. SQLite's migrations are not transactional: a failed one leaves the store between revisions, and the
+    copy is what there was before."""
+    backup = _free_name(db.with_name(f"{db.name}.before-mlflow-{version}-{found}"))
     with tempfile.NamedTemporaryFile(dir=db.parent, prefix=f".{db.name}.", delete=False) as handle:
         partial = Path(handle.name)
-    shutil.copy2(db, partial)
-    os.replace(partial, backup)  # a copy that is there is whole
+    try:  # SQLite's own backup: a consistent copy even while another process writes to the store
+        with contextlib.closing(sqlite3.connect(db)) as source, contextlib.closing(sqlite3.connect(partial)) as copy:
+            source.backup(copy)
+        os.replace(partial, backup)  # a copy that is there is whole
+    except (OSError, sqlite3.Error) as exc:
+        partial.unlink(missing_ok=True)
+        raise UserError(
+            f"could not copy the tracking store {db} aside before migrating it to MLflow {version}'s schema ({exc})",
+            "free space there, or point --tracking-uri at a new store",
+        ) from None
     result = subprocess.run([sys.executable, "-m", "mlflow", "db", "upgrade", uri], capture_output=True, text=True)
     if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
         raise UserError(
-            f"migrating the tracking store {db} to MLflow {version}'s schema failed ({last[:300]})",
+            f"migrating the tracking store {db} to MLflow {version}'s schema failed ({_error_line(result)[:300]})",
             f"its copy from before is {backup}: put it back, or point --tracking-uri at a new store",
         )
     log.warning("the tracking store %s was migrated to MLflow %s's schema; its copy from before: %s", db, version, backup)
     return backup
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3`, ...: the first that is not taken."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def _error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """What a failed `mlflow db upgrade` says went wrong: the last exception line of its output (SQLAlchemy ends its
+    messages with a link to its docs)."""
+    lines = result.stderr.strip().splitlines()
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Failure)\b", line)]
+    return (raised or lines or [f"exit {result.returncode}"])[-1]

@@ -106,13 +106,22 @@ def _is_sqlite(db: Path, uri: str) -> None:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
             connection.execute("PRAGMA schema_version")
     except sqlite3.DatabaseError as exc:
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            return  # another process writes or migrates it: it is one
         hint = f"point --tracking-uri ({uri}) at a new file or an MLflow database"
         raise UserError(f"{db} is not an SQLite database ({exc})", hint) from None
 
 
 def _without_password(uri: str, scheme: str) -> str:
-    """A database URI for a message: its host and database, no user or password."""
-    return f"{scheme}://{uri.rsplit('@', 1)[-1].split('://')[-1]}"
+    """A database URI for a message: its host and database, no user, password or query (which may carry either)."""
+    import sqlalchemy
+
+    try:
+        url = sqlalchemy.engine.make_url(uri)
+        shown = sqlalchemy.engine.URL.create(url.drivername, host=url.host, port=url.port, database=url.database)
+        return shown.render_as_string(hide_password=False)
+    except Exception:  # SQLAlchemy's URL errors: what follows the last @, without its query
+        return f"{scheme}://{uri.rsplit('@', 1)[-1].split('://')[-1].split('?')[0]}"
 
 
 def _lock_of(db: Path) -> Path:

@@ -234,9 +234,9 @@ class WindowedJobs:
     def bridges(self, stream: Any, job: WindowedJob) -> bool:
         """Whether `job`'s next unit is a bridge (call it holding the engine's lock, after `finishes` said no):
         right after the first window of a job that finishes, when its own listener's audio is what runs short, lasts
-        while the bridge runs, and the other listeners' would last while the bridge and then the finish run. Held
-        back by them, or by a bridge that would come too late, the job goes on in windows of the usual size instead
-        (and may finish later: `finishes`)."""
+        while the bridge runs (or the bridge comes sooner than a usual window would), and the other listeners' would last
+        while the bridge and then the finish run. Held back by them, or by a bridge later than a usual window, the job
+        goes on in windows of the usual size instead (and may finish later: `finishes`)."""
         if not (job.finish and job.windows == 1 and stream.streaming):
             return False
         finish, now = self.finish_seconds(job), time.monotonic()
@@ -246,9 +246,11 @@ class WindowedJobs:
         # job goes on in windows after a bridge of a few steps (~13 ms for 3-4 steps) that bought nothing
         steps = self._bridge(finish, stream.deadline() - now)
         bridge = self.engine.window_cost.predict(steps + self.decoder.settings.bridge_extra_steps)
-        # its own audio comes only once it is decoded: before this listener's runs out, or usual windows go instead
-        # (a lone listener on one-thread workers got 58-80 steps after a 13-step first window, and ~40 ms of silence)
-        if bridge > SAFETY * (stream.deadline() - now):
+        # its own audio comes only once it is decoded: when that is after this listener's runs out, the usual window
+        # goes instead if it comes sooner (a lone listener on one-thread workers got 58-80 steps after a 13-step
+        # first window where 40 would have come in time, and ~40 ms of silence)
+        late = bridge > SAFETY * (stream.deadline() - now)
+        if late and bridge > self.engine.window_cost.predict(self.window_steps(stream)):
             return False
         return finish + bridge <= self.others_seconds(stream, now)
 
