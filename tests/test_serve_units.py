@@ -519,6 +519,11 @@ def test_serve_admits_what_this_machine_was_measured_to_sustain(tiny_artifact, t
     monkeypatch.delenv(THREADS_ENV)
     assert ServeConfig.for_selection(selection).max_queue == 7
     assert "this machine sustains 7 simultaneous" in ServeConfig.for_selection(selection).admission(selection, False)
+    record_capacity(root, tiny_artifact.id, "whole", 1, 0, threads=1, scheduling=cut)  # a machine that sustains none
+    monkeypatch.setenv(THREADS_ENV, "1")
+    assert ServeConfig.for_selection(selection).max_queue == 1  # still serves one listener at a time
+    assert "sustains 0 simultaneous" in ServeConfig.for_selection(selection).admission(selection, False)
+    monkeypatch.delenv(THREADS_ENV)
     assert ServeConfig.for_selection(selection, max_queue=2).max_queue == 2  # asked for: kept
     assert ServeConfig.for_selection(selection, max_queue=2).admission(selection, True).endswith("(--max-queue)")
     # chunks of another size cut a stream's work otherwise: what the machine carried with them is not this server's

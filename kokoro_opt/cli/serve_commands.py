@@ -196,4 +196,5 @@ def bench_serve(
         raise UserError(failed, "the errors are under the table")
     if capacity:
         kept, where = bench.keep_probe_result(scenarios, served, store_root)
-        console.print(f"this machine sustains {kept.describe()}; `serve` admits that many by default ({where})")
+        admits = f"{kept.admits} request{'s' if kept.admits > 1 else ''} at once"
+        console.print(f"this machine sustains {kept.describe()}; `serve` admits {admits} by default ({where})")

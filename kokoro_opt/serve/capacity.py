@@ -91,6 +91,12 @@ class Capacity:
     threads: int = 0  # each worker's session threads (ServeConfig.session_threads); 0: ONNX Runtime's, every core
     scheduling: str = ""  # ServeConfig.scheduling: the chunks and windows the count was measured with
 
+    @property
+    def admits(self) -> int:
+        """The requests `serve` admits at once by default after this measurement: a machine that sustains no stream
+        in real time still serves one listener at a time."""
+        return max(self.streams, 1)
+
     def describe(self) -> str:
         at_least = "at least " * (self.streams == max(COUNTS))  # the probe tries no more
         return (

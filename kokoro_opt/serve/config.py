@@ -164,7 +164,7 @@ class ServeConfig:
                 "pass the option to override the tuned value, or run kokoro-opt tune again",
             ) from None
         if "max_queue" not in chosen and (measured := config.measured_capacity(selection)) is not None:
-            config = replace(config, max_queue=max(measured.streams, 1))  # what this machine sustains in this mode
+            config = replace(config, max_queue=measured.admits)  # what this machine sustains in this mode
         if "first_window_steps" in chosen and not config.windowed:  # a tuned value rides along; an asked one must act
             raise UserError(
                 f"--first-window-steps {chosen['first_window_steps']} sets the first window of windowed serving, "
