@@ -18,23 +18,16 @@ from tests.servers import create_database, postgres_server
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
 
 
-def _sql(uri: str, statement: str) -> None:
+def _sql(uri: str, statement: str) -> list[tuple]:
+    """Run one statement in a transaction; the rows it returns."""
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(uri)
     with engine.begin() as connection:
-        connection.execute(sqlalchemy.text(statement))
+        result = connection.execute(sqlalchemy.text(statement))
+        rows = [tuple(row) for row in result] if result.returns_rows else []
     engine.dispose()
-
-
-def _names(uri: str) -> list[str]:
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(uri)
-    with engine.connect() as connection:
-        names = [row[0] for row in connection.execute(sqlalchemy.text("SELECT name FROM experiments ORDER BY name"))]
-    engine.dispose()
-    return names
+    return rows
 
 
 def _older_store(uri: str) -> str:
@@ -74,7 +67,8 @@ def test_the_project_s_store_from_an_older_mlflow_is_copied_aside_and_migrated(t
     assert head is not None and store_revision(uri) == head[0] != older
     assert backup.read_text() == "an earlier copy"
     copy = backup.with_name(backup.name + "-2")
-    assert store_revision(f"sqlite:///{copy}") == older and _names(f"sqlite:///{copy}") == ["kept"]
+    assert store_revision(f"sqlite:///{copy}") == older
+    assert _sql(f"sqlite:///{copy}", "SELECT name FROM experiments") == [("kept",)]
     kept = client.get_experiment_by_name("kept")
     assert kept is not None
     run = client.create_run(kept.experiment_id)  # and it is written to again

@@ -229,13 +229,12 @@ def test_a_short_job_finishes_whole_when_the_run_fits_before_anyone_runs_dry() -
         out["bridges, both 0.1 s from running dry"] = mode.bridges(listener, job)
         other.audio_out = 3.0
         out["bridges, the other listener 3 s ahead"] = mode.bridges(listener, job)
-        listener.audio_out = 0.02 + (time.monotonic() - now)  # 20 ms left: less than any bridge takes
-        out["bridges, 20 ms buffered"] = mode.bridges(listener, job)
+        listener.audio_out = 0.02  # read at `now`: 20 ms left, less than any bridge takes, however long a stall
+        out["bridges, 20 ms buffered"] = mode.bridges(listener, job, now=now)
         out["fewest bridge, 20 ms buffered"] = mode._bridge(out["run"], 0.02)
         out["window instead, 20 ms buffered"] = mode.window_steps(listener)
         job.front.steps = 400  # a finish twice as long: the bridge before it outgrows the usual window
-        listener.audio_out = 0.02 + (time.monotonic() - now)
-        out["bridges, 20 ms buffered, a long finish"] = mode.bridges(listener, job)
+        out["bridges, 20 ms buffered, a long finish"] = mode.bridges(listener, job, now=now)
         out["fewest bridge, 20 ms buffered, a long finish"] = mode._bridge(mode.finish_seconds(job), 0.02)
         job.front.steps = 200
         listener.audio_out = 0.1

@@ -203,8 +203,7 @@ class WindowedDecoder:
     ) -> None:
         """`fused`: an artifact's fused/ folder; whole-generator runs (finishes) then go through it (runtime/fused.py)."""
         spinning = "in_run" if runs_at_once == 1 else "never"  # runs_at_once: threads running windows at once
-        # never profiled: nothing reads their traces, and a profiled session writes one when it is freed (an
-        # evaluation profiles the synthesizer whose decoder this is, and ends only its sessions)
+        # never profiled: nothing ends them, and a profiled session writes a trace to the temporary folder when freed
         unprofiled = replace(synth.settings, enable_profiling=False)
 
         def session(graph: Path | bytes) -> Any:  # sessions that take turns share one arena

@@ -231,25 +231,28 @@ class WindowedJobs:
             return self.engine.cost.predict(tokens)
         return tokens * self.seconds_per_token
 
-    def bridges(self, stream: Any, job: WindowedJob) -> bool:
+    def bridges(self, stream: Any, job: WindowedJob, now: float | None = None) -> bool:
         """Whether `job`'s next unit is a bridge (call it holding the engine's lock, after `finishes` said no):
         right after the first window of a job that finishes, when its own listener's audio is what runs short, lasts
         while the bridge runs (or the bridge comes sooner than a usual window would), and the other listeners' would last
         while the bridge and then the finish run. Held back by them, or by a bridge later than a usual window, the job
-        goes on in windows of the usual size instead (and may finish later: `finishes`)."""
+        goes on in windows of the usual size instead (and may finish later: `finishes`). `now`: when the listeners'
+        buffers are read (`fit_seconds`)."""
         if not (job.finish and job.windows == 1 and stream.streaming):
             return False
-        finish, now = self.finish_seconds(job), time.monotonic()
-        if SAFETY * (stream.deadline() - now) >= finish:
+        finish = self.finish_seconds(job)
+        now = time.monotonic() if now is None else now
+        buffered = stream.deadline() - now
+        if SAFETY * buffered >= finish:
             return False
         # the others' audio must last while the bridge runs too: else the finish no longer fits after it, and the
         # job goes on in windows after a bridge of a few steps (~13 ms for 3-4 steps) that bought nothing
-        steps = self._bridge(finish, stream.deadline() - now)
+        steps = self._bridge(finish, buffered)
         bridge = self.engine.window_cost.predict(steps + self.decoder.settings.bridge_extra_steps)
         # its own audio comes only once it is decoded: when that is after this listener's runs out, the usual window
         # goes instead if it comes sooner (a lone listener on one-thread workers got 58-80 steps after a 13-step
         # first window where 40 would have come in time, and ~40 ms of silence)
-        late = bridge > SAFETY * (stream.deadline() - now)
+        late = bridge > SAFETY * buffered
         if late and bridge > self.engine.window_cost.predict(self.window_steps(stream)):
             return False
         return finish + bridge <= self.others_seconds(stream, now)
