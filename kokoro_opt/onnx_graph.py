@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -65,6 +66,33 @@ def dependent_tensors(model: Any, inputs: list[str]) -> set[str]:
         if node_reads(node) & found:
             found.update(name for name in node.output if name)
     return found
+
+
+def sort_topologically(graph: Any) -> None:
+    """Order the top-level nodes so that each comes after what it reads (subgraph reads count as its node's),
+    keeping the present order wherever it already allows."""
+    nodes = list(graph.node)
+    produced_by = {out: i for i, node in enumerate(nodes) for out in node.output if out}
+    users: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
+    remaining = []
+    for i, node in enumerate(nodes):
+        needs = {produced_by[r] for r in node_reads(node) if r in produced_by} - {i}
+        remaining.append(len(needs))
+        for d in needs:
+            users[d].append(i)
+    ready = [i for i, count in enumerate(remaining) if count == 0]
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            remaining[u] -= 1
+            if remaining[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        raise ValueError("the graph has a cycle: a rewrite made a node read its own result")
+    del graph.node[:]
+    graph.node.extend(nodes[i] for i in order)
 
 
 def drop_unused_initializers(model: Any) -> None:

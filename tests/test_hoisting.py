@@ -10,7 +10,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from kokoro_opt.onnx_graph import GraphIndex
-from kokoro_opt.passes.hoisting import hoist
+from kokoro_opt.passes.hoisting import hoist, merge_shared_gemms
 from kokoro_opt.passes.int8_lookup import conv_channels, tabulate
 from tests.test_int8_lookup import C, T, features_style_model
 
@@ -100,3 +100,41 @@ def test_a_tables_channel_count_comes_from_the_convolution_weight(op, weight_sha
     ]
     graph = helper.make_graph(nodes, "g", [], [], initializer=[weight])
     assert conv_channels(GraphIndex(helper.make_model(graph)), "q") == channels
+
+
+def test_gemms_reading_one_input_run_as_one_gemm_with_the_same_outputs() -> None:
+    """The per-job part's AdaIN projections of one style vector: one Gemm and a Split in place of one each. A Gemm of
+    another input, or with its weight the other way round, stays; a reader placed before the merged Gemm moves after it."""
+    rng = np.random.default_rng(0)
+    sizes = [8, 12, 4]
+    inits = [numpy_helper.from_array(rng.normal(0, 1, (n, 16)).astype(np.float32), f"w{i}") for i, n in enumerate(sizes)]
+    inits += [numpy_helper.from_array(rng.normal(0, 1, n).astype(np.float32), f"b{i}") for i, n in enumerate(sizes)]
+    inits += [
+        numpy_helper.from_array(rng.normal(0, 1, (16, 5)).astype(np.float32), "w_kn"),
+        numpy_helper.from_array(rng.normal(0, 1, 5).astype(np.float32), "b_kn"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["style", "w0", "b0"], ["y0"], transB=1),
+        helper.make_node("Relu", ["y0"], ["r0"]),
+        helper.make_node("Gemm", ["style", "w1", "b1"], ["y1"], transB=1),
+        helper.make_node("Gemm", ["other", "w2", "b2"], ["y2"], transB=1),  # alone on its input
+        helper.make_node("Gemm", ["style", "w2", "b2"], ["y3"], transB=1),
+        helper.make_node("Gemm", ["style", "w_kn", "b_kn"], ["y4"]),  # [K, N]: not merged
+    ]
+    f = onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(name, f, [1, 16]) for name in ("style", "other")],
+        [helper.make_tensor_value_info(name, f, [1, n]) for name, n in (("r0", 8), ("y1", 12), ("y2", 4), ("y3", 4), ("y4", 5))],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    merged = onnx.ModelProto()
+    merged.CopyFrom(model)
+    merge_shared_gemms(merged)
+    onnx.checker.check_model(merged)
+    assert [n.op_type for n in merged.graph.node].count("Gemm") == 3
+    feeds = {name: rng.normal(0, 1, (1, 16)).astype(np.float32) for name in ("style", "other")}
+    for before, after in zip(session(model).run(None, feeds), session(merged).run(None, feeds), strict=True):
+        np.testing.assert_array_equal(after, before)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kokoro_opt.onnx_graph import sort_topologically
 from kokoro_opt.runtime.edges import EDGE_INPUT, KEEP_ALL
 
 PREFIX = "/edges/"
@@ -117,35 +118,5 @@ def add_edge_input(model: Any) -> dict[str, str]:
     g.node.extend(nodes)
     g.initializer.extend(constants)
     g.input.append(helper.make_tensor_value_info(EDGE_INPUT, TensorProto.INT64, [3]))
-    _sort_topologically(g)
+    sort_topologically(g)
     return sliced
-
-
-def _sort_topologically(graph: Any) -> None:
-    """Kahn's order over the top-level nodes (subgraph reads count as reads of their node)."""
-    from kokoro_opt.onnx_graph import outer_names, subgraphs
-
-    nodes = list(graph.node)
-    produced_by = {out: i for i, node in enumerate(nodes) for out in node.output if out}
-    needs: list[set[int]] = []
-    for node in nodes:
-        reads = set(node.input) | {name for sub in subgraphs(node) for name in outer_names(sub)}
-        needs.append({produced_by[r] for r in reads if r in produced_by})
-    users: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
-    for i, deps in enumerate(needs):
-        for d in deps:
-            users[d].append(i)
-    remaining = [len(d) for d in needs]
-    ready = [i for i, c in enumerate(remaining) if c == 0]
-    order: list[int] = []
-    while ready:
-        i = ready.pop(0)
-        order.append(i)
-        for u in users[i]:
-            remaining[u] -= 1
-            if remaining[u] == 0:
-                ready.append(u)
-    if len(order) != len(nodes):
-        raise ValueError("the graph has a cycle after adding edge capping")
-    del graph.node[:]
-    graph.node.extend(nodes[i] for i in order)

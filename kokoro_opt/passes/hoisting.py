@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from kokoro_opt.onnx_graph import cut, dependent_tensors, node_reads
 
 
@@ -51,4 +53,44 @@ def hoist(model: Any, moving: list[str], job: list[str]) -> Hoisted:
     for value in window.graph.input:
         if value.name in types:
             value.type.CopyFrom(types[value.name])
+    merge_shared_gemms(constants)
     return Hoisted(constants, window, tuple(names))
+
+
+def merge_shared_gemms(model: Any) -> None:
+    """Gemms reading the same input, each with constant weights and bias, as one Gemm over the weights side by
+    side and a Split: the per-job part's 48 AdaIN projections of one style vector. Each output is the same dot
+    product over the same input, and one node runs in place of dozens (ONNX Runtime folds the concatenated
+    weights at load)."""
+    from onnx import helper, numpy_helper
+
+    from kokoro_opt.onnx_graph import sort_topologically
+
+    g = model.graph
+    biases = {init.name: init for init in g.initializer if len(init.dims) == 1}
+    groups: dict[str, list[Any]] = {}
+    for node in g.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        plain = attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0
+        if node.op_type == "Gemm" and len(node.input) == 3 and node.input[2] in biases and plain and attrs.get("transB") == 1:
+            groups.setdefault(node.input[0], []).append(node)
+    merged = {node.output[0] for nodes in groups.values() if len(nodes) > 1 for node in nodes}
+    added = []
+    for source, nodes in groups.items():
+        if len(nodes) < 2:
+            continue
+        p = f"{source}/merged_gemm/"
+        g.initializer.append(
+            numpy_helper.from_array(np.array([biases[n.input[2]].dims[0] for n in nodes], dtype=np.int64), p + "sizes")
+        )
+        added += [
+            helper.make_node("Concat", [n.input[1] for n in nodes], [p + "weight"], name=p + "weight", axis=0),
+            helper.make_node("Concat", [n.input[2] for n in nodes], [p + "bias"], name=p + "bias", axis=0),
+            helper.make_node("Gemm", [source, p + "weight", p + "bias"], [p + "out"], name=p + "gemm", transB=1),
+            helper.make_node("Split", [p + "out", p + "sizes"], [n.output[0] for n in nodes], name=p + "split", axis=1),
+        ]
+    if added:
+        kept = [node for node in g.node if node.op_type != "Gemm" or node.output[0] not in merged]
+        del g.node[:]
+        g.node.extend(kept + added)
+        sort_topologically(g)
