@@ -76,6 +76,46 @@ def test_the_project_s_store_from_an_older_mlflow_is_copied_aside_and_migrated(t
     assert client.get_run(run.info.run_id).data.metrics == {"pesq_mean": 4.1}
 
 
+def _stopped_midway(uri: str) -> str:
+    """What a first command stopped inside MLflow's migrations left: later migrations' tables and columns made, an
+    early revision recorded, no experiment (migrating it on fails: "duplicate column"); that revision."""
+    from alembic import command
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    config = _get_alembic_config(uri)
+    _older_store(uri)
+    command.upgrade(config, "heads")
+    first = ScriptDirectory.from_config(config).get_bases()[0]
+    _sql(uri, f"UPDATE alembic_version SET version_num = '{first}'")
+    return str(first)
+
+
+def test_a_store_whose_making_was_stopped_midway_is_moved_aside_and_made_anew(tmp_path: Path) -> None:
+    """MLflow makes a store's tables through dozens of migrations before its Default experiment: a command stopped
+    midway (Ctrl-C) left tables at some revision and no experiment, which no MLflow could open or migrate. Such a
+    store holds nothing: it is moved aside, not deleted, and a new one made whole before it is put in place
+    (a killed making's temporary file is cleared)."""
+    db = tmp_path / "experiments" / "mlflow.db"
+    db.parent.mkdir()
+    uri = f"sqlite:///{db}"
+    older = _stopped_midway(uri)
+    stale = db.with_name(f".{db.name}.new-0123456789ab")
+    stale.write_text("a killed command's half-made store")
+
+    client = tracking_store.open_client(uri)
+
+    head = mlflow_revisions()
+    assert head is not None and store_revision(uri) == head[0]
+    assert [e.name for e in client.search_experiments()] == ["Default"]
+    aside = db.with_name("mlflow.db.unfinished")
+    assert store_revision(f"sqlite:///{aside}") == older
+    assert not list(db.parent.glob(".mlflow.db.new-*"))
+    run = client.create_run(client.create_experiment("kokoro-opt-test"))
+    client.log_metric(run.info.run_id, "pesq_mean", 4.1)
+    assert client.get_run(run.info.run_id).data.metrics == {"pesq_mean": 4.1}
+
+
 def test_a_store_from_a_newer_mlflow_is_one_error_naming_the_upgrade_and_stays_as_it_was(tmp_path: Path) -> None:
     """Through the CLI, as a user meets it: `evaluate` checks the store before it measures anything."""
     from mlflow.tracking import MlflowClient

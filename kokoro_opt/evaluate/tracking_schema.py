@@ -32,8 +32,8 @@ def store_revision(uri: str) -> str | None:
     return _inspect(uri)[0]
 
 
-def _inspect(uri: str) -> tuple[str | None, bool]:
-    """(the schema revision the database records, whether it has MLflow's `experiments` table)."""
+def _inspect(uri: str) -> tuple[str | None, int | None]:
+    """(the schema revision the database records, how many experiments it has: None without MLflow's table)."""
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(uri)
@@ -43,9 +43,22 @@ def _inspect(uri: str) -> tuple[str | None, bool]:
             row = None
             if tables.has_table("alembic_version"):
                 row = connection.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).first()
-            return (str(row[0]) if row else None), tables.has_table("experiments")
+            experiments = None
+            if tables.has_table("experiments"):
+                experiments = connection.execute(sqlalchemy.text("SELECT COUNT(*) FROM experiments")).scalar_one()
+            return (str(row[0]) if row else None), experiments
     finally:
         engine.dispose()
+
+
+def unfinished(uri: str) -> bool:
+    """Whether MLflow began making this store and never finished: it makes the tables, migrates them through dozens
+    of revisions and only then its Default experiment, so a store with MLflow's tables and no experiment at all was
+    stopped midway (an older kokoro-opt made a new store in place, and a Ctrl-C then left one that no MLflow
+    could open or migrate). Nothing was ever logged to it."""
+    found, experiments = _inspect(uri)
+    known = mlflow_revisions()
+    return experiments == 0 and (found is None or known is None or found in known[1])
 
 
 def mlflow_revisions() -> tuple[str, set[str]] | None:
@@ -72,11 +85,11 @@ def check_schema(uri: str, where: str, db: Path | None) -> None:
     it (no password); `db`: the SQLite file when it is the local store, which is then migrated when older."""
     import mlflow
 
-    (found, has_experiments), known = _inspect(uri), mlflow_revisions()
+    (found, experiments), known = _inspect(uri), mlflow_revisions()
     if found is None or known is None or found == known[0]:
         return
     version = mlflow.__version__
-    if found not in known[1] and not has_experiments:  # another program's alembic schema (an Optuna study's file)
+    if found not in known[1] and experiments is None:  # another program's alembic schema (an Optuna study's file)
         raise UserError(
             f"{where} is not an MLflow tracking store: its schema {found} is another program's",
             "point --tracking-uri at MLflow's store, e.g. sqlite:///experiments/mlflow.db",
@@ -101,7 +114,7 @@ def migrate_sqlite(db: Path, uri: str, version: str, found: str) -> Path:
     migrate it with `mlflow db upgrade`; the copy's path. Run under the store's lock (tracking_store): one process
     migrates. SQLite's migrations are not transactional: a failed one leaves the store between revisions, and the
     copy is what there was before."""
-    backup = _free_name(db.with_name(f"{db.name}.before-mlflow-{version}-{found}"))
+    backup = free_name(db.with_name(f"{db.name}.before-mlflow-{version}-{found}"))
     with tempfile.NamedTemporaryFile(dir=db.parent, prefix=f".{db.name}.", delete=False) as handle:
         partial = Path(handle.name)
     try:  # SQLite's own backup: a consistent copy even while another process writes to the store
@@ -124,7 +137,7 @@ def migrate_sqlite(db: Path, uri: str, version: str, found: str) -> Path:
     return backup
 
 
-def _free_name(path: Path) -> Path:
+def free_name(path: Path) -> Path:
     """`path`, or `path-2`, `path-3`, ...: the first that is not taken."""
     candidate, n = path, 1
     while candidate.exists():

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from kokoro_opt.errors import UserError
-from kokoro_opt.evaluate.tracking_schema import check_schema
+from kokoro_opt.evaluate.tracking_schema import check_schema, free_name, unfinished
 from kokoro_opt.paths import sqlite_file
 
 STORE = Path("experiments")
@@ -53,7 +53,13 @@ def _answers(uri: str) -> None:
             from kokoro_opt.artifacts import exclusive
 
             with exclusive(_lock_of(db)):  # the process that finds it older migrates it, the others wait
-                check_schema(uri, str(db), db)
+                if unfinished(uri):
+                    aside = free_name(db.with_name(f"{db.name}.unfinished"))
+                    os.replace(db, aside)
+                    log.warning("the tracking store %s was never finished (made when a command was stopped) and holds "
+                                "no experiment: moved aside to %s, a new one is made", db, aside)  # fmt: skip
+                else:
+                    check_schema(uri, str(db), db)
         return
     if scheme.split("+")[0] in _DATABASES:
         _database_answers(uri, scheme)
@@ -176,11 +182,37 @@ def open_client(uri: str) -> Any:
     from kokoro_opt.artifacts import exclusive
 
     db.parent.mkdir(parents=True, exist_ok=True)
-    # MLflow makes a new store's tables on first use, and two processes doing it at once fail in its migration
+    # two processes making a new store's tables at once fail in MLflow's migration: one makes it, the others wait
     with exclusive(_lock_of(db)):
+        if not db.is_file() or not db.stat().st_size:
+            _make_store(db)
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)
     return client
+
+
+def _make_store(db: Path) -> None:
+    """A new SQLite store, made whole in a temporary file and then renamed into place: MLflow makes its tables in
+    dozens of migrations, and a command stopped midway left a store no MLflow could open or migrate. It is made
+    in a process of its own, which leaves no connection to the file behind. Run under the store's lock, so a
+    temporary file already there is a killed command's."""
+    import subprocess
+    import sys
+    import uuid
+
+    for stale in db.parent.glob(f".{db.name}.new-*"):
+        stale.unlink(missing_ok=True)
+    partial = db.with_name(f".{db.name}.new-{uuid.uuid4().hex[:12]}")
+    make = "import sys; from mlflow.tracking import MlflowClient; MlflowClient(sys.argv[1]).search_experiments(max_results=1)"
+    try:
+        result = subprocess.run([sys.executable, "-c", make, f"sqlite:///{partial}"], capture_output=True, text=True)
+        if result.returncode != 0:
+            last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise UserError(f"MLflow could not make a new tracking store {db} ({last[:300]})",
+                            "check the free space and permissions of its folder, or point --tracking-uri elsewhere")  # fmt: skip
+        os.replace(partial, db)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 # MLflow 3 opens an experiment without a kind on its GenAI overview (traces, token usage: empty
