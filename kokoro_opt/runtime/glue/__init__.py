@@ -19,7 +19,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import cache
 from itertools import pairwise
@@ -216,9 +216,25 @@ class Kernels:
             return
         bounds = [channels * k // self.parts for k in range(self.parts + 1)]
         futures = [self._pool.submit(over, lo, hi) for lo, hi in pairwise(bounds[1:])]
-        over(0, bounds[1])
+        try:
+            over(0, bounds[1])
+        finally:  # even on Ctrl-C: the pool's threads write into this run's arrays, which leaving would free
+            _wait_out(futures)
         for future in futures:
             future.result()
+
+
+def _wait_out(futures: list[Future]) -> None:
+    """Wait for every future, through interrupts (each ~ms away), then raise the first interrupt."""
+    interrupted: BaseException | None = None
+    while True:
+        try:
+            wait(futures)
+            break
+        except KeyboardInterrupt as exc:
+            interrupted = interrupted or exc
+    if interrupted is not None:
+        raise interrupted
 
 
 def level_call(q: np.ndarray, chain: ChainArgs, out: np.ndarray) -> KernelCall:
