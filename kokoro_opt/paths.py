@@ -37,7 +37,9 @@ def output_file(path: str | Path, suffix: str, example: str) -> Path:
     """Where a file the user named may be written, checked before any work goes into it: its name ends in `suffix`,
     it is not a folder, and the folder it goes into is one (or will be, under one) this process can write to."""
     path = Path(path)
-    if path.suffix.lower() != suffix or path.is_dir():
+    if path.is_dir():
+        raise UserError(f"{path} is a folder", f"name a file in it, like {path / Path(example).name}")
+    if path.suffix.lower() != suffix:
         raise UserError(f"{str(path) or 'the output'} is not a {suffix} file name", f"name the output like {example}")
     folder = next((p for p in path.parents if p.exists()), Path("."))
     if not folder.is_dir():

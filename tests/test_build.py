@@ -321,6 +321,7 @@ def test_what_a_user_mistypes_is_one_line_before_any_work(tiny_artifact, tmp_pat
     load is named, not a traceback."""
     (tmp_path / "afile").write_text("x")
     (tmp_path / "adir").mkdir()
+    (tmp_path / "adir.wav").mkdir()
     empty = tmp_path / "append.yaml"
     empty.write_text(f"extends: {ROOT / 'recipes' / 'tiny.yaml'}\nname: append\nstages: 5\nappend_stages: [{{kind: ort}}]\n")
     broken = tmp_path / "tiny" / tiny_artifact.id
@@ -333,7 +334,10 @@ def test_what_a_user_mistypes_is_one_line_before_any_work(tiny_artifact, tmp_pat
     say = ("say", "Hi.", "--artifact", str(tiny_artifact.path), "-o")
     cases = {
         (*say, str(tmp_path / "x.mp3")): "is not a .wav file name",
-        (*say, str(tmp_path / "adir")): "is not a .wav file name",
+        (*say, str(tmp_path / "adir")): "adir is a folder",
+        (*say, str(tmp_path / "adir.wav")): "adir.wav is a folder",
+        # checked before the measuring (a minute and more), not when the plot is saved after it
+        ("compare", str(tiny_artifact.path), "--no-log", "--plot", str(tmp_path / "pareto.txt")): "is not a .png file name",
         (*say, str(tmp_path / "afile" / "x.wav")): "is a file, not a folder",
         ("say", "Hi.", "--artifact", str(broken), "-o", str(tmp_path / "y.wav")): "model.onnx does not load in ONNX Runtime",
         ("build", str(empty), "--artifacts", str(tmp_path / "a"), "--no-evaluate"): "field 'stages' must be a list",
@@ -350,7 +354,7 @@ def test_what_a_user_mistypes_is_one_line_before_any_work(tiny_artifact, tmp_pat
     for command, message in cases.items():
         result = run_cli(*command)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, (command, result)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile", "append.yaml", "tiny"]  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "adir.wav", "afile", "append.yaml", "tiny"]  # nothing written
 
 
 def test_say_writes_a_24khz_wav_and_rejects_a_bad_voice(tiny_artifact, tmp_path: Path) -> None:

@@ -116,6 +116,7 @@ def compare(
     from kokoro_opt.evaluate.settings import evaluate_config
     from kokoro_opt.evaluate.tracking_store import require_answers
     from kokoro_opt.machine import fingerprint
+    from kokoro_opt.paths import output_file
     from kokoro_opt.store import Store
 
     if not log and tracking_uri is not None:
@@ -124,6 +125,7 @@ def compare(
         raise UserError("--tracking-uri would change nothing with --no-log", "drop it, or drop --no-log")
     if log:
         require_answers(tracking_uri)  # where the comparison goes: before the measuring, not after
+    output_file(plot, ".png", "experiments/pareto.png")
     chosen = [open_artifact(f) for f in folders] if folders else Store(artifacts).artifacts()
     config = evaluate_config(
         chosen[0].manifest if chosen else None,
