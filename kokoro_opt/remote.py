@@ -60,7 +60,7 @@ Say = Callable[[str], None]
 
 _MANIFEST_LIMIT = 1 << 20  # a manifest is a few KB
 _RECORD_LIMIT = 16 << 20  # a build record or stage log: KB to a few MB
-_PUSH_AGAIN = "push it again from the machine that built it (kokoro-opt push)"
+_PUSH_AGAIN = "push it again from the machine that built it (kokoro-opt push replaces a push the server lost part of)"
 
 
 def check_artifact_id(artifact_id: str, origin: str = "artifact id") -> str:
@@ -141,8 +141,7 @@ FOLDER, LOCK = "artifact", "lock"
 def _push_folder(client: Any, uri: str, artifact: Artifact, say: Say, locks: Sequence[Path] = ()) -> str:
     _check_placeable(artifact)
     existing = _pushed_runs(client, artifact.id, place=_store_place(artifact.path))
-    if existing:
-        _say_if_other_bytes(client, existing[0], artifact, say)
+    if existing and _earlier_push_is_whole(client, existing[0], artifact, say):
         return str(existing[0].info.run_id)
     from kokoro_opt.machine import fingerprint
 
@@ -184,18 +183,33 @@ def push_artifact(artifact: Artifact, tracking_uri: str | None = None, say: Say 
     return _push_folder(client, uri, artifact, say, locks)
 
 
-def _say_if_other_bytes(client: Any, run: Any, artifact: Artifact, say: Say) -> None:
-    """An id already pushed is not pushed again; where the pushed files differ from these (a stage whose output is not
-    byte for byte reproducible, `.ort` conversion, built again on this machine), say so rather than claim them."""
+def _earlier_push_is_whole(client: Any, run: Any, artifact: Artifact, say: Say) -> bool:
+    """An id already pushed is not pushed again, unless the server lost part of it (a file missing or of another size
+    than its manifest says, as `fetch` finds it): that run is deleted (MLflow can restore it) and the folder pushed
+    anew, which is what fetch's error tells the user to do. Where the pushed files differ from these (a stage whose
+    output is not byte for byte reproducible, `.ort` conversion, built again on this machine), say so rather than
+    claim them."""
     run_id = str(run.info.run_id)
-    with tempfile.TemporaryDirectory(prefix=".kokoro-opt-push-") as download:
-        origin = f"artifact {artifact.id} (MLflow run {run_id})"
-        pushed = _read_manifest(client, run_id, download, origin, _listing(client, run_id, origin))
+    origin = f"artifact {artifact.id} (MLflow run {run_id})"
+    listed = _listing(client, run_id, origin)  # a server that does not answer stops the push: nothing is deleted
+    lost = f"{origin}: no {MANIFEST} in its files" if MANIFEST not in listed else None
+    if lost is None:
+        with tempfile.TemporaryDirectory(prefix=".kokoro-opt-push-") as download:
+            pushed = _read_manifest(client, run_id, download, origin, listed)
+        try:
+            _check_listing(listed, pushed, origin)
+        except UserError as exc:
+            lost = exc.message
+    if lost is not None:
+        client.delete_run(run_id)
+        say(f"{lost}: that push is deleted (MLflow can restore it) and {_label(artifact)} {artifact.id} pushed again")
+        return False
     differ = sorted(n for n in {*pushed.files, *artifact.manifest.files} if pushed.files.get(n) != artifact.manifest.files.get(n))
     if differ:
         files = ", ".join(differ[:3]) + (" ..." if len(differ) > 3 else "")
         say(f"{_label(artifact)} {artifact.id} was pushed before from another build (MLflow run {run_id}) whose {files} "
             "differ from these: that push stays what the id fetches")  # fmt: skip
+    return True
 
 
 def _check_placeable(artifact: Artifact) -> None:

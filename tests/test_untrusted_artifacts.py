@@ -364,6 +364,24 @@ def test_pushing_an_id_again_with_other_files_says_which(tracking: str, tiny_art
     assert not any("differ" in line for line in said), said
 
 
+def test_a_push_the_server_lost_part_of_is_pushed_again_as_fetch_says(tiny_artifact: Artifact, tmp_path: Path) -> None:
+    """A file gone from the server's copy: fetch says to push it again, and pushing again (a no-op for a whole push)
+    replaces that push, so the next fetch works. MLflow's own SQLite store and artifact folder on this machine."""
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    push_artifact(tiny_artifact, uri, say=lambda _: None)
+    [lost] = (tmp_path / "store").rglob("artifact/voices.npz")
+    lost.unlink()
+    root = tmp_path / "machine" / "artifacts"
+    with pytest.raises(UserError, match=r"voices\.npz is missing") as refused:
+        fetch_artifact(tiny_artifact.id, root, uri, say=lambda _: None)
+    assert "push it again" in str(refused.value.hint)
+    said: list[str] = []
+    push_artifact(tiny_artifact, uri, say=said.append)
+    assert any("voices.npz is missing: that push is deleted" in line for line in said), said
+    fetched = fetch_artifact(tiny_artifact.id, root, uri, say=lambda _: None)
+    assert fetched is not None and fetched.manifest == tiny_artifact.manifest
+
+
 def test_symlinks_in_the_store_are_refused(tracking: str, tiny_artifact: Artifact, tmp_path: Path) -> None:
     push_artifact(tiny_artifact, tracking, say=lambda _: None)  # a no-op when the test above pushed it
     outside = tmp_path / "outside"
