@@ -1,5 +1,5 @@
-"""Locating files: the project's committed data (calibration/, recipes/), files the user names for output, and the
-database file of an SQLite store URL.
+"""Locating files: the project's committed data (calibration/, recipes/), files the user names for output, the
+database file of an SQLite store URL, and a database URL as messages show it.
 
 Committed data is found relative to the project checkout that holds this package, never the current directory: a
 build started from another folder must read (and hash) the same files.
@@ -63,3 +63,17 @@ def sqlite_file(url: str) -> Path | None:
             "name a file: sqlite:///experiments/mlflow.db (relative) or sqlite:////abs/path.db",
         )
     return Path(path).resolve()
+
+
+def database_for_messages(url: str) -> str:
+    """A database URL as a message may show it: its host and database, no user, password or query (which may carry
+    either)."""
+    import sqlalchemy
+
+    scheme = url.split("://", 1)[0]
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+        shown = sqlalchemy.engine.URL.create(parsed.drivername, host=parsed.host, port=parsed.port, database=parsed.database)
+        return shown.render_as_string(hide_password=False)
+    except Exception:  # SQLAlchemy's URL errors: what follows the last @, without its query
+        return f"{scheme}://{url.rsplit('@', 1)[-1].split('://')[-1].split('?')[0]}"

@@ -417,6 +417,27 @@ def test_showing_a_study_that_was_never_run_makes_no_storage(tmp_path: Path) -> 
     assert (tmp_path / "new" / "optuna.db").is_file()
 
 
+def test_a_refused_run_leaves_no_study_file_and_the_tracking_store_is_no_storage(tmp_path: Path) -> None:
+    """Nothing to tune is said before a new study file is made; MLflow's store (beside the study's file in
+    experiments/) given as --storage is named as such, and Optuna's tables are not added to it."""
+    from kokoro_opt.evaluate.tracking_store import open_client
+
+    storage = tmp_path / "experiments" / "optuna.db"
+    uri = f"sqlite:///{tmp_path / 'experiments' / 'mlflow.db'}"
+    with pytest.raises(UserError, match="can be tuned"):
+        run_tuning(REPO / "recipes" / "tune-cpu.yaml", storage=f"sqlite:///{storage}", root=tmp_path / "none",
+                   tracking_uri=uri, console=_quiet())  # fmt: skip
+    assert not storage.exists()
+    open_client(uri)  # a tracking store, as the first logged command makes it
+    with pytest.raises(UserError, match="is an MLflow tracking store, not an Optuna storage"):
+        make_storage(uri)
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "experiments" / "mlflow.db") as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "runs" in tables and "studies" not in tables
+
+
 @pytest.mark.parametrize(
     ("content", "match"),
     [("{", "is not readable JSON"), ("[]", "holds a JSON list"), ("[" * 100_000, "RecursionError"),

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.evaluate.tracking_schema import check_schema, free_name, unfinished
-from kokoro_opt.paths import sqlite_file
+from kokoro_opt.paths import database_for_messages, sqlite_file
 
 STORE = Path("experiments")
 KIND_TAG = "kokoro_opt_kind"
@@ -63,7 +63,7 @@ def _answers(uri: str) -> None:
         return
     if scheme.split("+")[0] in _DATABASES:
         _database_answers(uri, scheme)
-        check_schema(uri, _without_password(uri, scheme), None)
+        check_schema(uri, database_for_messages(uri), None)
         return
     if scheme in ("", "file"):
         raise UserError(f"{uri!r} is not a tracking store MLflow writes", "use sqlite:///path/to/mlflow.db or http://host:5000")
@@ -118,18 +118,6 @@ def _is_sqlite(db: Path, uri: str) -> None:
         raise UserError(f"{db} is not an SQLite database ({exc})", hint) from None
 
 
-def _without_password(uri: str, scheme: str) -> str:
-    """A database URI for a message: its host and database, no user, password or query (which may carry either)."""
-    import sqlalchemy
-
-    try:
-        url = sqlalchemy.engine.make_url(uri)
-        shown = sqlalchemy.engine.URL.create(url.drivername, host=url.host, port=url.port, database=url.database)
-        return shown.render_as_string(hide_password=False)
-    except Exception:  # SQLAlchemy's URL errors: what follows the last @, without its query
-        return f"{scheme}://{uri.rsplit('@', 1)[-1].split('://')[-1].split('?')[0]}"
-
-
 def _lock_of(db: Path) -> Path:
     """Held while a process makes or migrates the SQLite store's tables."""
     return db.with_name(f".{db.name}.lock")
@@ -138,7 +126,7 @@ def _lock_of(db: Path) -> Path:
 def _database_answers(uri: str, scheme: str) -> None:
     import sqlalchemy
 
-    where = _without_password(uri, scheme)
+    where = database_for_messages(uri)
     try:
         engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": 10})
         with engine.connect():

@@ -26,7 +26,7 @@ from kokoro_opt.tuning.config import load_tune_recipe
 from kokoro_opt.tuning.measure import Comparison, SessionCache, compare_with_defaults
 from kokoro_opt.tuning.records import StudyRecords, best_effort, save_plots, study_key
 from kokoro_opt.tuning.report import front_table, pick_best, previous_tuned, ratio_line, tuned_json, write_tuned
-from kokoro_opt.tuning.space import ResolvedSpace
+from kokoro_opt.tuning.space import ResolvedSpace, resolve_space
 from kokoro_opt.tuning.study import (
     WorkerArgs,
     finished,
@@ -223,8 +223,11 @@ def run_tuning(
         raise UserError(f"--trials {trials}: a study needs at least 1 finished trial", "e.g. --trials 20 (a rerun resumes)")
     recipe = load_tune_recipe(recipe_path)
     url, name, total = storage or recipe.storage, study_name or recipe.study_name, trials or recipe.trials
+    # a new study file is made only once there is something to tune in it: a refused run leaves none behind
+    new_file = (db := sqlite_file(url)) is not None and not db.exists()
+    resolved = resolve_space(recipe, root, tracking_uri, say) if new_file else None
     store = make_storage(url, recipe.workers)
-    study, resolved = open_study(recipe, store, name, root, tracking_uri, say)
+    study, resolved = open_study(recipe, store, name, root, tracking_uri, say, resolved)
     names = objective_names(resolved)
     say(
         f"study '{name}': {len(resolved.candidates)} artifact(s) within the quality budget: "

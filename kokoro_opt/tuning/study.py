@@ -25,7 +25,7 @@ from typing import Any
 
 from kokoro_opt.errors import UserError
 from kokoro_opt.machine import fingerprint
-from kokoro_opt.paths import sqlite_file
+from kokoro_opt.paths import database_for_messages, sqlite_file
 from kokoro_opt.tuning.config import SamplerConfig, TuneRecipe, WorkersConfig, load_tune_recipe
 from kokoro_opt.tuning.measure import Bench, SessionCache
 from kokoro_opt.tuning.records import StudyRecords, best_effort
@@ -64,6 +64,7 @@ def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
     elif url.split(":", 1)[0] in _TIMED_DRIVERS and "connect_timeout" not in url:  # a server that never answers
         kwargs = {"connect_args": {"connect_timeout": 15}}
     try:
+        _not_a_tracking_store(url, kwargs)
         beat = workers or WorkersConfig()
         return _open_rdb(optuna, url, kwargs, beat)
     except ImportError as exc:
@@ -72,6 +73,27 @@ def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
         raise UserError(
             f"cannot open the Optuna storage: {type(exc).__name__}: {exc}".splitlines()[0], "check --storage"
         ) from None
+
+
+def _not_a_tracking_store(url: str, engine_kwargs: dict[str, Any]) -> None:
+    """Optuna would add its tables to any database it is given, MLflow's too (its file sits beside the study's in
+    experiments/), and then fail on MLflow's alembic version as an "incompatible schema"."""
+    import sqlalchemy
+
+    if (db := sqlite_file(url)) is not None and not (db.is_file() and db.stat().st_size):
+        return  # a new file: nothing in it yet
+    engine = sqlalchemy.create_engine(url, **engine_kwargs)
+    try:
+        with engine.connect() as connection:
+            tables = set(sqlalchemy.inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+    if {"experiments", "runs", "metrics"} <= tables:
+        raise UserError(
+            f"--storage {database_for_messages(url)} is an MLflow tracking store, not an Optuna storage: nothing was "
+            "written to it",
+            "give the study its own database, e.g. sqlite:///experiments/optuna.db",
+        )
 
 
 def _open_rdb(optuna: Any, url: str, engine_kwargs: dict[str, Any], beat: WorkersConfig, attempts: int = 5) -> Any:
@@ -153,9 +175,16 @@ def study_space(study: Any, recipe: TuneRecipe) -> ResolvedSpace:
 
 
 def open_study(
-    recipe: TuneRecipe, storage: Any, name: str, root: Path, tracking_uri: str | None, say: Say
+    recipe: TuneRecipe,
+    storage: Any,
+    name: str,
+    root: Path,
+    tracking_uri: str | None,
+    say: Say,
+    resolved: ResolvedSpace | None = None,
 ) -> tuple[Any, ResolvedSpace]:
-    """Load the study, or create it with its space pinned; a changed recipe space is refused."""
+    """Load the study, or create it with its space pinned (`resolved`, when already resolved); a changed recipe space
+    is refused."""
     optuna = load_optuna()
     if name in optuna.study.get_all_study_names(storage):
         study = optuna.load_study(study_name=name, storage=storage)
@@ -166,7 +195,7 @@ def open_study(
                 f"study '{name}' uses {', '.join(sorted(missing))}, not available here", "run its workers on alike machines"
             )
         return study, resolved
-    resolved = resolve_space(recipe, root, tracking_uri, say)
+    resolved = resolved or resolve_space(recipe, root, tracking_uri, say)
     directions = ["minimize", "minimize"] + (
         ["maximize" if resolved.quality_metric == "pesq" else "minimize"] * resolved.quality_objective
     )
