@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,6 +25,10 @@ _COUNTS = ("first_chunk_tokens", "chunk_tokens", "piece_tokens", "first_window_s
 _OPTIONAL = ("piece_tokens", "first_window_steps")
 _SECONDS_AND_SIZES = ("crossfade_ms", "request_timeout", "body_timeout", "drain_timeout", "audio_cache_mb")
 _NO_FLAG = ("piece_tokens", "max_body_bytes")  # settings with no `serve` option (tuned.json, the library)
+# what a Host header names (connections.LoopbackHost compares them): a name or an IPv4 address, or [an IPv6 one], a
+# port allowed; "*": any
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?"
+_HOST = re.compile(rf"\*|(?:{_LABEL}(?:\.{_LABEL})*\.?|\[[0-9A-Fa-f:.]+\])(?::\d{{1,5}})?")
 
 
 def _flag(name: str) -> str:
@@ -87,6 +92,11 @@ class ServeConfig:
                 f"--first-chunk-tokens {self.first_chunk_tokens} is larger than --chunk-tokens {self.chunk_tokens}",
                 "the first chunk is the smallest job: lower it, or raise --chunk-tokens",
             )
+        for name in self.allowed_hosts:
+            if not _HOST.fullmatch(name):
+                raise UserError(f"--allowed-host {name!r} is not a host name",
+                                "give the name clients send in their Host header, e.g. --allowed-host tts.example.com "
+                                "(no scheme, no path; '*': any)")  # fmt: skip
         if not 1 <= self.workers <= MAX_WORKERS:
             raise UserError(f"--workers must be 1 to {MAX_WORKERS}, not {self.workers}", "use --workers 1, or 2 with --windowed")
         if self.workers > 1 and not self.windowed:
