@@ -163,7 +163,7 @@ def build_folder(final: Path, fill: Fill, root: Path | None = None, built_here: 
         if (final / MANIFEST).is_file():  # another process finished it while we waited, or it was damaged since
             if (why := _not_reusable(final, built_here)) is None:
                 return final
-            log.warning("%s: %s; building it again", final, why)
+            log.warning("%s: %s; making it again", final, why)
         for stale in temporary.glob(f"{slot}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = temporary / f"{slot}-{uuid.uuid4().hex[:12]}"
@@ -254,11 +254,22 @@ class Artifact:
             return "its manifest lists no file hashes (an older kokoro-opt made it)"
         return folder_damage(self.path, self.manifest)
 
-    def check_intact(self, hint: str = REBUILD) -> None:
+    def check_intact(self, hint: str | None = None) -> None:
         """Refuse a folder changed or damaged since its manifest was written (not measured, served or pushed as
-        what its id names)."""
+        what its id names). The default hint is how to get it back: fetched, fetch it again (seconds); else build it."""
         if damage := self.damage():
-            raise UserError(f"artifact {self.id} at {self.path}: {damage}", hint)
+            raise UserError(f"artifact {self.id} at {self.path}: {damage}", hint or self._repair())
+
+    def _repair(self) -> str:
+        try:
+            origin = read_build_record(self.path).fetched_from
+        except UserError:  # the record is what was damaged
+            origin = ""
+        if origin:
+            store = self.path.parent.parent
+            return (f"the folder was changed or damaged since it was fetched ({origin}): fetch it again, "
+                    f"kokoro-opt fetch {self.id} --artifacts {store} (with the --tracking-uri it came from)")  # fmt: skip
+        return REBUILD
 
     @cached_property
     def build(self) -> BuildRecord:

@@ -19,6 +19,7 @@ from kokoro_opt.evaluate.tracking_store import KIND_TAG
 from kokoro_opt.hashing import file_sha256
 from kokoro_opt.manifest import MANIFEST, RECORD_FILES
 from kokoro_opt.remote import EXPERIMENT, PUSHED_KIND, fetch_artifact, push_artifact
+from kokoro_opt.select import resolve_artifact
 from tests.servers import mlflow_server
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
@@ -337,6 +338,9 @@ def test_a_genuine_push_fetches_with_its_record(tracking: str, tiny_artifact: Ar
     original = voices.read_bytes()
     voices.unlink()  # not the pushed copy's inode: a fetched file may be linked to where it came from
     voices.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # damaged after it arrived
+    with pytest.raises(UserError, match=r"voices\.npz does not match its manifest") as refused:
+        resolve_artifact(str(fetched.path))  # named by its folder, as `say --artifact DIR` does
+    assert f"kokoro-opt fetch {tiny_artifact.id} --artifacts {root}" in str(refused.value.hint)  # not a build: seconds
     again = fetch_artifact(tiny_artifact.id, root, tracking, say=lambda _: None)
     assert again is not None and (again.path / "voices.npz").read_bytes() == original  # fetched again, not refused
 
