@@ -26,9 +26,9 @@ pytestmark = pytest.mark.slow  # servers, processes or several builds: not in ma
 TEXT = "This is the first sentence, which goes on a little. Here is a second one. And a third sentence ends it."
 
 
-def start(artifact: Artifact, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start(artifact: Artifact, port: int, log: Path, drain_timeout: float = 300) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "kokoro_opt.cli", "serve", "--artifact", str(artifact.path), "--port", str(port),
-               "--first-chunk-tokens", "20", "--chunk-tokens", "120", "--drain-timeout", "300"]  # fmt: skip
+               "--first-chunk-tokens", "20", "--chunk-tokens", "120", "--drain-timeout", str(drain_timeout)]  # fmt: skip
     with open(log, "ab") as out:
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     if not wait_healthy(f"http://127.0.0.1:{port}", server, 300, path="/ready"):
@@ -92,6 +92,33 @@ def test_sigterm_drains_then_exits_0(server: tuple[subprocess.Popen[bytes], str,
     assert len(audio) > 24_000
     held.close()
     assert process.wait(60) == 0, log.read_text()[-3000:]
+
+
+def test_a_drain_timeout_cuts_what_still_runs_in_one_line_each_and_exits_0(tiny_artifact: Artifact, tmp_path: Path) -> None:
+    """Past --drain-timeout a stream in flight is cut as a shutdown: aborted, so its client sees an error, and said in
+    one line; no synthesis failure, no traceback (it was logged as both, with uvicorn's cancellations)."""
+    port, log = free_port(), tmp_path / "serve.log"
+    process = start(tiny_artifact, port, log, drain_timeout=1)
+    url = f"http://127.0.0.1:{port}"
+    # minutes of audio (megabytes more than the sockets buffer): unread, it cannot finish before the drain's timeout
+    body = {"model": "tts-1", "input": " ".join([TEXT] * 12), "voice": "tiny_0", "response_format": "pcm", "speed": 0.25}
+    try:
+        with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=300) as streaming:
+            chunks = streaming.iter_raw()
+            assert streaming.status_code == 200 and next(chunks)
+            process.send_signal(signal.SIGTERM)
+            wait_for(lambda: "drain timeout" in log.read_text(), 60)
+            with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):  # cut, never a complete body
+                for _ in chunks:
+                    pass
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = log.read_text()
+    assert text.count("drain timeout: cutting 1 requests still in flight") == 1
+    assert text.count("request aborted after") == 1 and "the server is shutting down" in text
+    assert "Traceback" not in text and "ERROR" not in text and "synthesis failed" not in text, text[-3000:]
 
 
 def test_kill_9_leaves_an_incomplete_stream_and_a_restart_answers(

@@ -43,11 +43,11 @@ from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.modes import SAFETY, WholeJobs, WindowedJobs
 from kokoro_opt.serve.plan import CostModel, Piece, frames_bound, make_pieces, spoken_tokens, take_job
 from kokoro_opt.serve.stream import FIRST_SEND_WAIT, Stream, waits_for_first_send
+from kokoro_opt.serve.warmup import warm_up
 
 log = logging.getLogger("kokoro_opt.serve")
 
 FIRST_JOB_BUDGET = 0  # a streaming request's first job: its first piece alone (see `_budget`)
-_WARMUP_TEXT = "Warming up, so that the first listener never waits for a cold start."
 
 
 class Engine:
@@ -66,7 +66,7 @@ class Engine:
         self.most_running = 0  # the most units ever run at once (what `workers` allows, if the load asks)
         self._stopping = False
         self._threads: list[threading.Thread] = []
-        self._space: int | None = None
+        self.space_id: int | None = None  # the vocabulary's space: where jobs are cut between words
         self.mode: WholeJobs | WindowedJobs = WholeJobs(self)  # how a worker decodes a job (modes.py)
 
     @property
@@ -126,7 +126,7 @@ class Engine:
         took = time.perf_counter() - started
         log.info("loaded %s %s in %.1f s: %s", sel.artifact.name, sel.artifact.id, took, settings.describe())
         if self.config.warmup:
-            self._warm_up()
+            warm_up(self)
 
     def attach(self, synth: Speaker) -> None:
         """Synthesize with this loaded model (`start` loads the selection's; kokoro-opt tune passes its cached ones)."""
@@ -141,40 +141,11 @@ class Engine:
                 decoder.settings = replace(decoder.settings, first_steps=self.config.first_window_steps)
             self.mode = WindowedJobs(self, decoder)
         self.synth = synth
-        self._space = synth.vocab.get(" ")
+        self.space_id = synth.vocab.get(" ")
         # a job fed context is cut where its own tokens' frames lie: a model that gives no durations (kokoro-onnx's
         # graph) or a vocab without a space speaks every chunk alone
-        cuttable = self._space is not None and (self.config.windowed or synth.gives_durations)
+        cuttable = self.space_id is not None and (self.config.windowed or synth.gives_durations)
         self._context_words = self.config.context_words if cuttable else 0
-
-    def _warm_up(self) -> None:
-        """Load espeak, run both job sizes (the first run of a session is slow), fit the cost models."""
-        synth = self.synth
-        assert synth is not None
-        started = time.perf_counter()
-        pieces = self.plan(_WARMUP_TEXT)
-        pack = synth.packs[synth.voices[0]]
-        flat = [t for p in pieces for t in p.tokens] or [self._space or 1]
-        timings: dict[int, float] = {}
-        windows: dict[int, float] = {}
-        for size in (self.config.first_chunk_tokens, self.config.first_chunk_tokens, self.config.chunk_tokens):
-            tokens = (flat * (size // len(flat) + 1))[:size]
-            # the repeated small size keeps its second, warm timing
-            timings[size], seen = self.mode.time_job(tokens, pack)
-            windows.update(seen)
-        small, large = self.config.first_chunk_tokens, self.config.chunk_tokens
-        self.cost.calibrate((small, timings[small]), (large, timings[large]))
-        if windows:
-            self.window_cost.calibrate(min(windows.items()), max(windows.items()))
-        log.info(
-            "ready: warmed up in %.1f s; a job%s costs %.0f ms + %.1f ms per token",
-            time.perf_counter() - started,
-            "'s front" if self.windows else "",
-            1000 * self.cost.fixed,
-            1000 * self.cost.per_token,
-        )
-        if isinstance(self.mode, WindowedJobs):
-            self.mode.say_phrase_bridge()
 
     # ---- requests (called from the event loop) ------------------------------------------------------
 
@@ -193,7 +164,7 @@ class Engine:
 
     def spoken_tokens(self, pieces: Sequence[Piece]) -> int:
         """The tokens a request's pieces speak, merged as jobs merge them (`plan.spoken_tokens`): what a 413 counts."""
-        return spoken_tokens(pieces, self._space)
+        return spoken_tokens(pieces, self.space_id)
 
     def submit(
         self, pieces: Sequence[Piece | list[int]], pack: np.ndarray, speed: float, encoder: Encoder, streaming: bool
@@ -227,6 +198,15 @@ class Engine:
             self.metrics.dropped.inc(dropped)
             if not running:  # no worker is busy with it: free at once (else `_serve` observes when its unit stops)
                 self.metrics.cancel_release.observe(0.0)
+
+    def end_all(self, error: BaseException) -> None:
+        """Every request in the engine ends now with `error` (a drain's timeout): its synthesis stops, and its response
+        ends as that error says (a stream already started is aborted) instead of being cancelled under the server."""
+        with self.cond:
+            streams = {*self.streams, *self._running}
+        for stream in streams:
+            self.cancel(stream)
+            stream.put(error)
 
     def queue_depth(self) -> int:
         with self.cond:
@@ -291,8 +271,9 @@ class Engine:
                 self.mode.step(stream, piece, last)
                 self._let_first_audio_out(stream)  # still running: no other worker takes its next unit meanwhile
             except Exception as exc:
-                if not stream.cancelled:  # a cancelled job fails by design (terminate flag)
+                if not stream.cancelled and not self._stopping:  # a job stopped fails by design (terminate flag)
                     log.exception("synthesis failed for request %d", stream.id)
+                if not stream.cancelled:
                     self._finish(stream, exc)
             finally:
                 with self.cond:
@@ -320,7 +301,7 @@ class Engine:
 
     def next_job(self, pieces: deque[Piece], budget: int) -> tuple[Piece, bool]:
         """Pop a request's next job (its next piece, merged with more within `budget` tokens): (the job, last)."""
-        job = take_job(pieces, budget, self._space)
+        job = take_job(pieces, budget, self.space_id)
         return job, not pieces
 
     def run_job(self, job: Piece, pack: np.ndarray, speed: float, run_options: Any = None) -> tuple[np.ndarray, float]:

@@ -86,6 +86,8 @@ def guarded_http(config: ServeConfig) -> type[H11Protocol]:
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.transport.abort()
+            if self.cycle is not None:  # now, not when the loop reports the loss: dropped on purpose, the response it
+                self.cycle.disconnected = True  # leaves unfinished is no error of the app's for uvicorn to log
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

@@ -39,6 +39,7 @@ class Service:
         self.cache = AudioCache(int(config.audio_cache_mb * 1024 * 1024))
         self.draining = False
         self._drain_deadline = math.inf
+        self._cut = False  # the requests a drain's timeout cuts are cut once
         self._aliases: dict[str, str] | None = None
 
     # ---- admission and shutdown ---------------------------------------------------------------------
@@ -67,7 +68,10 @@ class Service:
         if not self.draining:
             return False
         if self.open_requests and time.monotonic() >= self._drain_deadline:
-            log.warning("drain timeout: cutting %d requests still in flight", self.open_requests)
+            if not self._cut:  # each ends now as a shutdown (its stream aborted), before uvicorn cancels its task
+                self._cut = True
+                log.warning("drain timeout: cutting %d requests still in flight", self.open_requests)
+                self.engine.end_all(self.shutting_down())
             return True
         return self.open_requests == 0
 
