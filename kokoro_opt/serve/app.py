@@ -147,10 +147,12 @@ class _Gate:
             await refusal.response()(scope, receive, send)
             return
         self.service.open_requests += 1
+        self.service.in_flight[id(scope)] = scope
         try:
             await self.app(scope, receive, send)
         finally:
             self.service.open_requests -= 1
+            del self.service.in_flight[id(scope)]
 
 
 def _error_handlers(app: FastAPI, metrics: Metrics) -> None:

@@ -199,15 +199,6 @@ class Engine:
             if not running:  # no worker is busy with it: free at once (else `_serve` observes when its unit stops)
                 self.metrics.cancel_release.observe(0.0)
 
-    def end_all(self, error: BaseException) -> None:
-        """Every request in the engine ends now with `error` (a drain's timeout): its synthesis stops, and its response
-        ends as that error says (a stream already started is aborted) instead of being cancelled under the server."""
-        with self.cond:
-            streams = {*self.streams, *self._running}
-        for stream in streams:
-            self.cancel(stream)
-            stream.put(error)
-
     def queue_depth(self) -> int:
         with self.cond:
             return sum(len(s.pieces) for s in self.streams)

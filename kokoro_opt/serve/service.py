@@ -9,10 +9,13 @@ import math
 import time
 from typing import Any
 
+from starlette.types import Scope
+
 from kokoro_opt.errors import UserError
 from kokoro_opt.select import Selection
 from kokoro_opt.serve.cache import AudioCache, CacheKey
 from kokoro_opt.serve.config import ServeConfig
+from kokoro_opt.serve.connections import abort_connection
 from kokoro_opt.serve.engine import Engine
 from kokoro_opt.serve.metrics import Metrics
 from kokoro_opt.serve.openai_compat import OPENAI_MODELS, ApiError, SpeechRequest
@@ -36,6 +39,7 @@ class Service:
         self.inflight = 0  # admitted speech requests (queue slots)
         self.planning: list[int] = []  # the input length of each admitted request still being cut into pieces
         self.open_requests = 0  # /v1 requests in progress, from their headers on (what a drain waits for)
+        self.in_flight: dict[int, Scope] = {}  # those requests' ASGI scopes, by id: what a drain's timeout cuts
         self.cache = AudioCache(int(config.audio_cache_mb * 1024 * 1024))
         self.draining = False
         self._drain_deadline = math.inf
@@ -68,10 +72,11 @@ class Service:
         if not self.draining:
             return False
         if self.open_requests and time.monotonic() >= self._drain_deadline:
-            if not self._cut:  # each ends now as a shutdown (its stream aborted), before uvicorn cancels its task
-                self._cut = True
+            if not self._cut:  # their connections dropped now: each request ends as its client gone (its synthesis
+                self._cut = True  # cancelled, a stream cut short), before uvicorn would cancel it under the app
                 log.warning("drain timeout: cutting %d requests still in flight", self.open_requests)
-                self.engine.end_all(self.shutting_down())
+                for scope in list(self.in_flight.values()):
+                    abort_connection(scope)
             return True
         return self.open_requests == 0
 

@@ -167,8 +167,6 @@ async def _chunks(stream: Stream, time_left: Callable[[], float]) -> AsyncIterat
             raise ApiError(504, "the request timed out", type_="server_error", code="timeout") from None
         if item is None:
             return
-        if isinstance(item, ApiError):  # the server's own answer (a drain's timeout cuts it as a shutdown)
-            raise item
         if isinstance(item, BaseException):
             raise ApiError(500, f"synthesis failed: {item}", type_="server_error", code="synthesis_failed")
         yield item
