@@ -192,11 +192,17 @@ def _earlier_push_is_whole(client: Any, run: Any, artifact: Artifact, say: Say) 
     run_id = str(run.info.run_id)
     origin = f"artifact {artifact.id} (MLflow run {run_id})"
     listed = _listing(client, run_id, origin)  # a server that does not answer stops the push: nothing is deleted
+    if not listed:  # no file at all: rather a server whose artifact store is not where it was (unmounted, moved)
+        raise UserError(
+            f"{origin}: the server lists none of its files, so nothing was pushed or deleted",
+            "check that the tracking server finds its artifact store (mlflow server --artifacts-destination); if the "
+            "files are really gone, delete that MLflow run and push again",
+        )
     lost = f"{origin}: no {MANIFEST} in its files" if MANIFEST not in listed else None
     if lost is None:
-        with tempfile.TemporaryDirectory(prefix=".kokoro-opt-push-") as download:
-            pushed = _read_manifest(client, run_id, download, origin, listed)
-        try:
+        try:  # some of its files are there: the ones missing, of another size or unreadable were lost or damaged
+            with tempfile.TemporaryDirectory(prefix=".kokoro-opt-push-") as download:
+                pushed = _read_manifest(client, run_id, download, origin, listed)
             _check_listing(listed, pushed, origin)
         except UserError as exc:
             lost = exc.message

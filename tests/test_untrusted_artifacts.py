@@ -385,6 +385,19 @@ def test_a_push_the_server_lost_part_of_is_pushed_again_as_fetch_says(tiny_artif
     fetched = fetch_artifact(tiny_artifact.id, root, uri, say=lambda _: None)
     assert fetched is not None and fetched.manifest == tiny_artifact.manifest
 
+    def pushed(name: str) -> Path:  # the file in the live push's folder (a deleted run's files stay until `mlflow gc`)
+        return max((tmp_path / "store").rglob(f"artifact/{name}"), key=lambda path: path.stat().st_ctime)  # made when pushed
+
+    pushed(MANIFEST).write_text("{")  # a manifest damaged on the server is replaced too
+    said.clear()
+    push_artifact(tiny_artifact, uri, say=said.append)
+    assert any("manifest.json is not readable JSON" in line and "that push is deleted" in line for line in said), said
+    import shutil
+
+    shutil.rmtree(pushed(MANIFEST).parent)  # none of its files: rather an artifact store the server does not find than a loss
+    with pytest.raises(UserError, match="lists none of its files, so nothing was pushed or deleted"):
+        push_artifact(tiny_artifact, uri, say=lambda _: None)
+
 
 def test_symlinks_in_the_store_are_refused(tracking: str, tiny_artifact: Artifact, tmp_path: Path) -> None:
     push_artifact(tiny_artifact, tracking, say=lambda _: None)  # a no-op when the test above pushed it
