@@ -344,8 +344,11 @@ def test_what_a_user_mistypes_is_one_line_before_any_work(tiny_artifact, tmp_pat
         ("bench-serve", "--clients", "1,x"): "is not a list of client counts",
         ("bench-serve", "--format", "mp3", "--no-full"): "bench-serve measures playback on pcm or wav",
         ("serve", "--port", "99999"): "less than or equal to 65535",
-        ("serve", "--allowed-host", "https://tts.example.com", "--port", "0"): "'https://tts.example.com' is not a host name",
-        ("serve", "--allowed-host", "", "--port", "0"): "'' is not a host name",
+        # before an artifact is sought: none is under this root
+        ("serve", "--allowed-host", "https://tts.example.com", "--artifacts", str(tmp_path / "none")): (
+            "'https://tts.example.com' is not a host name"
+        ),
+        ("serve", "--allowed-host", "", "--artifacts", str(tmp_path / "none")): "'' is not a host name",
         # an empty artifacts folder is named in full, with how to point at the one a build filled
         ("say", "Hi.", "--artifacts", str(tmp_path / "none"), "-o", str(tmp_path / "z.wav")): (
             f"no artifacts under {tmp_path.resolve() / 'none'} — build the flagship with `make build` in the checkout, and "

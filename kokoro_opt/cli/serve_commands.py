@@ -75,7 +75,8 @@ def serve(
     from kokoro_opt.serve import ServeConfig, serve_forever
     from kokoro_opt.serve.config import mode_reason
 
-    ServeConfig(api_key=api_key, public_metrics=public_metrics)  # flags wrong on their own: before any artifact is sought
+    # flags wrong on their own: before any artifact is sought (which may read MLflow, hash files, fetch)
+    ServeConfig(api_key=api_key, public_metrics=public_metrics, allowed_hosts=tuple(allowed_host or ()))
     selection = resolve_artifact(artifact, artifacts, tracking_uri)
     chosen = selection.artifact
     # the reason and the mode's quote text from MLflow tags and build.json, which others write: no markup
