@@ -76,7 +76,7 @@ def sort_topologically(graph: Any) -> None:
     users: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
     remaining = []
     for i, node in enumerate(nodes):
-        needs = {produced_by[r] for r in node_reads(node) if r in produced_by} - {i}
+        needs = {produced_by[r] for r in node_reads(node) if r in produced_by}
         remaining.append(len(needs))
         for d in needs:
             users[d].append(i)

@@ -104,7 +104,8 @@ def test_a_tables_channel_count_comes_from_the_convolution_weight(op, weight_sha
 
 def test_gemms_reading_one_input_run_as_one_gemm_with_the_same_outputs() -> None:
     """The per-job part's AdaIN projections of one style vector: one Gemm and a Split in place of one each. A Gemm of
-    another input, or with its weight the other way round, stays; a reader placed before the merged Gemm moves after it."""
+    another input, with its weight the other way round, one bias for all rows or a weight computed from an input
+    stays; a reader placed before the merged Gemm moves after it."""
     rng = np.random.default_rng(0)
     sizes = [8, 12, 4]
     inits = [numpy_helper.from_array(rng.normal(0, 1, (n, 16)).astype(np.float32), f"w{i}") for i, n in enumerate(sizes)]
@@ -112,6 +113,7 @@ def test_gemms_reading_one_input_run_as_one_gemm_with_the_same_outputs() -> None
     inits += [
         numpy_helper.from_array(rng.normal(0, 1, (16, 5)).astype(np.float32), "w_kn"),
         numpy_helper.from_array(rng.normal(0, 1, 5).astype(np.float32), "b_kn"),
+        numpy_helper.from_array(rng.normal(0, 1, 1).astype(np.float32), "b_one"),
     ]
     nodes = [
         helper.make_node("Gemm", ["style", "w0", "b0"], ["y0"], transB=1),
@@ -120,13 +122,22 @@ def test_gemms_reading_one_input_run_as_one_gemm_with_the_same_outputs() -> None
         helper.make_node("Gemm", ["other", "w2", "b2"], ["y2"], transB=1),  # alone on its input
         helper.make_node("Gemm", ["style", "w2", "b2"], ["y3"], transB=1),
         helper.make_node("Gemm", ["style", "w_kn", "b_kn"], ["y4"]),  # [K, N]: not merged
+        helper.make_node("Gemm", ["style", "w1", "b_one"], ["y5"], transB=1),  # one bias for every row: not merged
+        helper.make_node("Add", ["w2", "delta"], ["w_moving"]),
+        helper.make_node("Gemm", ["style", "w_moving", "b2"], ["y6"], transB=1),  # a weight computed from an input
     ]
     f = onnx.TensorProto.FLOAT
     graph = helper.make_graph(
         nodes,
         "g",
-        [helper.make_tensor_value_info(name, f, [1, 16]) for name in ("style", "other")],
-        [helper.make_tensor_value_info(name, f, [1, n]) for name, n in (("r0", 8), ("y1", 12), ("y2", 4), ("y3", 4), ("y4", 5))],
+        [
+            *(helper.make_tensor_value_info(name, f, [1, 16]) for name in ("style", "other")),
+            helper.make_tensor_value_info("delta", f, [4, 16]),
+        ],
+        [
+            helper.make_tensor_value_info(name, f, [1, n])
+            for name, n in (("r0", 8), ("y1", 12), ("y2", 4), ("y3", 4), ("y4", 5), ("y5", 12), ("y6", 4))
+        ],
         initializer=inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -134,7 +145,8 @@ def test_gemms_reading_one_input_run_as_one_gemm_with_the_same_outputs() -> None
     merged.CopyFrom(model)
     merge_shared_gemms(merged)
     onnx.checker.check_model(merged)
-    assert [n.op_type for n in merged.graph.node].count("Gemm") == 3
+    assert [n.op_type for n in merged.graph.node].count("Gemm") == 5
     feeds = {name: rng.normal(0, 1, (1, 16)).astype(np.float32) for name in ("style", "other")}
+    feeds["delta"] = rng.normal(0, 1, (4, 16)).astype(np.float32)
     for before, after in zip(session(model).run(None, feeds), session(merged).run(None, feeds), strict=True):
         np.testing.assert_array_equal(after, before)

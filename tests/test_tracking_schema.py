@@ -4,8 +4,10 @@ one error naming the fix. Real MLflow stores throughout: SQLite files, and a Pos
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,11 @@ def test_a_store_whose_making_was_stopped_midway_is_moved_aside_and_made_anew(tm
     older = _stopped_midway(uri)
     stale = db.with_name(f".{db.name}.new-0123456789ab")
     stale.write_text("a killed command's half-made store")
+    with pytest.raises(UserError, match="another program may be making it now"):  # it changed just now
+        tracking_store.open_client(uri)
+    assert store_revision(uri) == older
+    left = time.time() - 2 * tracking_store.UNFINISHED_AFTER
+    os.utime(db, (left, left))
 
     client = tracking_store.open_client(uri)
 

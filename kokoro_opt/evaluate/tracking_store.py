@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from kokoro_opt.evaluate.tracking_schema import check_schema, free_name, unfinis
 from kokoro_opt.paths import database_for_messages, sqlite_file
 
 STORE = Path("experiments")
+UNFINISHED_AFTER = 60.0  # seconds a store without an experiment must have been left to be taken as abandoned
 KIND_TAG = "kokoro_opt_kind"
 EXPERIMENT_PREFIX = "kokoro-opt-"
 log = logging.getLogger("kokoro_opt.tracking")
@@ -54,10 +56,7 @@ def _answers(uri: str) -> None:
 
             with exclusive(_lock_of(db)):  # the process that finds it older migrates it, the others wait
                 if unfinished(uri):
-                    aside = free_name(db.with_name(f"{db.name}.unfinished"))
-                    os.replace(db, aside)
-                    log.warning("the tracking store %s was never finished (made when a command was stopped) and holds "
-                                "no experiment: moved aside to %s, a new one is made", db, aside)  # fmt: skip
+                    _set_unfinished_aside(db)
                 else:
                     check_schema(uri, str(db), db)
         return
@@ -84,6 +83,21 @@ def _answers(uri: str) -> None:
     except (URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UserError(f"the MLflow tracking server at {uri} does not answer ({reason})", _HINT) from None
+
+
+def _set_unfinished_aside(db: Path) -> None:
+    """A store MLflow began and never finished (tracking_schema.unfinished) is moved aside, to be made anew. One changed
+    within the last minute may be another program's making it now (`mlflow ui` takes no lock of ours): left alone."""
+    if time.time() - db.stat().st_mtime < UNFINISHED_AFTER:
+        raise UserError(
+            f"the tracking store {db} has MLflow's tables but no experiment, and changed within the last minute: "
+            "another program may be making it now",
+            "try again in a minute; if nothing is making it, it is moved aside then (a store a stopped command left)",
+        )
+    aside = free_name(db.with_name(f"{db.name}.unfinished"))
+    os.replace(db, aside)
+    log.warning("the tracking store %s was never finished (made when a command was stopped) and holds no experiment: "
+                "moved aside to %s, a new one is made", db, aside)  # fmt: skip
 
 
 def _sqlite_writable(db: Path, uri: str) -> None:

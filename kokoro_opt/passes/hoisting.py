@@ -62,17 +62,25 @@ def merge_shared_gemms(model: Any) -> None:
     side and a Split: the per-job part's 48 AdaIN projections of one style vector. Each output is the same dot
     product over the same input, and one node runs in place of dozens (ONNX Runtime folds the concatenated
     weights at load)."""
+    import onnx
     from onnx import helper, numpy_helper
 
     from kokoro_opt.onnx_graph import sort_topologically
 
     g = model.graph
     biases = {init.name: init for init in g.initializer if len(init.dims) == 1}
+    varying = dependent_tensors(model, [i.name for i in g.input])  # a weight must be made of constants alone
+    typed = onnx.shape_inference.infer_shapes(model).graph.value_info
+    rows = {v.name: v.type.tensor_type.shape.dim[0].dim_value for v in typed if len(v.type.tensor_type.shape.dim) == 2}
+    rows |= {init.name: init.dims[0] for init in g.initializer if len(init.dims) == 2}
     groups: dict[str, list[Any]] = {}
     for node in g.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         plain = attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0
-        if node.op_type == "Gemm" and len(node.input) == 3 and node.input[2] in biases and plain and attrs.get("transB") == 1:
+        if node.op_type != "Gemm" or len(node.input) != 3 or not plain or attrs.get("transB") != 1:
+            continue
+        weight, bias = node.input[1], biases.get(node.input[2])
+        if bias is not None and weight not in varying and rows.get(weight) == bias.dims[0]:  # a bias per output row
             groups.setdefault(node.input[0], []).append(node)
     merged = {node.output[0] for nodes in groups.values() if len(nodes) > 1 for node in nodes}
     added = []

@@ -215,8 +215,9 @@ class Kernels:
             over(0, channels)
             return
         bounds = [channels * k // self.parts for k in range(self.parts + 1)]
-        futures = [self._pool.submit(over, lo, hi) for lo, hi in pairwise(bounds[1:])]
+        futures: list[Future] = []
         try:
+            futures += (self._pool.submit(over, lo, hi) for lo, hi in pairwise(bounds[1:]))
             over(0, bounds[1])
         finally:  # even on Ctrl-C: the pool's threads write into this run's arrays, which leaving would free
             _wait_out(futures)
