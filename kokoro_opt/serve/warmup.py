@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from kokoro_opt.serve.modes import WindowedJobs
-
-if TYPE_CHECKING:
-    from kokoro_opt.serve.engine import Engine
 
 log = logging.getLogger("kokoro_opt.serve")
 WARMUP_TEXT = "Warming up, so that the first listener never waits for a cold start."
 
 
-def warm_up(engine: Engine) -> None:
+def warm_up(engine: Any) -> None:  # an Engine (engine.py imports this module)
     """Load espeak, run both job sizes (the first run of a session is slow), fit the cost models."""
     synth = engine.synth
     assert synth is not None
