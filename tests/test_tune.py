@@ -429,8 +429,9 @@ def test_a_refused_run_leaves_no_study_file_and_the_tracking_store_is_no_storage
                    tracking_uri=uri, console=_quiet())  # fmt: skip
     assert not storage.exists()
     open_client(uri)  # a tracking store, as the first logged command makes it
-    with pytest.raises(UserError, match="is an MLflow tracking store, not an Optuna storage"):
+    with pytest.raises(UserError, match=r"^--storage .* is an MLflow tracking store, not an Optuna storage") as refused:
         make_storage(uri)
+    assert "sqlite:///experiments/optuna.db" in str(refused.value.hint)
     import sqlite3
 
     with sqlite3.connect(tmp_path / "experiments" / "mlflow.db") as db:

@@ -69,6 +69,8 @@ def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
         return _open_rdb(optuna, url, kwargs, beat)
     except ImportError as exc:
         raise UserError(f"cannot open storage {url.split('://')[0]}://...: {exc}", "install its database driver") from None
+    except UserError:
+        raise
     except Exception as exc:  # sqlalchemy's URL and connection errors
         raise UserError(
             f"cannot open the Optuna storage: {type(exc).__name__}: {exc}".splitlines()[0], "check --storage"
