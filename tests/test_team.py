@@ -75,7 +75,7 @@ def _worker(recipe: Path, root: Path, tracking: str, cwd: Path) -> subprocess.Po
 
 
 def _study_when_created(url: str, name: str, creator: subprocess.Popen[str], timeout: float = 180) -> Any:
-    from kokoro_opt.tuning.study import make_storage
+    from kokoro_opt.tuning.storage import make_storage
 
     storage = make_storage(url)  # as the workers open it: this reader may be the one creating the tables
     deadline = time.monotonic() + timeout

@@ -26,7 +26,8 @@ from kokoro_opt.tuning.config import SamplerConfig, SpaceConfig
 from kokoro_opt.tuning.records import StudyRecords
 from kokoro_opt.tuning.report import pick_best
 from kokoro_opt.tuning.space import Candidate, ResolvedSpace, gather_candidates, suggest
-from kokoro_opt.tuning.study import Objective, finished, make_sampler, make_storage, sampler_seed
+from kokoro_opt.tuning.storage import make_storage
+from kokoro_opt.tuning.study import Objective, finished, make_sampler, sampler_seed
 
 pytestmark = pytest.mark.slow  # servers, processes or several builds: not in make test-fast
 

@@ -27,12 +27,11 @@ from kokoro_opt.tuning.measure import Comparison, SessionCache, compare_with_def
 from kokoro_opt.tuning.records import StudyRecords, best_effort, save_plots, study_key
 from kokoro_opt.tuning.report import front_table, pick_best, previous_tuned, ratio_line, tuned_json, write_tuned
 from kokoro_opt.tuning.space import ResolvedSpace, resolve_space
+from kokoro_opt.tuning.storage import load_optuna, make_storage
 from kokoro_opt.tuning.study import (
     WorkerArgs,
     finished,
     is_surplus,
-    load_optuna,
-    make_storage,
     objective_names,
     open_study,
     run_worker,
