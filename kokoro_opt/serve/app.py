@@ -146,13 +146,11 @@ class _Gate:
             self.service.metrics.errors.labels(refusal.code).inc()
             await refusal.response()(scope, receive, send)
             return
-        self.service.open_requests += 1
-        self.service.in_flight[id(scope)] = scope
+        self.service.open_scopes[id(scope)] = scope
         try:
             await self.app(scope, receive, send)
         finally:
-            self.service.open_requests -= 1
-            del self.service.in_flight[id(scope)]
+            del self.service.open_scopes[id(scope)]
 
 
 def _error_handlers(app: FastAPI, metrics: Metrics) -> None:

@@ -38,13 +38,18 @@ class Service:
         self.selection, self.config, self.engine, self.metrics = selection, config, engine, metrics
         self.inflight = 0  # admitted speech requests (queue slots)
         self.planning: list[int] = []  # the input length of each admitted request still being cut into pieces
-        self.open_requests = 0  # /v1 requests in progress, from their headers on (what a drain waits for)
-        self.in_flight: dict[int, Scope] = {}  # those requests' ASGI scopes, by id: what a drain's timeout cuts
+        # the ASGI scopes of /v1 requests in progress, from their headers on, by id: what a drain waits for and its
+        # timeout cuts (`inflight` counts the speech requests admitted to the queue)
+        self.open_scopes: dict[int, Scope] = {}
         self.cache = AudioCache(int(config.audio_cache_mb * 1024 * 1024))
         self.draining = False
         self._drain_deadline = math.inf
         self._cut = False  # the requests a drain's timeout cuts are cut once
         self._aliases: dict[str, str] | None = None
+
+    @property
+    def open_requests(self) -> int:
+        return len(self.open_scopes)
 
     # ---- admission and shutdown ---------------------------------------------------------------------
 
@@ -75,7 +80,7 @@ class Service:
             if not self._cut:  # their connections dropped now: each request ends as its client gone (its synthesis
                 self._cut = True  # cancelled, a stream cut short), before uvicorn would cancel it under the app
                 log.warning("drain timeout: cutting %d requests still in flight", self.open_requests)
-                for scope in list(self.in_flight.values()):
+                for scope in list(self.open_scopes.values()):
                     abort_connection(scope)
             return True
         return self.open_requests == 0
