@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from kokoro_opt.errors import UserError
 
@@ -32,11 +33,17 @@ def store_revision(uri: str) -> str | None:
     return _inspect(uri)[0]
 
 
-def _inspect(uri: str) -> tuple[str | None, int | None]:
+def holds_mlflow_tables(uri: str, engine_kwargs: dict[str, Any] | None = None) -> bool:
+    """Whether the database has MLflow's `experiments` table: a tracking store, made or begun (what no other program's
+    database should be taken for, nor be written into)."""
+    return _inspect(uri, engine_kwargs)[1] is not None
+
+
+def _inspect(uri: str, engine_kwargs: dict[str, Any] | None = None) -> tuple[str | None, int | None]:
     """(the schema revision the database records, how many experiments it has: None without MLflow's table)."""
     import sqlalchemy
 
-    engine = sqlalchemy.create_engine(uri)
+    engine = sqlalchemy.create_engine(uri, **(engine_kwargs or {}))
     try:
         with engine.connect() as connection:
             tables = sqlalchemy.inspect(connection)

@@ -50,17 +50,11 @@ def make_storage(url: str, workers: WorkersConfig | None = None) -> Any:
 def _not_a_tracking_store(url: str, engine_kwargs: dict[str, Any]) -> None:
     """Optuna would add its tables to any database it is given, MLflow's too (its file sits beside the study's in
     experiments/), and then fail on MLflow's alembic version as an "incompatible schema"."""
-    import sqlalchemy
+    from kokoro_opt.evaluate.tracking_schema import holds_mlflow_tables
 
     if (db := sqlite_file(url)) is not None and not (db.is_file() and db.stat().st_size):
         return  # a new file: nothing in it yet
-    engine = sqlalchemy.create_engine(url, **engine_kwargs)
-    try:
-        with engine.connect() as connection:
-            tables = set(sqlalchemy.inspect(connection).get_table_names())
-    finally:
-        engine.dispose()
-    if {"experiments", "runs", "metrics"} <= tables:
+    if holds_mlflow_tables(url, engine_kwargs):
         raise UserError(
             f"--storage {database_for_messages(url)} is an MLflow tracking store, not an Optuna storage: nothing was "
             "written to it",
